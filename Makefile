@@ -1,0 +1,49 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck layers config-check config pytest bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "controlplane needs Python >= 3.11, found " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[triton,test]'
+	@touch $(STAMP)
+
+# A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
+run: install
+	$(BIN)/python -m controlplane.devrun
+
+test: install lint typecheck layers config-check pytest
+
+lint:
+	$(BIN)/ruff check controlplane tests bench
+	$(BIN)/ruff format --check controlplane tests bench
+
+typecheck:
+	$(BIN)/mypy
+
+layers:
+	$(BIN)/lint-imports
+
+# config/controlplane.yaml is generated from the settings' own descriptions; fail if it is stale.
+config-check:
+	$(BIN)/controlplane config --defaults | diff -u config/controlplane.yaml - \
+		|| (echo "config/controlplane.yaml is stale: run 'make config'" >&2; exit 1)
+
+config: install
+	$(BIN)/controlplane config --defaults > config/controlplane.yaml
+
+pytest:
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/python bench/hot_swap.py
+
+clean:
+	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache
