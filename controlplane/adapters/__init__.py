@@ -1,0 +1,1 @@
+"""Adapters: each implements a port and owns every call to its library."""

@@ -1,0 +1,5 @@
+"""``python -m controlplane`` is the ``controlplane`` command."""
+
+from controlplane.cli.main import main
+
+main()

@@ -1,0 +1,215 @@
+"""The staging area and atomic placement into Triton's model repository.
+
+Invariant: the repository never holds a partly written model dir. A release is written and
+verified under ``<staging>/<operation>/model``, fsynced, then placed with one ``renameat2``:
+``RENAME_NOREPLACE`` for a new model, ``RENAME_EXCHANGE`` to replace one, after which the old
+dir sits where the new one was until the new release serves (:meth:`discard`) or the swap is
+undone (:meth:`restore`). Staging lives outside the repository, so Triton's index never lists
+a temp dir, and on the same filesystem, or rename would not be atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import py_compile
+import shutil
+import stat
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from controlplane.adapters.staging import renameat
+from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
+from controlplane.domain.errors import InvalidModelConfig, StagingFailed, UnsafeRelease
+from controlplane.domain.names import validate_model_name
+from controlplane.ports import Placement, ReleaseMarker
+
+log = logging.getLogger(__name__)
+
+MARKER_NAME = ".controlplane-release.json"
+RELEASE_DIR = "model"
+
+
+class StagingArea:
+    def __init__(self, repository: Path, staging: Path) -> None:
+        self.repository = repository
+        self.staging = staging
+
+    # --- start-up checks --------------------------------------------------------------
+
+    def check(self) -> None:
+        """Create both dirs and refuse to run where placement could not be atomic."""
+        for path in (self.repository, self.staging):
+            path.mkdir(parents=True, exist_ok=True)
+        repo_dev = self.repository.stat().st_dev
+        staging_dev = self.staging.stat().st_dev
+        if repo_dev != staging_dev:
+            raise StagingFailed(
+                f"staging dir {self.staging} and repository {self.repository} are on different "
+                "filesystems, so a rename between them is not atomic; put staging.path on the "
+                "repository's filesystem (the default is 'staging' beside the repository)"
+            )
+        if self.staging.resolve().is_relative_to(self.repository.resolve()):
+            raise StagingFailed(
+                f"staging dir {self.staging} is inside the repository {self.repository}; Triton "
+                "would see temp dirs. Put it beside the repository instead"
+            )
+        if not renameat.supported(self.staging):
+            raise StagingFailed(
+                f"the filesystem under {self.staging} does not support renameat2 "
+                "RENAME_EXCHANGE (Linux >= 3.15 with ext4, xfs, btrfs, tmpfs, ...)"
+            )
+
+    # --- per operation ----------------------------------------------------------------
+
+    def create(self, operation_id: str) -> Path:
+        path = self.staging / operation_id
+        path.mkdir(parents=False, exist_ok=False)
+        return path
+
+    def release_dir(self, operation_dir: Path) -> Path:
+        return operation_dir / RELEASE_DIR
+
+    def verify(
+        self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]
+    ) -> None:
+        for rel in files:
+            safe_relpath(rel)
+        on_disk = _scan(root)
+        if set(on_disk) != set(files):
+            unexpected = sorted(set(on_disk) ^ set(files))
+            raise UnsafeRelease(f"staged files differ from the fetched ones: {unexpected[:5]}")
+        if manifest is not None:
+            compare_manifest(manifest, files)
+        if not (root / "config.pbtxt").is_file():
+            raise InvalidModelConfig(
+                "the release has no config.pbtxt at its top level; Triton needs one"
+            )
+        if not any(p.is_dir() and p.name.isdigit() for p in root.iterdir()):
+            raise InvalidModelConfig(
+                "the release has no version dir (such as '1/'); Triton would load nothing"
+            )
+
+    def finalize(self, root: Path, marker: ReleaseMarker) -> None:
+        _byte_compile(root)
+        (root / MARKER_NAME).write_text(
+            json.dumps(
+                {
+                    "model": marker.model,
+                    "release": marker.release,
+                    "operation_id": marker.operation_id,
+                }
+            ),
+            encoding="utf-8",
+        )
+        _fsync_tree(root)
+
+    def place(self, staged: Path, model: str) -> Placement:
+        target = self.repository / validate_model_name(model)
+        if os.path.lexists(target):
+            renameat.exchange(staged, target)
+            replaced: Path | None = staged
+        else:
+            renameat.rename_noreplace(staged, target)
+            replaced = None
+        _fsync_dir(self.repository)
+        _fsync_dir(staged.parent)
+        return Placement(model=model, target=target, replaced=replaced)
+
+    def restore(self, placement: Placement) -> None:
+        if placement.replaced is not None:
+            renameat.exchange(placement.replaced, placement.target)
+            _fsync_dir(self.repository)
+            shutil.rmtree(placement.replaced, ignore_errors=True)
+        else:
+            self.remove(placement.model)
+
+    def discard(self, placement: Placement) -> None:
+        if placement.replaced is not None:
+            shutil.rmtree(placement.replaced, ignore_errors=True)
+
+    def remove(self, model: str) -> bool:
+        target = self.repository / validate_model_name(model)
+        if not os.path.lexists(target):
+            return False
+        grave = self.staging / f"removed-{uuid.uuid4().hex}"
+        renameat.rename_noreplace(target, grave)
+        _fsync_dir(self.repository)
+        shutil.rmtree(grave, ignore_errors=True)
+        return True
+
+    def read_marker(self, model: str) -> ReleaseMarker | None:
+        path = self.repository / validate_model_name(model) / MARKER_NAME
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return ReleaseMarker(
+                model=str(data["model"]),
+                release=str(data["release"]),
+                operation_id=str(data["operation_id"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def cleanup(self, operation_id: str) -> None:
+        shutil.rmtree(self.staging / operation_id, ignore_errors=True)
+
+    def clean_all(self) -> list[str]:
+        removed: list[str] = []
+        if not self.staging.is_dir():
+            return removed
+        for entry in sorted(self.staging.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+        return removed
+
+
+def _scan(root: Path) -> list[str]:
+    """Every regular file under ``root``; refuse symlinks and special files."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
+            rel = path.relative_to(root).as_posix()
+            if stat.S_ISLNK(mode):
+                raise UnsafeRelease(f"the release holds a symlink at {rel!r}; ship plain files")
+            if stat.S_ISREG(mode):
+                found.append(rel)
+            elif not stat.S_ISDIR(mode):
+                raise UnsafeRelease(f"the release holds a special file at {rel!r}")
+    return found
+
+
+def _byte_compile(root: Path) -> None:
+    """Compile Python-backend sources now, so Python never writes ``__pycache__`` after the
+    load: Triton would see a newer mtime and treat the model as modified."""
+    for source in sorted(root.rglob("*.py")):
+        try:
+            py_compile.compile(str(source), doraise=True)
+        except py_compile.PyCompileError as exc:
+            # Triton will report the same error when it loads the model, with its context.
+            log.warning("could not byte-compile %s: %s", source.name, exc.msg)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,132 @@
+"""The local-directory model store: ``<root>/<model>/<release>/`` on a filesystem.
+
+Fetching copies the release file by file into the staging dir, hashing while writing and
+holding at most one chunk in memory. Symlinks and special files are refused rather than
+followed: a release is plain files and dirs, nothing that could point outside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, parse_manifest
+from controlplane.domain.errors import ModelNotFound, ReleaseNotFound, UnsafeRelease
+from controlplane.domain.names import validate_model_name, validate_release_name
+from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.ports import FetchedRelease, FetchProgress
+
+CHUNK = 1024 * 1024
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+
+    @property
+    def uri(self) -> str:
+        return self._root.as_uri()
+
+    def list_models(self) -> list[str]:
+        if not self._root.is_dir():
+            return []
+        names = []
+        for entry in self._root.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                try:
+                    names.append(validate_model_name(entry.name))
+                except Exception:  # noqa: S112 - a stray dir in the store is not a model
+                    continue
+        return sorted(names, key=natural_key)
+
+    def list_releases(self, model: str) -> list[ReleaseInfo]:
+        model_dir = self._model_dir(model)
+        if not model_dir.is_dir():
+            raise ModelNotFound(f"model {model!r} is not in the store {self.uri}")
+        releases = []
+        for entry in model_dir.iterdir():
+            if not entry.is_dir() or entry.is_symlink():
+                continue
+            try:
+                name = validate_release_name(entry.name)
+            except Exception:  # noqa: S112 - not a release dir
+                continue
+            releases.append(ReleaseInfo(model, name, (entry / MANIFEST_NAME).is_file()))
+        return sorted(releases, key=lambda r: natural_key(r.name))
+
+    def describe(self, model: str, release: str) -> ReleaseInfo:
+        path = self._release_dir(model, release)
+        if not path.is_dir() or path.is_symlink():
+            raise ReleaseNotFound(
+                f"release {release!r} of model {model!r} is not in the store {self.uri}"
+            )
+        return ReleaseInfo(model, release, (path / MANIFEST_NAME).is_file())
+
+    def fetch(
+        self,
+        model: str,
+        release: str,
+        dest: Path,
+        progress: Callable[[FetchProgress], None] | None = None,
+    ) -> FetchedRelease:
+        source = self._release_dir(model, release)
+        if not source.is_dir():
+            raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
+        plan = list(_walk_files(source))
+        total = sum(size for _, size in plan)
+        done_bytes = 0
+        files: dict[str, FileDigest] = {}
+        dest.mkdir(parents=False)
+        for index, (rel, _size) in enumerate(plan, start=1):
+            digest = _copy_hashing(source / rel, dest / rel)
+            files[rel] = digest
+            done_bytes += digest.size
+            if progress is not None:
+                progress(FetchProgress(index, len(plan), done_bytes, total))
+        manifest_path = dest / MANIFEST_NAME
+        manifest = (
+            parse_manifest(manifest_path.read_text(encoding="utf-8"))
+            if manifest_path.is_file()
+            else None
+        )
+        return FetchedRelease(manifest=manifest, files=files, bytes_total=done_bytes)
+
+    def _model_dir(self, model: str) -> Path:
+        return self._root / validate_model_name(model)
+
+    def _release_dir(self, model: str, release: str) -> Path:
+        return self._model_dir(model) / validate_release_name(release)
+
+
+def _walk_files(root: Path) -> list[tuple[str, int]]:
+    """Every regular file under ``root`` as (relative posix path, size); refuse anything else."""
+    found: list[tuple[str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
+            rel = path.relative_to(root).as_posix()
+            if stat.S_ISLNK(mode):
+                raise UnsafeRelease(f"the release holds a symlink at {rel!r}; ship plain files")
+            if stat.S_ISREG(mode):
+                found.append((rel, path.lstat().st_size))
+            elif not stat.S_ISDIR(mode):
+                raise UnsafeRelease(f"the release holds a special file at {rel!r}")
+    return sorted(found)
+
+
+def _copy_hashing(source: Path, target: Path) -> FileDigest:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sha = hashlib.sha256()
+    size = 0
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(source, flags)
+    with os.fdopen(fd, "rb") as reader, open(target, "xb") as writer:
+        while chunk := reader.read(CHUNK):
+            sha.update(chunk)
+            writer.write(chunk)
+            size += len(chunk)
+    return FileDigest(size=size, sha256=sha.hexdigest())

@@ -1,0 +1,158 @@
+"""The Triton driver: the only module that talks to Triton's gRPC API.
+
+Every call has a timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried
+with backoff by tenacity, a bounded number of times; everything else is mapped to the
+project's own errors, most specific first, and never retried. ``load`` returns only when the
+model is READY in the repository index, or raises with Triton's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+from tritonclient.grpc import aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from controlplane.domain.errors import (
+    TransientError,
+    TritonError,
+    TritonLoadFailed,
+    TritonTimeout,
+    TritonUnavailable,
+)
+from controlplane.ports import IndexEntry
+
+T = TypeVar("T")
+_TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+
+
+class TritonDriver:
+    def __init__(
+        self,
+        url: str,
+        *,
+        call_timeout: float = 10.0,
+        load_timeout: float = 300.0,
+        attempts: int = 3,
+        poll_interval: float = 0.1,
+    ) -> None:
+        self._url = url
+        self._client = grpcclient.InferenceServerClient(url=url)
+        self._call_timeout = call_timeout
+        self._load_timeout = load_timeout
+        self._attempts = attempts
+        self._poll_interval = poll_interval
+
+    async def is_live(self) -> bool:
+        try:
+            return bool(await self._client.is_server_live(client_timeout=self._call_timeout))
+        except InferenceServerException:
+            return False
+
+    async def load(self, model: str, *, config_json: str | None = None) -> None:
+        async def call() -> None:
+            await self._client.load_model(
+                model, config=config_json, client_timeout=self._load_timeout
+            )
+
+        # A timed-out load is not retried: Triton may still be loading, and a second request
+        # would only queue behind the first.
+        await self._retrying(call, what=f"load of {model!r}", load_of=model)
+        entry = await self._entry(model)
+        if entry is None or entry.state != "READY":
+            state = entry.state if entry else "absent"
+            reason = entry.reason if entry else ""
+            raise TritonLoadFailed(
+                f"Triton accepted the load of {model!r} but its index shows {state} {reason}"
+            )
+
+    async def unload(self, model: str) -> None:
+        async def call() -> None:
+            await self._client.unload_model(model, client_timeout=self._call_timeout)
+
+        await self._retrying(call, what=f"unload of {model!r}")
+
+    async def index(self) -> list[IndexEntry]:
+        async def call() -> Any:
+            return await self._client.get_model_repository_index(
+                as_json=True, client_timeout=self._call_timeout
+            )
+
+        raw = await self._retrying(call, what="repository index")
+        return [
+            IndexEntry(
+                name=str(m.get("name", "")),
+                version=str(m.get("version", "")),
+                state=str(m.get("state", "UNAVAILABLE")),
+                reason=str(m.get("reason", "")),
+            )
+            for m in raw.get("models", [])
+        ]
+
+    async def wait_unavailable(self, model: str, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            entry = await self._entry(model)
+            if entry is None or entry.state == "UNAVAILABLE":
+                return
+            if loop.time() >= deadline:
+                raise TritonTimeout(
+                    f"{model!r} was still {entry.state} {timeout:.0f} s after its unload"
+                )
+            await asyncio.sleep(self._poll_interval)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _entry(self, model: str) -> IndexEntry | None:
+        # Triton lists one row per version; the model is READY when any version is.
+        rows = [e for e in await self.index() if e.name == model]
+        if not rows:
+            return None
+        ready = [e for e in rows if e.state == "READY"]
+        return ready[0] if ready else rows[0]
+
+    async def _retrying(
+        self, call: Callable[[], Awaitable[T]], *, what: str, load_of: str | None = None
+    ) -> T:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception_type(
+                TritonUnavailable if load_of is not None else TransientError
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    return await call()
+                except InferenceServerException as exc:
+                    raise _translate(exc, what=what, url=self._url, load_of=load_of) from exc
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _translate(
+    exc: InferenceServerException, *, what: str, url: str, load_of: str | None
+) -> Exception:
+    status = str(exc.status() or "")
+    message = str(exc.message() or exc)
+    if status == "StatusCode.DEADLINE_EXCEEDED":
+        return TritonTimeout(f"{what} timed out at Triton {url}: {message}")
+    if status in _TRANSIENT:
+        return TritonUnavailable(f"Triton at {url} is unreachable during {what}: {message}")
+    if load_of is not None:
+        return TritonLoadFailed(
+            f"Triton failed to load {load_of!r}: {message.strip()}",
+            details={"triton_status": status},
+        )
+    return TritonError(f"{what} failed at Triton {url}: {status} {message}")

@@ -1,0 +1,49 @@
+"""``config.pbtxt`` read and rewritten with Triton's own schema.
+
+Parsing uses ``tritonclient.grpc.model_config_pb2`` with protobuf's text format, the same
+schema Triton applies, so a config that Triton would reject is refused before anything is
+placed. The ``name`` is rewritten to the Triton model the release is placed as.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from controlplane.domain.errors import InvalidModelConfig
+from controlplane.ports import ModelSummary
+
+
+class ProtobufConfigEditor:
+    def prepare(self, config_path: Path, name: str) -> ModelSummary:
+        try:
+            text = config_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidModelConfig(f"cannot read config.pbtxt: {exc}") from exc
+        config = model_config_pb2.ModelConfig()
+        try:
+            text_format.Parse(text, config)
+        except text_format.ParseError as exc:
+            raise InvalidModelConfig(
+                f"config.pbtxt does not parse with Triton's model config schema: {exc}"
+            ) from exc
+        if not config.backend and not config.platform:
+            raise InvalidModelConfig(
+                "config.pbtxt names neither a 'backend' nor a 'platform'; Triton cannot load it"
+            )
+        config.name = name
+        tmp = config_path.with_suffix(".pbtxt.tmp")
+        tmp.write_text(text_format.MessageToString(config), encoding="utf-8")
+        tmp.replace(config_path)
+        return ModelSummary(
+            name=name,
+            backend=config.backend or config.platform,
+            decoupled=bool(config.model_transaction_policy.decoupled),
+            sequence_batching=config.HasField("sequence_batching"),
+            instance_kinds=tuple(
+                model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+                for group in config.instance_group
+            ),
+        )

@@ -1,0 +1,170 @@
+"""The REST API: thin routes that parse, call a service, and render.
+
+Mutating routes answer 202 with the operation, or, with ``"wait": true``, the finished
+operation: 200 when it succeeded, the error's status (with the operation) when it failed.
+The app owns the daemon's lifetime: the lifespan builds the services, runs start-up
+reconcile in the background (``/readyz`` answers 503 until it is done), and stops every
+background task on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+
+from controlplane import __version__
+from controlplane.api.errors import error_body, install_handlers, status_for
+from controlplane.api.limits import BodyLimit
+from controlplane.api.schemas import (
+    DeployRequest,
+    RollbackRequest,
+    UnloadRequest,
+    model_json,
+    operation_json,
+)
+from controlplane.api.security import check_token
+from controlplane.domain.errors import OperationNotFound, TransientError
+from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.services.reconcile import reconcile_until_done
+from controlplane.settings import Settings
+from controlplane.wiring import Container, build
+
+log = logging.getLogger(__name__)
+CLIENT_HEADER = "x-controlplane-client"
+
+
+class NotReady(TransientError):
+    code = "not_ready"
+
+
+def _container(request: Request) -> Container:
+    found: Container = request.app.state.container
+    return found
+
+
+def _mutating(request: Request) -> Container:
+    check_token(request, request.app.state.token)
+    found = _container(request)
+    if not found.ready.is_set():
+        raise NotReady("the daemon is reconciling at start-up; retry in a few seconds")
+    return found
+
+
+Reader = Annotated[Container, Depends(_container)]
+Writer = Annotated[Container, Depends(_mutating)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        container = build(settings)
+        app.state.container = container
+        reconcile = asyncio.create_task(
+            reconcile_until_done(container.reconciler, container.ready), name="reconcile"
+        )
+        try:
+            yield
+        finally:
+            reconcile.cancel()
+            await asyncio.gather(reconcile, return_exceptions=True)
+            await container.close()
+
+    app = FastAPI(
+        title="controlplane",
+        version=__version__,
+        description="Safe, fast model updates for NVIDIA Triton Inference Server.",
+        lifespan=lifespan,
+    )
+    install_handlers(app)
+    app.state.token = settings.api.token.get_secret_value() if settings.api.token else None
+
+    def trigger_of(request: Request) -> Trigger:
+        return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
+
+    async def answer(c: Container, operation: Operation, wait: bool) -> JSONResponse:
+        if not wait:
+            return JSONResponse({"operation": operation_json(operation)}, status_code=202)
+        done = await c.deploy.wait(operation.id)
+        body = {"operation": operation_json(done)}
+        if done.status is OperationStatus.SUCCEEDED:
+            return JSONResponse(body, status_code=200)
+        code = done.error.code if done.error else "internal_error"
+        message = done.error.message if done.error else done.status.value
+        return JSONResponse(error_body(code, message, **body), status_code=status_for(code))
+
+    @app.get("/healthz", tags=["probes"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"])
+    async def readyz(c: Reader) -> JSONResponse:
+        """Readiness: start-up reconcile is done and Triton is reachable."""
+        if not c.ready.is_set():
+            return JSONResponse(
+                error_body("not_ready", "start-up reconcile has not finished"), status_code=503
+            )
+        if not await c.triton.is_live():
+            return JSONResponse(
+                error_body(
+                    "triton_unavailable", f"Triton at {c.settings.triton.grpc_url} is not live"
+                ),
+                status_code=503,
+            )
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/v1/models", tags=["models"])
+    async def list_models(c: Reader) -> dict[str, Any]:
+        """Every model managed here or present in the store."""
+        return {"models": [model_json(view) for view in await c.status.list_models()]}
+
+    @app.get("/v1/models/{name}", tags=["models"])
+    async def get_model(name: str, c: Reader) -> dict[str, Any]:
+        """One model: active and previous release, Triton's state, releases in the store."""
+        return model_json(await c.status.get_model(name))
+
+    @app.post("/v1/models/{name}/deploy", tags=["operations"], status_code=202)
+    async def deploy(name: str, body: DeployRequest, request: Request, c: Writer) -> JSONResponse:
+        """Serve ``release`` of model ``name``."""
+        operation = await c.deploy.deploy(name, body.release, trigger=trigger_of(request))
+        return await answer(c, operation, body.wait)
+
+    @app.post("/v1/models/{name}/rollback", tags=["operations"], status_code=202)
+    async def rollback(
+        name: str, body: RollbackRequest, request: Request, c: Writer
+    ) -> JSONResponse:
+        """Serve the previous release again (or the one named in ``to``)."""
+        operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
+        return await answer(c, operation, body.wait)
+
+    @app.post("/v1/models/{name}/unload", tags=["operations"], status_code=202)
+    async def unload(name: str, body: UnloadRequest, request: Request, c: Writer) -> JSONResponse:
+        """Unload the model from Triton and remove its dir from the repository."""
+        operation = await c.deploy.unload(name, trigger=trigger_of(request))
+        return await answer(c, operation, body.wait)
+
+    @app.get("/v1/operations/{operation_id}", tags=["operations"])
+    async def get_operation(operation_id: str, c: Reader) -> dict[str, Any]:
+        """One operation with its steps, timings, trigger and outcome."""
+        if not (len(operation_id) <= 64 and operation_id.isalnum()):
+            raise OperationNotFound(f"no operation with id {operation_id[:64]!r}")
+        return {"operation": operation_json(c.deploy.get_operation(operation_id))}
+
+    @app.get("/v1/operations", tags=["operations"])
+    async def list_operations(
+        c: Reader,
+        model: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 20,
+    ) -> dict[str, Any]:
+        """Recent operations, newest first, optionally for one model."""
+        operations = c.deploy.list_operations(model, limit)
+        return {"operations": [operation_json(op) for op in operations]}
+
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    return app

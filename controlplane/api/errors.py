@@ -1,0 +1,93 @@
+"""The one table from error code to HTTP status, and the error body every route uses.
+
+Every error answer is ``{"error": {"code": ..., "message": ...}}``; a failed operation also
+carries the ``operation``. Domain errors know nothing of HTTP; this module is the only
+place that maps them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from controlplane.domain.errors import ControlPlaneError
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_request": 400,
+    "invalid_name": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "model_not_found": 404,
+    "release_not_found": 404,
+    "operation_not_found": 404,
+    "method_not_allowed": 405,
+    "operation_in_progress": 409,
+    "release_incomplete": 409,
+    "no_previous_release": 409,
+    "invalid_transition": 409,
+    "request_too_large": 413,
+    "unsupported_media_type": 415,
+    "checksum_mismatch": 422,
+    "invalid_release": 422,
+    "invalid_model_config": 422,
+    "triton_load_failed": 422,
+    "internal_error": 500,
+    "interrupted": 500,
+    "staging_failed": 500,
+    "triton_error": 502,
+    "triton_unavailable": 503,
+    "not_ready": 503,
+    "triton_timeout": 504,
+}
+
+
+def status_for(code: str) -> int:
+    return STATUS_BY_CODE.get(code, 500)
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}, **extra}
+
+
+def error_response(code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(error_body(code, message, **extra), status_code=status_for(code))
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ControlPlaneError)
+    async def _domain(_request: Request, exc: ControlPlaneError) -> JSONResponse:
+        extra: dict[str, Any] = {}
+        if "operation_id" in exc.details:
+            extra["operation_id"] = exc.details["operation_id"]
+        return error_response(exc.code, exc.message, **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+            problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+        return error_response("invalid_request", "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(
+                "not_found",
+                f"no route for {request.method} {request.url.path}; model and release names "
+                "cannot contain '/' (see /docs)",
+            )
+        if exc.status_code == 405:
+            return error_response(
+                "method_not_allowed", f"{request.method} is not allowed on {request.url.path}"
+            )
+        code = "unauthorized" if exc.status_code == 401 else "invalid_request"
+        return JSONResponse(
+            error_body(code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )

@@ -1,0 +1,64 @@
+"""The CLI's HTTP client: calls the daemon's API and turns answers into results or errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+CLIENT_HEADER = "X-Controlplane-Client"
+
+
+class ApiError(Exception):
+    """The daemon answered with an error body."""
+
+    def __init__(self, status: int, code: str, message: str, body: dict[str, Any]) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+
+
+class Unreachable(Exception):
+    """The daemon could not be reached at all."""
+
+
+@dataclass
+class Client:
+    url: str
+    token: str | None
+    timeout: float = 30.0
+
+    def _client(self) -> httpx.Client:
+        headers = {CLIENT_HEADER: "cli"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout)
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self._call("GET", path, None)
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            with self._client() as client:
+                response = client.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"cannot reach the control plane at {self.url}: {exc}") from exc
+        try:
+            data: dict[str, Any] = response.json()
+        except ValueError:
+            data = {}
+        if response.status_code >= 400:
+            error = data.get("error") or {}
+            raise ApiError(
+                response.status_code,
+                str(error.get("code", "http_error")),
+                str(error.get("message", response.text[:200])),
+                data,
+            )
+        return data

@@ -1,0 +1,213 @@
+"""The ``controlplane`` command: the daemon (``serve``) and a client for CI and operators.
+
+Exit codes: 0 success; 1 the operation failed or was refused; 2 bad usage or settings;
+3 the daemon could not be reached.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.client import ApiError, Client, Unreachable
+
+EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+FINISHED = ("succeeded", "failed", "interrupted")
+
+app = typer.Typer(
+    help="controlplane: safe, fast model updates for NVIDIA Triton Inference Server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", envvar="CONTROLPLANE_URL", help="The daemon's API.", show_default=True),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token", envvar="CONTROLPLANE_TOKEN", help="Bearer token (api.token).", show_default=False
+    ),
+]
+WaitOption = Annotated[
+    bool, typer.Option("--wait", help="Wait for the operation; print each step as it ends.")
+]
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", help="Seconds to wait with --wait before giving up.")
+]
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML settings file (env vars override it).")
+    ] = None,
+) -> None:
+    """Run the daemon: the REST API, start-up reconcile and every background task."""
+    from controlplane.cli.serve import run  # the daemon's imports are heavy: load on demand
+
+    raise typer.Exit(run(config))
+
+
+@app.command()
+def config(
+    defaults: Annotated[bool, typer.Option("--defaults", help="Print every default.")] = False,
+) -> None:
+    """Print the settings file with every setting, its default and what it does."""
+    from controlplane.settings import render_defaults
+
+    if not defaults:
+        typer.echo("use --defaults to print the default settings file", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    typer.echo(render_defaults(), nl=False)
+
+
+@app.command()
+def deploy(
+    model: str,
+    release: str,
+    wait: WaitOption = False,
+    timeout: TimeoutOption = 900.0,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Serve RELEASE of MODEL."""
+    client = Client(url, token)
+    _operation(client, f"/v1/models/{model}/deploy", {"release": release}, wait, timeout)
+
+
+@app.command()
+def rollback(
+    model: str,
+    to: Annotated[str, typer.Option("--to", help="Release to go back to.")] = "previous",
+    wait: WaitOption = False,
+    timeout: TimeoutOption = 900.0,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Serve the previous release of MODEL again (or the one given with --to)."""
+    _operation(Client(url, token), f"/v1/models/{model}/rollback", {"to": to}, wait, timeout)
+
+
+@app.command()
+def unload(
+    model: str,
+    wait: WaitOption = False,
+    timeout: TimeoutOption = 300.0,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Unload MODEL from Triton and remove it from the repository."""
+    _operation(Client(url, token), f"/v1/models/{model}/unload", {}, wait, timeout)
+
+
+@app.command()
+def status(
+    model: Annotated[str | None, typer.Argument(help="One model; all when omitted.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """What serves, what Triton says, and the last operation."""
+    client = Client(url, token)
+    data = _call(lambda: client.get(f"/v1/models/{model}" if model else "/v1/models"))
+    models = [data] if model else data.get("models", [])
+    if not models:
+        typer.echo("no models managed here or in the store")
+    for view in models:
+        _print_model(view)
+
+
+def _operation(client: Client, path: str, body: dict[str, Any], wait: bool, timeout: float) -> None:
+    data = _call(lambda: client.post(path, {**body, "wait": False}))
+    operation = data["operation"]
+    typer.echo(
+        f"operation {operation['id']}: {operation['kind']} {operation['model']} "
+        f"{operation.get('release') or ''}".rstrip()
+    )
+    if not wait:
+        typer.echo(f"follow it with: GET {client.url}/v1/operations/{operation['id']}")
+        return
+    printed = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        steps = operation.get("steps", [])
+        for step in steps[printed:]:
+            if step["status"] == "running":
+                break
+            typer.echo(_step_line(step))
+            printed += 1
+        if operation["status"] in FINISHED:
+            break
+        if time.monotonic() >= deadline:
+            typer.echo(f"gave up waiting after {timeout:.0f} s; the operation goes on", err=True)
+            raise typer.Exit(EXIT_FAILED)
+        time.sleep(0.2)
+        operation = _call(partial(client.get, f"/v1/operations/{operation['id']}"))["operation"]
+    if operation["status"] == "succeeded":
+        typer.echo(f"{operation['status']} in {operation['duration_seconds']:.2f} s")
+        return
+    error = operation.get("error") or {}
+    typer.echo(
+        f"error: {error.get('code', operation['status'])}: {error.get('message', '')}", err=True
+    )
+    raise typer.Exit(EXIT_FAILED)
+
+
+def _step_line(step: dict[str, Any]) -> str:
+    duration = step.get("duration_seconds") or 0.0
+    detail = step.get("detail") or {}
+    extra = ""
+    if "bytes" in detail:
+        extra = f"  {detail.get('files', '?')} files, {detail['bytes']} bytes"
+    mark = "ok " if step["status"] == "succeeded" else "FAILED"
+    return f"  {mark} {step['name']:<8} {duration * 1000:8.1f} ms{extra}"
+
+
+def _print_model(view: dict[str, Any]) -> None:
+    triton = view.get("triton") or {}
+    typer.echo(f"{view['name']}")
+    typer.echo(f"  active:    {view.get('active_release') or '-'}")
+    typer.echo(f"  previous:  {view.get('previous_release') or '-'}")
+    typer.echo(f"  triton:    {triton.get('state', '?')} {triton.get('reason') or ''}".rstrip())
+    for slot in view.get("slots", []):
+        typer.echo(
+            f"  slot {slot['name']}: {slot['state']} {slot.get('release') or ''} "
+            f"({slot.get('trigger')}: {slot.get('reason')})"
+        )
+    releases = ", ".join(
+        r["name"] + ("" if r["complete"] else " (incomplete)") for r in view.get("releases", [])
+    )
+    typer.echo(f"  releases:  {releases or '-'}")
+    last = view.get("last_operation")
+    if last:
+        outcome = last["status"]
+        if last.get("error"):
+            outcome += f" ({last['error']['code']})"
+        typer.echo(
+            f"  last op:   {last['kind']} {last.get('release') or ''} {outcome} [{last['id']}]"
+        )
+    if view.get("running_operation"):
+        typer.echo(f"  running:   {view['running_operation']}")
+
+
+def _call(fn: Any) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = fn()
+        return result
+    except ApiError as exc:
+        typer.echo(f"error: {exc.code}: {exc.message}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except Unreachable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,91 @@
+"""The ``SHA256SUMS`` manifest: parsing, path safety, and comparison with what was fetched.
+
+The publisher writes ``SHA256SUMS`` last (coreutils ``sha256sum`` format, paths relative to
+the release dir); its presence is the commit marker of a release. Every path it names is
+checked here before anything is written under it: no absolute paths, no ``..``, no empty or
+``.`` components, no backslashes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from controlplane.domain.errors import ChecksumMismatch, UnsafeRelease
+
+MANIFEST_NAME = "SHA256SUMS"
+_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
+
+
+def safe_relpath(path: str) -> PurePosixPath:
+    """Return ``path`` as a relative POSIX path, refusing anything that could escape its root."""
+    if not path or "\\" in path or "\x00" in path:
+        raise UnsafeRelease(f"path {path!r} is not allowed in a release")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise UnsafeRelease(f"absolute path {path!r} is not allowed in a release")
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise UnsafeRelease(
+            f"path {path!r} is not allowed in a release: no '..', '.' or empty components"
+        )
+    return pure
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    """Parse ``SHA256SUMS`` text into ``{relative path: lowercase sha256}``."""
+    entries: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip("\r")
+        if not line.strip():
+            continue
+        match = _LINE.fullmatch(line)
+        if match is None:
+            raise UnsafeRelease(
+                f"{MANIFEST_NAME} line {number} is not '<sha256>  <path>': {line[:120]!r}"
+            )
+        digest, path = match.group(1).lower(), match.group(2)
+        rel = str(safe_relpath(path))
+        if rel == MANIFEST_NAME:
+            raise UnsafeRelease(f"{MANIFEST_NAME} must not list itself (line {number})")
+        if rel in entries:
+            raise UnsafeRelease(f"{MANIFEST_NAME} lists {rel!r} twice (line {number})")
+        entries[rel] = digest
+    if not entries:
+        raise UnsafeRelease(f"{MANIFEST_NAME} lists no files")
+    return entries
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """One fetched file: its size and the SHA256 computed while it was written."""
+
+    size: int
+    sha256: str
+
+
+def compare_manifest(expected: Mapping[str, str], fetched: Mapping[str, FileDigest]) -> None:
+    """Check the fetched files against the manifest: nothing missing, extra or different."""
+    missing = sorted(set(expected) - set(fetched))
+    extra = sorted(set(fetched) - set(expected) - {MANIFEST_NAME})
+    wrong = sorted(p for p in expected if p in fetched and fetched[p].sha256 != expected[p])
+    if wrong:
+        raise ChecksumMismatch(
+            f"{len(wrong)} file(s) do not match {MANIFEST_NAME}: {', '.join(wrong[:5])}; "
+            "republish the release or fix the manifest",
+            details={"files": wrong},
+        )
+    if missing:
+        raise ChecksumMismatch(
+            f"{len(missing)} file(s) listed in {MANIFEST_NAME} are missing: "
+            f"{', '.join(missing[:5])}",
+            details={"files": missing},
+        )
+    if extra:
+        raise UnsafeRelease(
+            f"{len(extra)} file(s) are not listed in {MANIFEST_NAME}: {', '.join(extra[:5])}; "
+            "list them or remove them from the release",
+            details={"files": extra},
+        )

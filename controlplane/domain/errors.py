@@ -1,0 +1,122 @@
+"""The project's error hierarchy, with machine-readable codes.
+
+Every failure that can reach a user carries a stable ``code`` (``checksum_mismatch``,
+``triton_load_failed``, ...) and a message that says what is wrong and what to do. Whether a
+failure is worth retrying is part of its type, never a guess at the call site::
+
+    ControlPlaneError
+    ├── PermanentError            retrying cannot help
+    │   ├── InvalidName            invalid_name
+    │   ├── ModelNotFound          model_not_found
+    │   ├── ReleaseNotFound        release_not_found
+    │   ├── ReleaseIncomplete      release_incomplete
+    │   ├── ChecksumMismatch       checksum_mismatch
+    │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files)
+    │   ├── InvalidModelConfig     invalid_model_config
+    │   ├── TritonLoadFailed       triton_load_failed
+    │   ├── TritonError            triton_error      (Triton refused a call)
+    │   ├── OperationInProgress    operation_in_progress
+    │   ├── OperationNotFound      operation_not_found
+    │   ├── NoPreviousRelease      no_previous_release
+    │   ├── InvalidTransition      invalid_transition
+    │   └── StagingFailed          staging_failed
+    └── TransientError            a later attempt may succeed
+        ├── TritonUnavailable      triton_unavailable
+        └── TritonTimeout          triton_timeout
+
+HTTP status codes are not known here: ``api/errors.py`` holds the one table from code to status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+
+class ControlPlaneError(Exception):
+    """Base of every error the control plane reports to a user."""
+
+    code: ClassVar[str] = "internal_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, details: Mapping[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, object] = dict(details or {})
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class PermanentError(ControlPlaneError):
+    """The same request will fail the same way until something outside changes."""
+
+
+class TransientError(ControlPlaneError):
+    """A later attempt may succeed; callers may retry with backoff."""
+
+    retryable = True
+
+
+class InvalidName(PermanentError):
+    code = "invalid_name"
+
+
+class ModelNotFound(PermanentError):
+    code = "model_not_found"
+
+
+class ReleaseNotFound(PermanentError):
+    code = "release_not_found"
+
+
+class ReleaseIncomplete(PermanentError):
+    code = "release_incomplete"
+
+
+class ChecksumMismatch(PermanentError):
+    code = "checksum_mismatch"
+
+
+class UnsafeRelease(PermanentError):
+    code = "invalid_release"
+
+
+class InvalidModelConfig(PermanentError):
+    code = "invalid_model_config"
+
+
+class TritonLoadFailed(PermanentError):
+    code = "triton_load_failed"
+
+
+class TritonError(PermanentError):
+    code = "triton_error"
+
+
+class OperationInProgress(PermanentError):
+    code = "operation_in_progress"
+
+
+class OperationNotFound(PermanentError):
+    code = "operation_not_found"
+
+
+class NoPreviousRelease(PermanentError):
+    code = "no_previous_release"
+
+
+class InvalidTransition(PermanentError):
+    code = "invalid_transition"
+
+
+class StagingFailed(PermanentError):
+    code = "staging_failed"
+
+
+class TritonUnavailable(TransientError):
+    code = "triton_unavailable"
+
+
+class TritonTimeout(TransientError):
+    code = "triton_timeout"

@@ -1,0 +1,153 @@
+"""Operations: one deploy, rollback or unload, with ordered, timed steps and an outcome.
+
+Operations are frozen values; every change returns a new one, so the copy persisted after each
+step is exactly what a reader sees. An operation that was running when the daemon died is
+marked ``interrupted`` at the next start-up, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+class OperationKind(StrEnum):
+    DEPLOY = "deploy"
+    ROLLBACK = "rollback"
+    UNLOAD = "unload"
+
+
+class Trigger(StrEnum):
+    """Why an operation started."""
+
+    API = "api"
+    CLI = "cli"
+    WATCHER = "watcher"
+    ALERT = "alert"
+    RECONCILE = "reconcile"
+
+
+class OperationStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (self.SUCCEEDED, self.FAILED, self.INTERRUPTED)
+
+
+class StepStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    status: StepStatus
+    started_at: datetime
+    finished_at: datetime | None = None
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class OperationError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Operation:
+    id: str
+    kind: OperationKind
+    model: str
+    release: str | None
+    trigger: Trigger
+    status: OperationStatus
+    created_at: datetime
+    from_release: str | None = None
+    finished_at: datetime | None = None
+    steps: tuple[Step, ...] = ()
+    error: OperationError | None = None
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.created_at).total_seconds()
+
+    def running(self) -> Operation:
+        return dataclasses.replace(self, status=OperationStatus.RUNNING)
+
+    def start_step(self, name: str, at: datetime) -> Operation:
+        step = Step(name=name, status=StepStatus.RUNNING, started_at=at)
+        return dataclasses.replace(self, steps=(*self.steps, step))
+
+    def finish_step(
+        self, at: datetime, *, ok: bool, detail: Mapping[str, object] | None = None
+    ) -> Operation:
+        if not self.steps or self.steps[-1].status is not StepStatus.RUNNING:
+            raise ValueError(f"operation {self.id} has no running step to finish")
+        last = self.steps[-1]
+        done = dataclasses.replace(
+            last,
+            status=StepStatus.SUCCEEDED if ok else StepStatus.FAILED,
+            finished_at=at,
+            detail={**last.detail, **(detail or {})},
+        )
+        return dataclasses.replace(self, steps=(*self.steps[:-1], done))
+
+    def with_step_detail(self, detail: Mapping[str, object]) -> Operation:
+        if not self.steps:
+            return self
+        last = self.steps[-1]
+        updated = dataclasses.replace(last, detail={**last.detail, **detail})
+        return dataclasses.replace(self, steps=(*self.steps[:-1], updated))
+
+    def with_detail(self, detail: Mapping[str, object]) -> Operation:
+        return dataclasses.replace(self, detail={**self.detail, **detail})
+
+    def succeed(self, at: datetime) -> Operation:
+        return dataclasses.replace(self, status=OperationStatus.SUCCEEDED, finished_at=at)
+
+    def fail(self, at: datetime, code: str, message: str) -> Operation:
+        return dataclasses.replace(
+            self,
+            status=OperationStatus.FAILED,
+            finished_at=at,
+            error=OperationError(code=code, message=message),
+        )
+
+    def interrupt(self, at: datetime) -> Operation:
+        """Mark an operation the daemon stopped in the middle of (crash, kill, shutdown)."""
+        steps = tuple(
+            dataclasses.replace(s, status=StepStatus.FAILED, finished_at=at)
+            if s.status is StepStatus.RUNNING
+            else s
+            for s in self.steps
+        )
+        return dataclasses.replace(
+            self,
+            status=OperationStatus.INTERRUPTED,
+            finished_at=at,
+            steps=steps,
+            error=OperationError(
+                code="interrupted",
+                message="the daemon stopped while this operation ran; "
+                "reconcile restored the last good release",
+            ),
+        )

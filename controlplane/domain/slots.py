@@ -1,0 +1,103 @@
+"""The slot state machine.
+
+A slot is one Triton model dir the daemon manages (the model itself under the ``inplace``
+strategy). Its states mirror what Triton reports, plus the daemon's own steps around them::
+
+    ABSENT -> STAGED -> LOADING -> READY -> ACTIVE -> RETIRING -> UNLOADING -> UNAVAILABLE
+                           └-> FAILED        └-> UPDATING -> ACTIVE | READY | FAILED
+
+Transitions are a table; :func:`transition` refuses anything not in it and returns a new
+frozen value that records why the slot moved (its trigger and reason). :func:`observe` is the
+one escape hatch: reconcile records what Triton and the disk actually show, whatever the table
+says, because reality wins over bookkeeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from controlplane.domain.errors import InvalidTransition
+
+
+class SlotState(StrEnum):
+    ABSENT = "ABSENT"
+    STAGED = "STAGED"
+    LOADING = "LOADING"
+    READY = "READY"
+    ACTIVE = "ACTIVE"
+    UPDATING = "UPDATING"
+    RETIRING = "RETIRING"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+    FAILED = "FAILED"
+
+
+S = SlotState
+TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    S.ABSENT: frozenset({S.STAGED}),
+    S.STAGED: frozenset({S.LOADING, S.ABSENT}),
+    S.LOADING: frozenset({S.READY, S.FAILED}),
+    S.READY: frozenset({S.ACTIVE, S.UPDATING, S.UNLOADING}),
+    S.ACTIVE: frozenset({S.UPDATING, S.RETIRING, S.UNLOADING}),
+    S.UPDATING: frozenset({S.ACTIVE, S.READY, S.FAILED}),
+    S.RETIRING: frozenset({S.ACTIVE, S.UNLOADING}),
+    S.UNLOADING: frozenset({S.UNAVAILABLE}),
+    S.UNAVAILABLE: frozenset({S.STAGED, S.ABSENT}),
+    S.FAILED: frozenset({S.STAGED, S.UNLOADING, S.ABSENT}),
+}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What the daemon knows about one slot, and why it is in its state."""
+
+    name: str
+    state: SlotState
+    release: str | None
+    trigger: str
+    reason: str
+    since: datetime
+
+
+def can_transition(source: SlotState, target: SlotState) -> bool:
+    return target in TRANSITIONS[source]
+
+
+def transition(
+    slot: Slot,
+    target: SlotState,
+    *,
+    trigger: str,
+    at: datetime,
+    reason: str = "",
+    release: str | None = None,
+) -> Slot:
+    """Move ``slot`` to ``target`` if the table allows it; keep its release unless given."""
+    if not can_transition(slot.state, target):
+        raise InvalidTransition(
+            f"slot {slot.name!r} cannot go from {slot.state} to {target} ({trigger}: {reason})"
+        )
+    return dataclasses.replace(
+        slot,
+        state=target,
+        release=slot.release if release is None else release,
+        trigger=trigger,
+        reason=reason,
+        since=at,
+    )
+
+
+def observe(
+    slot: Slot, state: SlotState, *, release: str | None, at: datetime, reason: str
+) -> Slot:
+    """Record the state reconcile observed, bypassing the table (reality wins)."""
+    return dataclasses.replace(
+        slot, state=state, release=release, trigger="reconcile", reason=reason, since=at
+    )
+
+
+def absent(name: str, at: datetime) -> Slot:
+    return Slot(name=name, state=S.ABSENT, release=None, trigger="", reason="", since=at)

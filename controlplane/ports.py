@@ -1,0 +1,223 @@
+"""The seams between the use cases and the world, as Protocols.
+
+Services depend on these and nothing else; ``wiring`` hands them concrete adapters. Tests
+hand them fakes that implement the same Protocols (no patching). Blocking ports (store,
+staging, state) are called from worker threads by the services; the Triton port is async.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from controlplane.domain.checksums import FileDigest
+from controlplane.domain.operations import Operation
+from controlplane.domain.releases import ReleaseInfo
+from controlplane.domain.slots import Slot
+
+# --- model store -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class FetchedRelease:
+    """What a store wrote into a staging dir, hashed while it was written."""
+
+    manifest: Mapping[str, str] | None  # parsed SHA256SUMS, None if the release has none
+    files: Mapping[str, FileDigest]
+    bytes_total: int
+
+
+class ModelStore(Protocol):
+    """Where releases come from: ``<store>/<model>/<release>/``."""
+
+    @property
+    def uri(self) -> str: ...
+
+    def list_models(self) -> list[str]: ...
+
+    def list_releases(self, model: str) -> list[ReleaseInfo]:
+        """Every release of ``model``, complete or not, in natural order."""
+        ...
+
+    def describe(self, model: str, release: str) -> ReleaseInfo:
+        """The release, or :class:`ReleaseNotFound`."""
+        ...
+
+    def fetch(
+        self,
+        model: str,
+        release: str,
+        dest: Path,
+        progress: Callable[[FetchProgress], None] | None = None,
+    ) -> FetchedRelease:
+        """Write the release's files under ``dest`` (which does not exist yet)."""
+        ...
+
+
+# --- staging and the model repository -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleaseMarker:
+    """Written into every dir the daemon places, so the repository says what it holds."""
+
+    model: str
+    release: str
+    operation_id: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The result of placing a staged dir: where the replaced dir went, if there was one."""
+
+    model: str
+    target: Path
+    replaced: Path | None
+
+
+class Staging(Protocol):
+    """Temp dirs beside the repository, verification, and atomic placement into it."""
+
+    def create(self, operation_id: str) -> Path:
+        """A fresh, empty staging dir for one operation; the release goes in ``<it>/model``."""
+        ...
+
+    def verify(
+        self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]
+    ) -> None:
+        """Refuse symlinks, special files and anything the manifest does not match."""
+        ...
+
+    def finalize(self, root: Path, marker: ReleaseMarker) -> None:
+        """Byte-compile Python sources, write the marker, fsync everything."""
+        ...
+
+    def place(self, staged: Path, model: str) -> Placement:
+        """Make ``staged`` the repository's ``model`` dir in one atomic step."""
+        ...
+
+    def restore(self, placement: Placement) -> None:
+        """Undo :meth:`place`: the repository holds exactly what it held before."""
+        ...
+
+    def discard(self, placement: Placement) -> None:
+        """Delete the dir that :meth:`place` replaced, once the new one serves."""
+        ...
+
+    def remove(self, model: str) -> bool:
+        """Take ``model``'s dir out of the repository atomically, then delete it."""
+        ...
+
+    def read_marker(self, model: str) -> ReleaseMarker | None: ...
+
+    def release_dir(self, operation_dir: Path) -> Path: ...
+
+    def cleanup(self, operation_id: str) -> None: ...
+
+    def clean_all(self) -> list[str]:
+        """Delete every leftover staging dir (start-up); return what was removed."""
+        ...
+
+
+class ModelConfigEditor(Protocol):
+    """Reads and rewrites ``config.pbtxt`` with Triton's own schema."""
+
+    def prepare(self, config_path: Path, name: str) -> ModelSummary: ...
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    backend: str
+    decoupled: bool = False
+    sequence_batching: bool = False
+    instance_kinds: tuple[str, ...] = ()
+
+
+# --- Triton -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of Triton's repository index."""
+
+    name: str
+    version: str
+    state: str  # READY, LOADING, UNLOADING, UNAVAILABLE, ...
+    reason: str = ""
+
+
+class Triton(Protocol):
+    async def is_live(self) -> bool: ...
+
+    async def load(self, model: str, *, config_json: str | None = None) -> None:
+        """Load or reload; raise :class:`TritonLoadFailed` with Triton's reason."""
+        ...
+
+    async def unload(self, model: str) -> None: ...
+
+    async def index(self) -> list[IndexEntry]: ...
+
+    async def wait_unavailable(self, model: str, timeout: float) -> None:
+        """Poll the index until ``model`` is UNAVAILABLE (or gone), or raise TritonTimeout."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+# --- persistence --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """What should serve (desired state) for one model."""
+
+    name: str
+    active_release: str | None
+    previous_release: str | None
+    updated_at: datetime
+    slots: Sequence[Slot] = field(default_factory=tuple)
+
+
+class StateRepo(Protocol):
+    def get_model(self, model: str) -> ModelRecord | None: ...
+
+    def list_models(self) -> list[ModelRecord]: ...
+
+    def set_serving(
+        self, model: str, *, active: str | None, previous: str | None, at: datetime
+    ) -> None: ...
+
+    def save_slot(self, model: str, slot: Slot) -> None: ...
+
+    def record_releases(self, releases: Sequence[ReleaseInfo], at: datetime) -> None: ...
+
+    def save_operation(self, operation: Operation) -> None: ...
+
+    def get_operation(self, operation_id: str) -> Operation | None: ...
+
+    def list_operations(self, model: str | None = None, limit: int = 20) -> list[Operation]: ...
+
+    def unfinished_operations(self) -> list[Operation]: ...
+
+
+# --- time ---------------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Wall-clock time, timezone-aware UTC."""
+        ...
+
+    def monotonic(self) -> float: ...

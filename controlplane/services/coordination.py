@@ -1,0 +1,65 @@
+"""Who may act on a model now, and the tasks that act in the background.
+
+All operations on one model are serialized: a second request while one runs is refused with
+``operation_in_progress`` (naming the running operation) rather than queued, so a CI job learns
+at once that someone else is deploying. Loads across models are bounded by a semaphore. Every
+background operation is a task owned here and cancelled on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from controlplane.domain.errors import OperationInProgress
+
+log = logging.getLogger(__name__)
+
+
+class ModelLocks:
+    def __init__(self) -> None:
+        self._holders: dict[str, str] = {}
+
+    def claim(self, model: str, operation_id: str) -> None:
+        holder = self._holders.get(model)
+        if holder is not None:
+            raise OperationInProgress(
+                f"operation {holder} is already running on model {model!r}; wait for it "
+                f"(GET /v1/operations/{holder}) and try again",
+                details={"operation_id": holder},
+            )
+        self._holders[model] = operation_id
+
+    def release(self, model: str, operation_id: str) -> None:
+        if self._holders.get(model) == operation_id:
+            del self._holders[model]
+
+    def holder(self, model: str) -> str | None:
+        return self._holders.get(model)
+
+
+class TaskOwner:
+    """Owns background tasks: keeps them referenced, cancels and awaits them on close."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+
+    def spawn(self, key: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=key)
+        self._tasks[key] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(key, None))
+        return task
+
+    def get(self, key: str) -> asyncio.Task[Any] | None:
+        return self._tasks.get(key)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:
+                log.warning("background task %s did not stop within %.0f s", task, timeout)

@@ -1,0 +1,327 @@
+"""Deploy, rollback and unload under the ``inplace`` strategy.
+
+One deploy: resolve -> fetch -> verify -> place -> load -> record. Invariants:
+
+* Any failure before ``record`` leaves the repository exactly as it was and the serving
+  release serving: a failed placement is undone with the same atomic exchange that made it,
+  and Triton keeps the loaded version when a reload fails (checked against the real server).
+* All operations on one model are serialized (:class:`ModelLocks`); loads across models are
+  bounded by a semaphore.
+* ``submit`` runs ``resolve`` before it returns, so a release that does not exist or is not
+  complete is refused at once; the rest runs in a task the caller may await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    ModelNotFound,
+    NoPreviousRelease,
+    OperationNotFound,
+    ReleaseIncomplete,
+)
+from controlplane.domain.names import validate_model_name, validate_release_name
+from controlplane.domain.operations import Operation, OperationKind, OperationStatus, Trigger
+from controlplane.ports import (
+    Clock,
+    ModelConfigEditor,
+    ModelStore,
+    Placement,
+    ReleaseMarker,
+    Staging,
+    StateRepo,
+    Triton,
+)
+from controlplane.services.coordination import ModelLocks, TaskOwner
+from controlplane.services.slots import SlotBook
+from controlplane.services.tracker import OperationTracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeployPolicy:
+    require_checksums: bool = True
+    unload_timeout: float = 120.0
+
+
+@dataclass
+class _Context:
+    """What one running deploy has built so far, for clean-up on failure."""
+
+    placement: Placement | None = None
+    recorded: bool = False
+
+
+class DeployService:
+    def __init__(
+        self,
+        *,
+        store: ModelStore,
+        staging: Staging,
+        editor: ModelConfigEditor,
+        triton: Triton,
+        repo: StateRepo,
+        clock: Clock,
+        locks: ModelLocks,
+        tasks: TaskOwner,
+        load_slots: asyncio.Semaphore,
+        policy: DeployPolicy,
+    ) -> None:
+        self._store = store
+        self._staging = staging
+        self._editor = editor
+        self._triton = triton
+        self._repo = repo
+        self._clock = clock
+        self._locks = locks
+        self._tasks = tasks
+        self._load_slots = load_slots
+        self._policy = policy
+        self._slots = SlotBook(repo, clock)
+
+    # --- entry points -----------------------------------------------------------------
+
+    async def deploy(
+        self, model: str, release: str, *, trigger: Trigger, kind: OperationKind | None = None
+    ) -> Operation:
+        validate_model_name(model)
+        validate_release_name(release)
+        return await self._submit(
+            kind or OperationKind.DEPLOY,
+            model,
+            release,
+            trigger,
+            lambda tracker: self._deploy(tracker),
+        )
+
+    async def rollback(self, model: str, *, to: str | None, trigger: Trigger) -> Operation:
+        validate_model_name(model)
+        if to in (None, "", "previous"):
+            record = self._repo.get_model(model)
+            if record is None:
+                raise ModelNotFound(f"model {model!r} has never been deployed here")
+            if record.previous_release is None:
+                raise NoPreviousRelease(
+                    f"model {model!r} has no previous release to roll back to; name one with 'to'"
+                )
+            target = record.previous_release
+        else:
+            target = validate_release_name(to)
+        return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
+
+    async def unload(self, model: str, *, trigger: Trigger) -> Operation:
+        validate_model_name(model)
+        record = self._repo.get_model(model)
+        if record is None or record.active_release is None:
+            raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
+        return await self._submit(OperationKind.UNLOAD, model, None, trigger, self._unload)
+
+    async def wait(self, operation_id: str) -> Operation:
+        task = self._tasks.get(operation_id)
+        if task is not None:
+            await asyncio.shield(task)
+        return self.get_operation(operation_id)
+
+    def get_operation(self, operation_id: str) -> Operation:
+        operation = self._repo.get_operation(operation_id)
+        if operation is None:
+            raise OperationNotFound(f"no operation with id {operation_id!r}")
+        return operation
+
+    def list_operations(self, model: str | None, limit: int) -> list[Operation]:
+        if model is not None:
+            validate_model_name(model)
+        return self._repo.list_operations(model, limit)
+
+    async def run_inline(self, model: str, release: str, *, trigger: Trigger) -> Operation:
+        """Deploy and wait, for reconcile: same pipeline, same records."""
+        operation = await self.deploy(model, release, trigger=trigger)
+        return await self.wait(operation.id)
+
+    # --- submission -------------------------------------------------------------------
+
+    async def _submit(
+        self,
+        kind: OperationKind,
+        model: str,
+        release: str | None,
+        trigger: Trigger,
+        body: Callable[[OperationTracker], Awaitable[None]],
+    ) -> Operation:
+        operation_id = uuid.uuid4().hex[:16]
+        self._locks.claim(model, operation_id)
+        try:
+            record = self._repo.get_model(model)
+            operation = Operation(
+                id=operation_id,
+                kind=kind,
+                model=model,
+                release=release,
+                trigger=trigger,
+                status=OperationStatus.RUNNING,
+                created_at=self._clock.now(),
+                from_release=record.active_release if record else None,
+            )
+            tracker = OperationTracker(operation, self._repo, self._clock)
+            if release is not None:
+                await self._resolve(tracker, model, release)
+        except ControlPlaneError as exc:
+            if "tracker" in locals():
+                tracker.fail(exc)
+                exc.details.setdefault("operation_id", operation_id)
+            self._locks.release(model, operation_id)
+            raise
+        except BaseException:
+            self._locks.release(model, operation_id)
+            raise
+        self._tasks.spawn(operation_id, self._run(tracker, body))
+        return tracker.operation
+
+    async def _resolve(self, tracker: OperationTracker, model: str, release: str) -> None:
+        async with tracker.step("resolve"):
+            info = await asyncio.to_thread(self._store.describe, model, release)
+            tracker.detail(store=self._store.uri, complete=info.complete)
+            if not info.complete and self._policy.require_checksums:
+                raise ReleaseIncomplete(
+                    f"release {release!r} of model {model!r} has no SHA256SUMS yet; the "
+                    "publisher writes it last, so the release is still being published (or "
+                    "set store.require_checksums: false to deploy releases without one)"
+                )
+
+    async def _run(
+        self, tracker: OperationTracker, body: Callable[[OperationTracker], Awaitable[None]]
+    ) -> None:
+        operation = tracker.operation
+        try:
+            await body(tracker)
+            tracker.succeed()
+        except ControlPlaneError as exc:
+            tracker.fail(exc)
+        except asyncio.CancelledError:
+            tracker.interrupt()
+            raise
+        except Exception as exc:
+            log.exception("operation %s failed unexpectedly", operation.id)
+            tracker.fail(ControlPlaneError(f"unexpected error: {exc!r}"))
+        finally:
+            await asyncio.to_thread(self._staging.cleanup, operation.id)
+            self._locks.release(operation.model, operation.id)
+
+    # --- deploy -----------------------------------------------------------------------
+
+    async def _deploy(self, tracker: OperationTracker) -> None:
+        op = tracker.operation
+        model, release = op.model, op.release
+        assert release is not None
+        context = _Context()
+        try:
+            await self._deploy_steps(tracker, model, release, context)
+        except BaseException:
+            if context.placement is not None and not context.recorded:
+                # Shielded from cancellation: the repository must be put back either way.
+                await asyncio.shield(asyncio.to_thread(self._staging.restore, context.placement))
+            raise
+
+    async def _deploy_steps(
+        self, tracker: OperationTracker, model: str, release: str, context: _Context
+    ) -> None:
+        op = tracker.operation
+        async with tracker.step("fetch"):
+            op_dir = await asyncio.to_thread(self._staging.create, op.id)
+            dest = self._staging.release_dir(op_dir)
+            fetched = await asyncio.to_thread(
+                self._store.fetch, model, release, dest, tracker.progress
+            )
+            tracker.detail(files=len(fetched.files), bytes=fetched.bytes_total)
+
+        async with tracker.step("verify"):
+            if fetched.manifest is None and self._policy.require_checksums:
+                raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS during fetch")
+            await asyncio.to_thread(self._staging.verify, dest, fetched.manifest, fetched.files)
+            summary = await asyncio.to_thread(self._editor.prepare, dest / "config.pbtxt", model)
+            marker = ReleaseMarker(model=model, release=release, operation_id=op.id)
+            await asyncio.to_thread(self._staging.finalize, dest, marker)
+            tracker.detail(backend=summary.backend, checksums=fetched.manifest is not None)
+
+        slot = self._slots.get(model)
+        replacing = slot.state.value in ("ACTIVE", "READY")
+        async with self._load_slots:
+            async with tracker.step("place"):
+                context.placement = await asyncio.to_thread(self._staging.place, dest, model)
+                tracker.detail(replaced=context.placement.replaced is not None)
+
+            async with tracker.step("load"):
+                if replacing:
+                    slot = self._slots.move(slot, "UPDATING", op.trigger, f"reloading as {release}")
+                else:
+                    slot = self._slots.stage_and_load(slot, op.trigger, release)
+                try:
+                    await self._triton.load(model)
+                except ControlPlaneError as exc:
+                    await asyncio.shield(
+                        asyncio.to_thread(self._staging.restore, context.placement)
+                    )
+                    context.placement = None
+                    if replacing:
+                        # Triton keeps the loaded version when a reload fails.
+                        self._slots.move(slot, "ACTIVE", op.trigger, f"reload failed: {exc.code}")
+                    else:
+                        self._slots.move(slot, "FAILED", op.trigger, exc.message[:500])
+                        await self._forget_failed(model)
+                        self._slots.move(self._slots.get(model), "ABSENT", op.trigger, exc.code)
+                    raise
+
+        async with tracker.step("record"):
+            record = self._repo.get_model(model)
+            active = record.active_release if record else None
+            previous = record.previous_release if record else None
+            if active is not None and active != release:
+                previous = active
+            self._repo.set_serving(model, active=release, previous=previous, at=self._clock.now())
+            context.recorded = True
+            if replacing:
+                self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}", release=release)
+            else:
+                slot = self._slots.move(slot, "READY", op.trigger, "loaded", release=release)
+                self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}")
+            await asyncio.to_thread(self._staging.discard, context.placement)
+            tracker.detail(active=release, previous=previous)
+
+    async def _forget_failed(self, model: str) -> None:
+        """After a first load failed: make Triton drop the model (best effort)."""
+        try:
+            await self._triton.unload(model)
+            await self._triton.wait_unavailable(model, self._policy.unload_timeout)
+        except ControlPlaneError as exc:
+            log.warning("could not unload failed model %s: %s", model, exc)
+
+    # --- unload -----------------------------------------------------------------------
+
+    async def _unload(self, tracker: OperationTracker) -> None:
+        op = tracker.operation
+        model = op.model
+        slot = self._slots.get(model)
+        async with tracker.step("unload"):
+            slot = self._slots.move(slot, "UNLOADING", op.trigger, "unload requested")
+            await self._triton.unload(model)
+            await self._triton.wait_unavailable(model, self._policy.unload_timeout)
+            slot = self._slots.move(slot, "UNAVAILABLE", op.trigger, "unloaded")
+        async with tracker.step("remove"):
+            removed = await asyncio.to_thread(self._staging.remove, model)
+            tracker.detail(removed=removed)
+            self._slots.move(slot, "ABSENT", op.trigger, "dir removed")
+        async with tracker.step("record"):
+            record = self._repo.get_model(model)
+            self._repo.set_serving(
+                model,
+                active=None,
+                previous=record.active_release if record else None,
+                at=self._clock.now(),
+            )

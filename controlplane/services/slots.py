@@ -1,0 +1,61 @@
+"""The slot book: reads a model's slot, applies table-checked transitions, persists each one.
+
+Under the ``inplace`` strategy a model has one slot, named after the model itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from controlplane.domain.slots import Slot, SlotState, absent, observe, transition
+from controlplane.ports import Clock, StateRepo
+
+
+class SlotBook:
+    def __init__(self, repo: StateRepo, clock: Clock) -> None:
+        self._repo = repo
+        self._clock = clock
+
+    def get(self, model: str, slot_name: str | None = None) -> Slot:
+        name = slot_name or model
+        record = self._repo.get_model(model)
+        if record is not None:
+            for slot in record.slots:
+                if slot.name == name:
+                    return slot
+        return absent(name, self._clock.now())
+
+    def move(
+        self,
+        slot: Slot,
+        target: str,
+        trigger: str,
+        reason: str,
+        *,
+        release: str | None = None,
+        model: str | None = None,
+    ) -> Slot:
+        moved = transition(
+            slot,
+            SlotState(target),
+            trigger=str(trigger),
+            at=self._clock.now(),
+            reason=reason,
+            release=release,
+        )
+        if moved.state is SlotState.ABSENT:
+            moved = dataclasses.replace(moved, release=None)
+        self._repo.save_slot(model or slot.name, moved)
+        return moved
+
+    def stage_and_load(self, slot: Slot, trigger: str, release: str) -> Slot:
+        """From any resting state to LOADING, through STAGED, recording each step."""
+        if slot.state in (SlotState.ABSENT, SlotState.UNAVAILABLE, SlotState.FAILED):
+            slot = self.move(slot, "STAGED", trigger, f"{release} placed", release=release)
+        return self.move(slot, "LOADING", trigger, f"loading {release}", release=release)
+
+    def observe(self, model: str, state: SlotState, release: str | None, reason: str) -> Slot:
+        slot = self.get(model)
+        seen = observe(slot, state, release=release, at=self._clock.now(), reason=reason)
+        self._repo.save_slot(model, seen)
+        return seen

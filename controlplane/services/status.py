@@ -1,0 +1,101 @@
+"""Read models for operators: what serves, what Triton says, what the store offers.
+
+Answers are assembled from the database (desired state), Triton's index (observed state) and
+the store (available releases). A Triton or store that cannot be reached makes the answer
+less complete, never an error: status is what operators reach for when things are broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from controlplane.domain.errors import ControlPlaneError, ModelNotFound
+from controlplane.domain.names import validate_model_name
+from controlplane.domain.operations import Operation
+from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.domain.slots import Slot
+from controlplane.ports import IndexEntry, ModelStore, StateRepo, Triton
+from controlplane.services.coordination import ModelLocks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    active_release: str | None
+    previous_release: str | None
+    slots: tuple[Slot, ...]
+    triton_state: str  # READY, UNAVAILABLE, ... or "unknown" when Triton is unreachable
+    triton_reason: str
+    releases: tuple[ReleaseInfo, ...]
+    store_error: str | None
+    running_operation: str | None
+    last_operation: Operation | None
+
+
+class StatusService:
+    def __init__(
+        self, *, repo: StateRepo, store: ModelStore, triton: Triton, locks: ModelLocks
+    ) -> None:
+        self._repo = repo
+        self._store = store
+        self._triton = triton
+        self._locks = locks
+
+    async def list_models(self) -> list[ModelView]:
+        index = await self._index()
+        names = {record.name for record in self._repo.list_models()}
+        try:
+            names.update(await asyncio.to_thread(self._store.list_models))
+        except ControlPlaneError as exc:
+            log.warning("store unreachable while listing models: %s", exc)
+        return [await self._view(name, index) for name in sorted(names, key=natural_key)]
+
+    async def get_model(self, model: str) -> ModelView:
+        validate_model_name(model)
+        view = await self._view(model, await self._index())
+        if view.active_release is None and not view.slots and not view.releases:
+            raise ModelNotFound(
+                f"model {model!r} is neither managed here nor in the store {self._store.uri}"
+            )
+        return view
+
+    async def _index(self) -> dict[str, IndexEntry] | None:
+        try:
+            return {entry.name: entry for entry in await self._triton.index()}
+        except ControlPlaneError as exc:
+            log.warning("Triton unreachable for status: %s", exc)
+            return None
+
+    async def _view(self, model: str, index: dict[str, IndexEntry] | None) -> ModelView:
+        record = self._repo.get_model(model)
+        releases: tuple[ReleaseInfo, ...] = ()
+        store_error = None
+        try:
+            releases = tuple(await asyncio.to_thread(self._store.list_releases, model))
+        except ModelNotFound:
+            releases = ()
+        except ControlPlaneError as exc:
+            store_error = str(exc)
+        if index is None:
+            triton_state, reason = "unknown", "Triton is unreachable"
+        else:
+            entry = index.get(model)
+            triton_state = entry.state if entry else "UNAVAILABLE"
+            reason = entry.reason if entry else "not in Triton's repository index"
+        operations = self._repo.list_operations(model, limit=1)
+        return ModelView(
+            name=model,
+            active_release=record.active_release if record else None,
+            previous_release=record.previous_release if record else None,
+            slots=tuple(record.slots) if record else (),
+            triton_state=triton_state,
+            triton_reason=reason,
+            releases=releases,
+            store_error=store_error,
+            running_operation=self._locks.holder(model),
+            last_operation=operations[0] if operations else None,
+        )

@@ -1,0 +1,97 @@
+"""Records one operation as it runs: each step timed, persisted as it starts and ends.
+
+The persisted operation is the source of truth for ``GET /v1/operations/{id}`` and for the
+CLI's step-by-step output, so it is saved at every step boundary. Progress from worker
+threads (bytes fetched) is folded in under a lock and saved at most every half second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+
+from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.operations import Operation
+from controlplane.ports import Clock, FetchProgress, StateRepo
+
+log = logging.getLogger(__name__)
+PROGRESS_SAVE_INTERVAL = 0.5
+
+
+class OperationTracker:
+    def __init__(self, operation: Operation, repo: StateRepo, clock: Clock) -> None:
+        self._op = operation
+        self._repo = repo
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last_progress_save = 0.0
+        self._save()
+
+    @property
+    def operation(self) -> Operation:
+        return self._op
+
+    @asynccontextmanager
+    async def step(self, name: str) -> AsyncIterator[None]:
+        self._apply(lambda op: op.start_step(name, self._clock.now()))
+        log.info("step %s started", name, extra={"operation_id": self._op.id, "step": name})
+        try:
+            yield
+        except BaseException:
+            self._apply(lambda op: op.finish_step(self._clock.now(), ok=False))
+            raise
+        self._apply(lambda op: op.finish_step(self._clock.now(), ok=True))
+        step = self._op.steps[-1]
+        log.info(
+            "step %s done in %.3f s",
+            name,
+            step.duration_seconds or 0.0,
+            extra={"operation_id": self._op.id, "step": name},
+        )
+
+    def detail(self, **detail: object) -> None:
+        self._apply(lambda op: op.with_step_detail(detail))
+
+    def operation_detail(self, detail: Mapping[str, object]) -> None:
+        self._apply(lambda op: op.with_detail(detail))
+
+    def progress(self, progress: FetchProgress) -> None:
+        """Called from the fetching thread."""
+        with self._lock:
+            self._op = self._op.with_step_detail(
+                {
+                    "files_done": progress.files_done,
+                    "files_total": progress.files_total,
+                    "bytes_done": progress.bytes_done,
+                    "bytes_total": progress.bytes_total,
+                }
+            )
+            now = self._clock.monotonic()
+            if now - self._last_progress_save >= PROGRESS_SAVE_INTERVAL:
+                self._last_progress_save = now
+                self._repo.save_operation(self._op)
+
+    def succeed(self) -> Operation:
+        self._apply(lambda op: op.succeed(self._clock.now()))
+        log.info("operation succeeded", extra={"operation_id": self._op.id})
+        return self._op
+
+    def fail(self, error: ControlPlaneError) -> Operation:
+        self._apply(lambda op: op.fail(self._clock.now(), error.code, error.message))
+        log.warning("operation failed: %s", error, extra={"operation_id": self._op.id})
+        return self._op
+
+    def interrupt(self) -> Operation:
+        self._apply(lambda op: op.interrupt(self._clock.now()))
+        log.warning("operation interrupted", extra={"operation_id": self._op.id})
+        return self._op
+
+    def _apply(self, change: Callable[[Operation], Operation]) -> None:
+        with self._lock:
+            self._op = change(self._op)
+            self._repo.save_operation(self._op)
+
+    def _save(self) -> None:
+        self._repo.save_operation(self._op)

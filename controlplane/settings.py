@@ -1,0 +1,237 @@
+"""Settings, built once at start-up and passed down; nothing else reads the environment.
+
+Sources, highest priority first: environment variables (``CONTROLPLANE_`` prefix, ``__``
+between group and field, e.g. ``CONTROLPLANE_TRITON__GRPC_URL``), then the YAML file given to
+``controlplane serve --config``, then the defaults below. Every field has a description: it is
+what ``--help`` and ``config/controlplane.yaml`` (``controlplane config --defaults``) show.
+Unknown keys are refused, so a typo is an error rather than a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+ENV_PREFIX = "CONTROLPLANE_"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TritonSettings(_Group):
+    grpc_url: str = Field(
+        "localhost:8001", description="Triton's gRPC endpoint (host:port), in EXPLICIT mode."
+    )
+    metrics_url: str = Field(
+        "http://localhost:8002/metrics", description="Triton's Prometheus metrics endpoint."
+    )
+    call_timeout_seconds: float = Field(
+        10.0, gt=0, description="Timeout of each gRPC call other than a load."
+    )
+    load_timeout_seconds: float = Field(
+        300.0, gt=0, description="Timeout of one model load (big models load slowly)."
+    )
+    unload_timeout_seconds: float = Field(
+        120.0, gt=0, description="How long to wait for an unloaded model to become UNAVAILABLE."
+    )
+    retry_attempts: int = Field(
+        3, ge=1, le=10, description="Attempts for calls that fail transiently (UNAVAILABLE)."
+    )
+    max_concurrent_loads: int | None = Field(
+        None,
+        ge=1,
+        description="Loads allowed at once across models; default min(CPU cores, 2 x models).",
+    )
+
+
+class RepositorySettings(_Group):
+    path: Path = Field(
+        description="Triton's --model-repository; the daemon places model dirs here.",
+    )
+
+
+class StagingSettings(_Group):
+    path: Path | None = Field(
+        None,
+        description="Temp dirs for downloads; must share the repository's filesystem. "
+        "Default: 'staging' beside the repository.",
+    )
+
+
+class StoreSettings(_Group):
+    uri: str = Field(
+        description="Where releases come from: file:///abs/path (<model>/<release>/ below it).",
+    )
+    require_checksums: bool = Field(
+        True, description="Refuse releases without SHA256SUMS (the publisher's commit marker)."
+    )
+
+    @model_validator(mode="after")
+    def _check_uri(self) -> StoreSettings:
+        parsed = urlparse(self.uri)
+        if parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+                raise ValueError(f"use file:///absolute/path, not {self.uri!r}")
+        elif parsed.scheme == "s3":
+            raise ValueError("s3:// stores are not supported yet; use file:///absolute/path")
+        else:
+            raise ValueError(f"unsupported store URI {self.uri!r}; use file:///absolute/path")
+        return self
+
+    @property
+    def local_path(self) -> Path:
+        return Path(urlparse(self.uri).path)
+
+
+class DatabaseSettings(_Group):
+    path: Path | None = Field(
+        None,
+        description="SQLite file with releases, desired state and operations. "
+        "Default: 'controlplane.db' beside the repository.",
+    )
+
+
+class ApiSettings(_Group):
+    host: str = Field(
+        "127.0.0.1", description="Address the API binds; anything but loopback needs a token."
+    )
+    port: int = Field(8080, ge=1, le=65535, description="Port of the REST API.")
+    token: SecretStr | None = Field(
+        None, description="Bearer token for every mutating route (constant-time compared)."
+    )
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond it)."
+    )
+
+
+class LogSettings(_Group):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    repository: RepositorySettings
+    staging: StagingSettings = Field(default_factory=StagingSettings)
+    store: StoreSettings
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @model_validator(mode="after")
+    def _loopback_without_token(self) -> Settings:
+        if self.api.token is None and not _is_loopback(self.api.host):
+            raise ValueError(
+                f"api.host is {self.api.host!r} but api.token is not set: without a token the "
+                "API binds only to loopback (127.0.0.1, ::1). Set CONTROLPLANE_API__TOKEN"
+            )
+        if self.api.token is not None and not self.api.token.get_secret_value().strip():
+            raise ValueError("api.token is empty; unset it or give it a value")
+        return self
+
+    @property
+    def staging_path(self) -> Path:
+        return self.staging.path or self.repository.path.parent / "staging"
+
+    @property
+    def database_path(self) -> Path:
+        return self.database.path or self.repository.path.parent / "controlplane.db"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SettingsError(Exception):
+    """Invalid settings: the message names each setting, its variable and the problem."""
+
+
+def load_settings(config_file: Path | None = None) -> Settings:
+    if config_file is not None and not config_file.is_file():
+        raise SettingsError(f"config file {config_file} does not exist")
+
+    class _WithFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if config_file is not None:
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return tuple(sources)
+
+    try:
+        return _WithFile()
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    except ValueError as exc:  # YAML that is not a mapping, and similar
+        raise SettingsError(f"cannot read {config_file}: {exc}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = ["invalid settings:"]
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        if loc:
+            dotted = ".".join(loc)
+            env = ENV_PREFIX + "__".join(part.upper() for part in loc)
+            lines.append(f"  {dotted} ({env}): {message}")
+        else:
+            lines.append(f"  {message}")
+    return "\n".join(lines)
+
+
+def render_defaults() -> str:
+    """``config/controlplane.yaml``: every setting, its default and what it does."""
+    out = [
+        "# controlplane settings: every setting, its default and what it does.",
+        "# Generated by `controlplane config --defaults`; environment variables override it",
+        f"# ({ENV_PREFIX}<GROUP>__<FIELD>, e.g. {ENV_PREFIX}TRITON__GRPC_URL).",
+    ]
+    for group_name, group_field in Settings.model_fields.items():
+        group_type: Any = group_field.annotation
+        out.append("")
+        out.append(f"{group_name}:")
+        for name, field in group_type.model_fields.items():
+            env = f"{ENV_PREFIX}{group_name.upper()}__{name.upper()}"
+            out.append(f"  # {field.description} [{env}]")
+            if field.is_required():
+                out.append(f"  {name}:  # required")
+            else:
+                out.append(f"  {name}: {_yaml_value(field.default)}")
+    return "\n".join(out) + "\n"
+
+
+def _yaml_value(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return f'"{value}"'

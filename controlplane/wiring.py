@@ -1,0 +1,102 @@
+"""The one place where concrete adapters are built from settings and handed to services."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from controlplane.adapters.clock import SystemClock
+from controlplane.adapters.persistence.sqlite import SqliteStateRepo
+from controlplane.adapters.staging.fs import StagingArea
+from controlplane.adapters.stores.local import LocalStore
+from controlplane.adapters.triton.driver import TritonDriver
+from controlplane.adapters.triton.model_config import ProtobufConfigEditor
+from controlplane.services.coordination import ModelLocks, TaskOwner
+from controlplane.services.deploy import DeployPolicy, DeployService
+from controlplane.services.reconcile import Reconciler
+from controlplane.services.status import StatusService
+from controlplane.settings import Settings
+
+
+@dataclass
+class Container:
+    """Everything the API needs, built once; ``close`` releases it."""
+
+    settings: Settings
+    deploy: DeployService
+    status: StatusService
+    reconciler: Reconciler
+    tasks: TaskOwner
+    triton: TritonDriver
+    repo: SqliteStateRepo
+    ready: asyncio.Event
+
+    async def close(self) -> None:
+        await self.tasks.close()
+        await self.triton.close()
+        self.repo.close()
+
+
+def check_filesystem(settings: Settings) -> StagingArea:
+    """Start-up check: refuse to run where placement could not be atomic."""
+    staging = StagingArea(settings.repository.path, settings.staging_path)
+    staging.check()
+    return staging
+
+
+def build(settings: Settings) -> Container:
+    """Build the object graph. Must run inside the event loop that will serve requests."""
+    staging = check_filesystem(settings)
+    store = LocalStore(settings.store.local_path)
+    clock = SystemClock()
+    repo = SqliteStateRepo(settings.database_path)
+    triton = TritonDriver(
+        settings.triton.grpc_url,
+        call_timeout=settings.triton.call_timeout_seconds,
+        load_timeout=settings.triton.load_timeout_seconds,
+        attempts=settings.triton.retry_attempts,
+    )
+    locks = ModelLocks()
+    tasks = TaskOwner()
+    deploy = DeployService(
+        store=store,
+        staging=staging,
+        editor=ProtobufConfigEditor(),
+        triton=triton,
+        repo=repo,
+        clock=clock,
+        locks=locks,
+        tasks=tasks,
+        load_slots=asyncio.Semaphore(_load_concurrency(settings, store)),
+        policy=DeployPolicy(
+            require_checksums=settings.store.require_checksums,
+            unload_timeout=settings.triton.unload_timeout_seconds,
+        ),
+    )
+    reconciler = Reconciler(
+        deploy=deploy,
+        staging=staging,
+        triton=triton,
+        repo=repo,
+        clock=clock,
+        unload_timeout=settings.triton.unload_timeout_seconds,
+    )
+    status = StatusService(repo=repo, store=store, triton=triton, locks=locks)
+    return Container(
+        settings=settings,
+        deploy=deploy,
+        status=status,
+        reconciler=reconciler,
+        tasks=tasks,
+        triton=triton,
+        repo=repo,
+        ready=asyncio.Event(),
+    )
+
+
+def _load_concurrency(settings: Settings, store: LocalStore) -> int:
+    if settings.triton.max_concurrent_loads is not None:
+        return settings.triton.max_concurrent_loads
+    models = max(1, len(store.list_models()))
+    return max(1, min(os.cpu_count() or 1, 2 * models))
