@@ -1,0 +1,196 @@
+"""`make run`: the bundled Triton (CPU) and the daemon, wired to the example store, on loopback.
+
+Owns the development set-up only: a state dir `.state/` in the working directory, Triton
+started with the launcher, the daemon started as a child process (`python -m controlplane
+serve`) configured through the environment, a "what to try next" guide, and an orderly stop
+(daemon first, then Triton) on Ctrl-C, SIGTERM or when either child dies. Production runs the
+daemon as a sidecar next to an existing Triton; nothing here is used there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from controlplane.adapters.triton.launcher import (
+    RunningTriton,
+    TritonNotFoundError,
+    TritonPorts,
+    TritonStartError,
+    free_port,
+    free_ports,
+    launch_triton,
+    port_is_free,
+)
+
+_DEFAULT_TRITON_PORTS = TritonPorts(http=8000, grpc=8001, metrics=8002)
+_DEFAULT_API_PORT = 8080
+_READY_TIMEOUT = 60.0
+_DAEMON_STOP_TIMEOUT = 10.0
+_EXAMPLE_STORE = Path(__file__).resolve().parent.parent / "examples" / "store"
+
+
+def _triton_ports() -> TritonPorts:
+    if all(port_is_free(port) for port in _DEFAULT_TRITON_PORTS.as_tuple()):
+        return _DEFAULT_TRITON_PORTS
+    return free_ports()
+
+
+def _daemon_env(state: Path, triton: RunningTriton, api_port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "CONTROLPLANE_TRITON__GRPC_URL": triton.grpc_url,
+            "CONTROLPLANE_TRITON__METRICS_URL": triton.metrics_url,
+            "CONTROLPLANE_REPOSITORY__PATH": str(state / "repository"),
+            "CONTROLPLANE_STAGING__PATH": str(state / "staging"),
+            "CONTROLPLANE_STORE__URI": _EXAMPLE_STORE.as_uri(),
+            "CONTROLPLANE_DATABASE__PATH": str(state / "controlplane.db"),
+            "CONTROLPLANE_API__HOST": "127.0.0.1",
+            "CONTROLPLANE_API__PORT": str(api_port),
+        }
+    )
+    return env
+
+
+def _wait_ready(daemon: subprocess.Popen[bytes], url: str, timeout: float) -> str | None:
+    """None once `url` answers 200; otherwise why not (the daemon exited, or the deadline)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(trust_env=False) as client:
+        while True:
+            code = daemon.poll()
+            if code is not None:
+                return f"the daemon exited with code {code} before it was ready"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return f"the daemon was not ready within {timeout:g} s"
+            try:
+                if client.get(url, timeout=min(1.0, remaining)).status_code == 200:
+                    return None
+            except httpx.TransportError:
+                pass
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+
+
+def _stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
+    if daemon.poll() is not None:
+        return
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=_DAEMON_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print(f"the daemon did not stop within {_DAEMON_STOP_TIMEOUT:g} s: killing it")
+        daemon.kill()
+        daemon.wait()
+
+
+def _guide(triton: RunningTriton, api: str, log: Path) -> str:
+    cli = str(Path(sys.executable).parent / "controlplane")
+    if not os.path.relpath(cli).startswith(".."):
+        cli = os.path.relpath(cli)  # `.venv/bin/controlplane` when run from the checkout
+    infer = (
+        f"curl -s -X POST {triton.http_url}/v2/models/example/infer -d "
+        """'{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","data":[1,2]}]}'"""
+    )
+    return f"""
+controlplane is running (Ctrl-C stops both).
+
+  Triton   HTTP {triton.http_url}   gRPC {triton.grpc_url}   metrics {triton.metrics_url}
+           log  {log}
+  daemon   {api}   (store: {_EXAMPLE_STORE})
+
+Try it:
+
+  # deploy release r1 of the example model (it doubles its input)
+  {cli} deploy example r1 --wait --url {api}
+  # infer through Triton: expect [2, 4]
+  {infer}
+  # switch to r2 (it triples), with no failed request on the way; then infer again: [3, 6]
+  {cli} deploy example r2 --wait --url {api}
+  # what is serving, what came before, and why
+  {cli} status example --url {api}
+  # go back to r1
+  {cli} rollback example --wait --url {api}
+  # the same over REST
+  curl -s {api}/v1/models/example
+"""
+
+
+def _supervise(triton: RunningTriton, daemon: subprocess.Popen[bytes]) -> int:
+    """Block until a child exits (1) or Ctrl-C / SIGTERM (0)."""
+    try:
+        while True:
+            for name, process in (("the daemon", daemon), ("Triton", triton.process)):
+                code = process.poll()
+                if code is not None:
+                    print(f"{name} exited with code {code}; stopping", file=sys.stderr)
+                    return 1
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.wait(timeout=0.5)
+    except KeyboardInterrupt:
+        print("\nstopping")
+        return 0
+
+
+def _run(state: Path) -> int:
+    for sub in ("repository", "staging", "triton-cache"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    log = state / "triton.log"
+    print("starting Triton (bundled, CPU) ...", flush=True)
+    with launch_triton(
+        state / "repository",
+        cache_dir=state / "triton-cache",
+        ports=_triton_ports(),
+        log_path=log,
+    ) as triton:
+        api_port = _DEFAULT_API_PORT if port_is_free(_DEFAULT_API_PORT) else free_port()
+        api = f"http://127.0.0.1:{api_port}"
+        print(f"Triton is live at {triton.http_url}; starting the daemon ...", flush=True)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "controlplane", "serve"],
+            stdin=subprocess.DEVNULL,
+            env=_daemon_env(state, triton, api_port),
+            # Its own session, so Ctrl-C reaches only us and we stop the daemon in order.
+            start_new_session=True,
+        )
+        try:
+            failure = _wait_ready(daemon, f"{api}/readyz", _READY_TIMEOUT)
+            if failure is not None:
+                print(f"{failure}; see its output above", file=sys.stderr)
+                return 1
+            print(_guide(triton, api, log), flush=True)
+            return _supervise(triton, daemon)
+        finally:
+            # A second Ctrl-C must not cut the clean stop short; it is bounded anyway.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _stop_daemon(daemon)
+            print("stopping Triton ...", flush=True)
+
+
+def main() -> int:
+    # SIGTERM takes the same path as Ctrl-C: a KeyboardInterrupt wherever we are waiting.
+    # SIGINT is set too, since a shell starts background jobs with it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    state = Path.cwd() / ".state"
+    try:
+        return _run(state)
+    except (TritonNotFoundError, TritonStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
