@@ -1,0 +1,45 @@
+"""Fixtures for tests against the real Triton and the real daemon process."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.support.daemon import Daemon, start_daemon
+
+_names = itertools.count()
+
+
+class DaemonFactory(Protocol):
+    def __call__(self, store: Path, **kwargs: Any) -> Daemon: ...
+
+
+@pytest.fixture
+def model_name(request: pytest.FixtureRequest) -> str:
+    """A model name unique in the session, since tests share one Triton."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40]
+    return f"{base.strip('-')}-{os.getpid()}-{next(_names)}"
+
+
+@pytest.fixture
+def daemons(triton: RunningTriton, tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Start daemons against the session Triton; each is stopped at teardown."""
+    started: list[Daemon] = []
+
+    def start(store: Path, **kwargs: Any) -> Daemon:
+        kwargs.setdefault("triton", triton)
+        workdir = tmp_path / f"daemon-{len(started)}"
+        workdir.mkdir(exist_ok=True)
+        daemon = start_daemon(store=store, workdir=kwargs.pop("workdir", workdir), **kwargs)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()

@@ -1,0 +1,144 @@
+"""The daemon as tests meet it: a real `controlplane serve` process on a free port.
+
+Tests talk to it over HTTP like a CI job would, and kill it like the kernel would. Readiness is
+polled with a deadline; every daemon started is stopped at teardown by the fixture that made it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controlplane.adapters.triton.launcher import RunningTriton, free_port
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[bytes]
+    url: str
+    env: dict[str, str]
+    log_path: Path
+    repository: Path
+    staging: Path
+    database: Path
+    token: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=120.0, **kwargs)
+
+    def post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+        with self.client() as client:
+            return client.post(path, json=dict(body))
+
+    def get(self, path: str) -> httpx.Response:
+        with self.client() as client:
+            return client.get(path)
+
+    def deploy(self, model: str, release: str, *, wait: bool = True) -> httpx.Response:
+        return self.post(f"/v1/models/{model}/deploy", {"release": release, "wait": wait})
+
+    def wait_operation(self, operation_id: str, timeout: float = 120.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            operation: dict[str, Any] = self.get(f"/v1/operations/{operation_id}").json()[
+                "operation"
+            ]
+            if operation["status"] in ("succeeded", "failed", "interrupted"):
+                return operation
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operation {operation_id} still {operation['status']}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind, as after an OOM kill or a node failure."""
+        self.process.kill()
+        self.process.wait()
+
+
+def start_daemon(
+    *,
+    triton: RunningTriton,
+    store: Path,
+    workdir: Path,
+    repository: Path | None = None,
+    token: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    ready_timeout: float = 120.0,
+    log_name: str = "daemon.log",
+) -> Daemon:
+    """Start `controlplane serve` against `triton` and wait until /readyz answers 200."""
+    repository = repository or triton.repository
+    staging = workdir / "staging"
+    database = workdir / "controlplane.db"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    env.update(
+        {
+            "CONTROLPLANE_TRITON__GRPC_URL": triton.grpc_url,
+            "CONTROLPLANE_TRITON__METRICS_URL": triton.metrics_url,
+            "CONTROLPLANE_REPOSITORY__PATH": str(repository),
+            "CONTROLPLANE_STAGING__PATH": str(staging),
+            "CONTROLPLANE_STORE__URI": store.as_uri(),
+            "CONTROLPLANE_DATABASE__PATH": str(database),
+            "CONTROLPLANE_API__HOST": "127.0.0.1",
+            "CONTROLPLANE_API__PORT": str(port),
+        }
+    )
+    if token is not None:
+        env["CONTROLPLANE_API__TOKEN"] = token
+    env.update(extra_env or {})
+    log_path = workdir / log_name
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "controlplane", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    daemon = Daemon(
+        process=process,
+        url=f"http://127.0.0.1:{port}",
+        env=env,
+        log_path=log_path,
+        repository=repository,
+        staging=staging,
+        database=database,
+        token=token,
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+    )
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited with {process.returncode}:\n{daemon.log()[-3000:]}")
+        try:
+            if httpx.get(f"{daemon.url}/readyz", timeout=2.0).status_code == 200:
+                return daemon
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            daemon.stop()
+            raise RuntimeError(f"daemon not ready in {ready_timeout} s:\n{daemon.log()[-3000:]}")
+        time.sleep(0.05)
