@@ -63,9 +63,7 @@ class Serving:
 
 
 @pytest.fixture(scope="module")
-def serving(
-    triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Serving]:
+def serving(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
     """One model serving r2 (after r1), shared by the refusal tests below."""
     workdir = tmp_path_factory.mktemp("serving")
     store = workdir / "store"

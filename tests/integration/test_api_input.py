@@ -1,0 +1,173 @@
+"""Bad input from outside: every refusal is a 4xx with a clear message, and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.support.daemon import Daemon, start_daemon
+from tests.support.inference import infer_once
+from tests.support.models import write_scale_release
+from tests.support.tree import snapshot
+
+pytestmark = pytest.mark.triton
+TOKEN = "s3cret-token-for-tests"
+MODEL = "guarded"
+
+
+@pytest.fixture(scope="module")
+def daemon(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    workdir = tmp_path_factory.mktemp("api-input")
+    store = workdir / "store"
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    running = start_daemon(triton=triton, store=store, workdir=workdir, token=TOKEN)
+    try:
+        assert running.deploy(MODEL, "r1").status_code == 200
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def unchanged(daemon: Daemon, triton: RunningTriton) -> Iterator[None]:
+    """Whatever the test sends, the repository and what serves stay as they were."""
+    before = snapshot(daemon.repository / MODEL)
+    yield
+    assert snapshot(daemon.repository / MODEL) == before
+    assert list(daemon.staging.iterdir()) == []
+    assert infer_once(triton.grpc_url, MODEL) == 1.0
+    assert daemon.get(f"/v1/models/{MODEL}").json()["active_release"] == "r1"
+
+
+def _post_raw(daemon: Daemon, path: str, content: bytes, **headers: str) -> httpx.Response:
+    with daemon.client() as client:
+        return client.post(path, content=content, headers={**headers})
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    ("release", "says"),
+    [
+        ("../x", "not allowed"),
+        ("a/b", "not allowed"),
+        ("", "non-empty"),
+        ("x" * 300, "300 characters"),
+        (".hidden", "not allowed"),
+    ],
+    ids=["dotdot", "slash", "empty", "300-chars", "leading-dot"],
+)
+def test_invalid_release_names_are_refused(daemon: Daemon, release: str, says: str) -> None:
+    response = daemon.deploy(MODEL, release)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_name"
+    assert says in response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/models/a%2Fb/deploy", "/v1/models/%2E%2E/deploy", "/v1/models/..%2Fx/deploy"],
+    ids=["encoded-slash", "encoded-dotdot", "encoded-dotdot-slash"],
+)
+def test_model_names_that_spell_paths_are_refused(daemon: Daemon, path: str) -> None:
+    response = daemon.post(path, {"release": "r1"})
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]["code"] in ("invalid_name", "not_found")
+    assert response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+def test_a_300_character_model_name_is_refused(daemon: Daemon) -> None:
+    response = daemon.deploy("m" * 300, "r1")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_name"
+    assert "limit is 128" in response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+def test_an_unknown_model_is_404(daemon: Daemon) -> None:
+    response = daemon.get("/v1/models/no-such-model")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+    deploy = daemon.deploy("no-such-model", "r1")
+    assert deploy.status_code == 404
+    assert deploy.json()["error"]["code"] == "release_not_found"
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"{not json", "JSON"),
+        (b"{}", "release"),
+        (b'{"release": 5}', "release"),
+        (b'{"release": "r1", "wait": "maybe"}', "wait"),
+        (b'{"release": "r1", "surprise": 1}', "surprise"),
+        (b"[]", "body"),
+    ],
+    ids=["malformed", "missing-release", "wrong-type", "bad-wait", "unknown-field", "array"],
+)
+def test_malformed_bodies_are_refused(daemon: Daemon, content: bytes, says: str) -> None:
+    response = _post_raw(
+        daemon, f"/v1/models/{MODEL}/deploy", content, **{"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert says in response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+def test_a_10_mb_body_is_refused_before_it_is_read(daemon: Daemon) -> None:
+    body = b'{"release": "' + b"x" * (10 * 1024 * 1024) + b'"}'
+    response = _post_raw(
+        daemon, f"/v1/models/{MODEL}/deploy", body, **{"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.usefixtures("unchanged")
+def test_mutating_routes_need_the_token(daemon: Daemon) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30) as anonymous:
+        missing = anonymous.post(f"/v1/models/{MODEL}/deploy", json={"release": "r1"})
+        wrong = anonymous.post(
+            f"/v1/models/{MODEL}/rollback",
+            json={},
+            headers={"Authorization": "Bearer not-the-token"},
+        )
+        read = anonymous.get(f"/v1/models/{MODEL}")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "unauthorized"
+    assert "Bearer" in missing.json()["error"]["message"]
+    assert wrong.status_code == 401
+    assert read.status_code == 200
+    assert TOKEN not in daemon.log()
+
+
+def test_unknown_routes_and_operations_answer_in_the_error_format(daemon: Daemon) -> None:
+    route = daemon.get("/v1/nothing-here")
+    assert route.status_code == 404
+    assert route.json()["error"]["code"] == "not_found"
+    operation = daemon.get("/v1/operations/0123456789abcdef")
+    assert operation.status_code == 404
+    assert operation.json()["error"]["code"] == "operation_not_found"
+    assert daemon.get("/docs").status_code == 200
+    assert daemon.get("/openapi.json").json()["info"]["title"] == "controlplane"
+
+
+def test_the_api_refuses_to_bind_beyond_loopback_without_a_token(
+    triton: RunningTriton, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    with pytest.raises(RuntimeError, match=r"api\.token"):
+        start_daemon(
+            triton=triton,
+            store=store,
+            workdir=tmp_path,
+            extra_env={"CONTROLPLANE_API__HOST": "0.0.0.0"},
+        )

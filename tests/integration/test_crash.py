@@ -1,0 +1,123 @@
+"""SIGKILL in the middle of a deploy, then a restart: the repository is never left half done."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.integration.conftest import DaemonFactory
+from tests.support.daemon import Daemon
+from tests.support.inference import infer_once
+from tests.support.models import write_scale_release
+from tests.support.tree import snapshot
+
+pytestmark = pytest.mark.triton
+
+
+def _wait_for_step(daemon: Daemon, operation_id: str, step: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        operation: dict[str, Any] = daemon.get(f"/v1/operations/{operation_id}").json()["operation"]
+        running = [s["name"] for s in operation["steps"] if s["status"] == "running"]
+        if running == [step]:
+            return operation
+        time.sleep(0.02)
+    raise AssertionError(f"operation {operation_id} never reached step {step!r}")
+
+
+def _is_complete_release(model_dir: Path, store: Path, model: str) -> str:
+    """Which store release `model_dir` holds, checking that every file of it is there."""
+    placed = snapshot(model_dir)
+    for release_dir in (store / model).iterdir():
+        original = snapshot(release_dir)
+        if all(
+            placed.get(path) == digest
+            for path, digest in original.items()
+            if path != "config.pbtxt"
+        ):
+            return release_dir.name
+    raise AssertionError(f"{model_dir} holds no complete release: {sorted(placed)}")
+
+
+def test_sigkill_during_a_load_then_restart_serves_a_complete_release(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, tmp_path: Path
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0, init_sleep=4.0)
+    workdir = tmp_path / "state"
+    workdir.mkdir()
+    daemon = daemons(store, workdir=workdir)
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    started = daemon.deploy(model_name, "r2", wait=False)
+    operation_id = started.json()["operation"]["id"]
+    _wait_for_step(daemon, operation_id, "load")
+
+    daemon.kill()
+
+    # Whatever the moment of death, the repository holds one complete release.
+    model_dir = daemon.repository / model_name
+    assert _is_complete_release(model_dir, store, model_name) in ("r1", "r2")
+
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
+
+    assert list(restarted.staging.iterdir()) == []
+    operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
+    assert operation["status"] == "interrupted"
+    assert operation["error"]["code"] == "interrupted"
+    # The desired release (the last that succeeded) serves again, complete.
+    assert _is_complete_release(model_dir, store, model_name) == "r1"
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    model = restarted.get(f"/v1/models/{model_name}").json()
+    assert model["active_release"] == "r1"
+    assert model["triton"]["state"] == "READY"
+    # And the daemon takes deploys again.
+    assert restarted.deploy(model_name, "r2").status_code == 200
+    assert infer_once(triton.grpc_url, model_name) == 2.0
+
+
+def test_sigkill_during_a_first_deploy_leaves_no_unconfirmed_model(
+    daemons: DaemonFactory, store: Path, model_name: str, tmp_path: Path
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0, init_sleep=3.0)
+    workdir = tmp_path / "state"
+    workdir.mkdir()
+    daemon = daemons(store, workdir=workdir)
+    started = daemon.deploy(model_name, "r1", wait=False)
+    operation_id = started.json()["operation"]["id"]
+    _wait_for_step(daemon, operation_id, "load")
+
+    daemon.kill()
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
+
+    assert list(restarted.staging.iterdir()) == []
+    assert not (restarted.repository / model_name).exists()
+    operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
+    assert operation["status"] == "interrupted"
+    model = restarted.get(f"/v1/models/{model_name}").json()
+    assert model["active_release"] is None
+    assert model["triton"]["state"] != "READY"
+
+
+def test_restarted_triton_gets_the_desired_release_back(
+    store: Path, model_name: str, tmp_path: Path, own_triton: Any, daemons: DaemonFactory
+) -> None:
+    root = tmp_path / "root"
+    (root / "repository").mkdir(parents=True)
+    first = own_triton(root / "repository")
+    write_scale_release(store, model_name, "r1", k=1.0)
+    workdir = root / "state"
+    workdir.mkdir()
+    daemon = daemons(store, triton=first, workdir=workdir)
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    daemon.stop()
+    ports = first.ports
+    first.stop()
+
+    second = own_triton(root / "repository", ports=ports)  # EXPLICIT mode: loads nothing
+    daemons(store, triton=second, workdir=workdir, log_name="daemon-restarted.log")
+
+    assert infer_once(second.grpc_url, model_name) == 1.0

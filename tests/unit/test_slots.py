@@ -1,0 +1,125 @@
+"""The slot state machine: the table is the only way between states, except ``observe``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from controlplane.domain.errors import InvalidTransition
+from controlplane.domain.slots import (
+    TRANSITIONS,
+    Slot,
+    SlotState,
+    absent,
+    can_transition,
+    observe,
+    transition,
+)
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+T1 = T0 + timedelta(seconds=5)
+ALL_PAIRS = list(itertools.product(SlotState, SlotState))
+VALID = [(a, b) for a, b in ALL_PAIRS if b in TRANSITIONS[a]]
+INVALID = [(a, b) for a, b in ALL_PAIRS if b not in TRANSITIONS[a]]
+
+
+def slot_in(state: SlotState, release: str | None = "r1") -> Slot:
+    return Slot(
+        name="resnet__blue", state=state, release=release, trigger="t0", reason="r0", since=T0
+    )
+
+
+def test_every_state_has_a_row_in_the_table() -> None:
+    assert set(TRANSITIONS) == set(SlotState)
+    assert all(set(targets) <= set(SlotState) for targets in TRANSITIONS.values())
+
+
+def test_the_documented_lifecycle_is_allowed() -> None:
+    path = ["ABSENT", "STAGED", "LOADING", "READY", "ACTIVE", "RETIRING", "UNLOADING"]
+    path.append("UNAVAILABLE")
+    for source, target in itertools.pairwise(path):
+        assert can_transition(SlotState(source), SlotState(target)), (source, target)
+    assert can_transition(SlotState.LOADING, SlotState.FAILED)
+    assert can_transition(SlotState.READY, SlotState.UPDATING)
+    assert can_transition(SlotState.UPDATING, SlotState.READY)
+
+
+def test_shortcuts_are_not_allowed() -> None:
+    assert not can_transition(SlotState.ABSENT, SlotState.READY)
+    assert not can_transition(SlotState.STAGED, SlotState.ACTIVE)
+    assert not can_transition(SlotState.LOADING, SlotState.ACTIVE)
+    assert not can_transition(SlotState.UNLOADING, SlotState.ACTIVE)
+
+
+@pytest.mark.parametrize(("source", "target"), VALID, ids=[f"{a}->{b}" for a, b in VALID])
+def test_valid_transitions_record_why(source: SlotState, target: SlotState) -> None:
+    before = slot_in(source)
+
+    after = transition(before, target, trigger="deploy", at=T1, reason="op-1", release="r2")
+
+    assert after == Slot(
+        name="resnet__blue", state=target, release="r2", trigger="deploy", reason="op-1", since=T1
+    )
+    assert before == slot_in(source)  # the original is untouched
+
+
+@pytest.mark.parametrize(("source", "target"), VALID[:3], ids=[f"{a}->{b}" for a, b in VALID[:3]])
+def test_release_is_kept_unless_given(source: SlotState, target: SlotState) -> None:
+    after = transition(slot_in(source, release="r7"), target, trigger="api", at=T1)
+    assert after.release == "r7"
+    assert after.reason == ""
+
+
+@pytest.mark.parametrize(("source", "target"), INVALID, ids=[f"{a}->{b}" for a, b in INVALID])
+def test_pairs_outside_the_table_raise(source: SlotState, target: SlotState) -> None:
+    before = slot_in(source)
+
+    with pytest.raises(InvalidTransition) as caught:
+        transition(before, target, trigger="deploy", at=T1, reason="op-1")
+
+    assert caught.value.code == "invalid_transition"
+    assert f"from {source} to {target}" in caught.value.message
+    assert "'resnet__blue'" in caught.value.message
+    assert before == slot_in(source)
+
+
+def test_the_exhaustive_split_covers_every_pair() -> None:
+    assert len(VALID) + len(INVALID) == len(SlotState) ** 2
+    assert len(VALID) == sum(len(targets) for targets in TRANSITIONS.values())
+    assert INVALID  # self-loops at least are refused
+    assert all((state, state) in INVALID for state in SlotState)
+
+
+def test_slots_are_frozen() -> None:
+    slot = slot_in(SlotState.READY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        slot.state = SlotState.ACTIVE  # type: ignore[misc]
+    assert slot.state is SlotState.READY
+
+
+@pytest.mark.parametrize(
+    ("source", "target"), INVALID[:8], ids=[f"{a}->{b}" for a, b in INVALID[:8]]
+)
+def test_observe_bypasses_the_table(source: SlotState, target: SlotState) -> None:
+    before = slot_in(source)
+
+    after = observe(before, target, release=None, at=T1, reason="triton says so")
+
+    assert after == Slot(
+        name="resnet__blue",
+        state=target,
+        release=None,
+        trigger="reconcile",
+        reason="triton says so",
+        since=T1,
+    )
+    assert before == slot_in(source)
+
+
+def test_absent_starts_empty() -> None:
+    assert absent("m", T0) == Slot(
+        name="m", state=SlotState.ABSENT, release=None, trigger="", reason="", since=T0
+    )
