@@ -227,6 +227,20 @@ def render_defaults() -> str:
     return "\n".join(out) + "\n"
 
 
+def settings_help() -> str:
+    """One line per setting, for ``controlplane serve --help``."""
+    lines = ["Settings (YAML keys group.field; environment variables override the file):", ""]
+    for group_name, group_field in Settings.model_fields.items():
+        group_type: Any = group_field.annotation
+        for name, field in group_type.model_fields.items():
+            default = "required" if field.is_required() else f"default {_yaml_value(field.default)}"
+            lines.append(
+                f"{ENV_PREFIX}{group_name.upper()}__{name.upper()}: {field.description} ({default})"
+            )
+            lines.append("")
+    return "\n".join(lines)
+
+
 def _yaml_value(value: object) -> str:
     if value is None:
         return "null"

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.client import ApiError, Client, Unreachable
+from controlplane.settings import settings_help
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 FINISHED = ("succeeded", "failed", "interrupted")
@@ -44,7 +45,7 @@ TimeoutOption = Annotated[
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
-@app.command()
+@app.command(epilog=settings_help())
 def serve(
     config: Annotated[
         Path | None, typer.Option("--config", help="YAML settings file (env vars override it).")

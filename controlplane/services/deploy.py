@@ -187,6 +187,7 @@ class DeployService:
     async def _resolve(self, tracker: OperationTracker, model: str, release: str) -> None:
         async with tracker.step("resolve"):
             info = await asyncio.to_thread(self._store.describe, model, release)
+            self._repo.record_releases([info], self._clock.now())
             tracker.detail(store=self._store.uri, complete=info.complete)
             if not info.complete and self._policy.require_checksums:
                 raise ReleaseIncomplete(

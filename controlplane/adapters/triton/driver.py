@@ -1,17 +1,19 @@
 """The Triton driver: the only module that talks to Triton's gRPC API.
 
-Every call has a timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried
-with backoff by tenacity, a bounded number of times; everything else is mapped to the
-project's own errors, most specific first, and never retried. ``load`` returns only when the
-model is READY in the repository index, or raises with Triton's reason.
+It loads, unloads, reads the repository index, model configs and metadata, and runs single
+inferences for smoke checks. Every call has a timeout; transient failures (UNAVAILABLE,
+DEADLINE_EXCEEDED) are retried with backoff by tenacity, a bounded number of times; everything
+else is mapped to the project's own errors, most specific first, and never retried. ``load``
+returns only when the model is READY in the repository index, or raises with Triton's reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -19,7 +21,7 @@ from tenacity import (
     wait_exponential,
 )
 from tritonclient.grpc import aio as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from controlplane.domain.errors import (
     TransientError,
@@ -109,6 +111,46 @@ class TritonDriver:
                     f"{model!r} was still {entry.state} {timeout:.0f} s after its unload"
                 )
             await asyncio.sleep(self._poll_interval)
+
+    async def model_config(self, model: str) -> dict[str, Any]:
+        """The config Triton is serving ``model`` with (after its own auto-completion)."""
+
+        async def call() -> Any:
+            return await self._client.get_model_config(
+                model, as_json=True, client_timeout=self._call_timeout
+            )
+
+        raw: dict[str, Any] = await self._retrying(call, what=f"config of {model!r}")
+        config: dict[str, Any] = raw.get("config", raw)
+        return config
+
+    async def model_metadata(self, model: str) -> dict[str, Any]:
+        """Inputs and outputs with their datatypes and shapes, as Triton reports them."""
+
+        async def call() -> Any:
+            return await self._client.get_model_metadata(
+                model, as_json=True, client_timeout=self._call_timeout
+            )
+
+        metadata: dict[str, Any] = await self._retrying(call, what=f"metadata of {model!r}")
+        return metadata
+
+    async def infer(
+        self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """One inference (smoke checks): named numpy inputs in, every output out."""
+        tensors = []
+        for name, array in inputs.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+
+        async def call() -> Any:
+            return await self._client.infer(model, tensors, client_timeout=self._call_timeout)
+
+        result = await self._retrying(call, what=f"inference on {model!r}")
+        outputs = result.get_response(as_json=True).get("outputs", [])
+        return {out["name"]: result.as_numpy(out["name"]) for out in outputs}
 
     async def close(self) -> None:
         await self._client.close()

@@ -1,0 +1,86 @@
+"""The Triton driver against the real server: every call it makes, and how errors map."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controlplane.adapters.triton.driver import TritonDriver
+from controlplane.adapters.triton.launcher import RunningTriton, free_port
+from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
+from tests.support.models import write_scale_release
+
+pytestmark = pytest.mark.triton
+
+
+def _place(store: Path, model: str, release: str, repository: Path) -> None:
+    """Copy a release into the repository as `model` (what staging does, minus its checks)."""
+    shutil.copytree(store / model / release, repository / model)
+
+
+def test_load_config_metadata_infer_unload(
+    triton: RunningTriton, store: Path, model_name: str
+) -> None:
+    write_scale_release(store, model_name, "r1", k=3.0)
+    _place(store, model_name, "r1", triton.repository)
+
+    async def scenario() -> None:
+        driver = TritonDriver(triton.grpc_url)
+        try:
+            await driver.load(model_name)
+            states = {e.name: e.state for e in await driver.index()}
+            assert states[model_name] == "READY"
+            config = await driver.model_config(model_name)
+            assert config["backend"] == "python"
+            metadata = await driver.model_metadata(model_name)
+            assert [i["name"] for i in metadata["inputs"]] == ["INPUT0"]
+            outputs = await driver.infer(
+                model_name, {"INPUT0": np.array([1.0, 2.0], dtype=np.float32)}
+            )
+            assert outputs["OUTPUT0"].tolist() == [3.0, 6.0]
+            await driver.unload(model_name)
+            await driver.wait_unavailable(model_name, timeout=30)
+            after = {e.name: e for e in await driver.index()}
+            assert after[model_name].state == "UNAVAILABLE"
+        finally:
+            await driver.close()
+            shutil.rmtree(triton.repository / model_name)
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_load_carries_tritons_reason(
+    triton: RunningTriton, store: Path, model_name: str
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0, fail_init=True)
+    _place(store, model_name, "r1", triton.repository)
+
+    async def scenario() -> None:
+        driver = TritonDriver(triton.grpc_url)
+        try:
+            with pytest.raises(TritonLoadFailed, match="initialize failed on purpose"):
+                await driver.load(model_name)
+        finally:
+            await driver.unload(model_name)
+            await driver.close()
+            shutil.rmtree(triton.repository / model_name)
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_triton_is_transient_and_retried_a_bounded_number_of_times() -> None:
+    async def scenario() -> None:
+        driver = TritonDriver(f"127.0.0.1:{free_port()}", call_timeout=2.0, attempts=2)
+        try:
+            assert await driver.is_live() is False
+            with pytest.raises(TritonUnavailable) as caught:
+                await driver.index()
+            assert caught.value.retryable
+        finally:
+            await driver.close()
+
+    asyncio.run(scenario())
