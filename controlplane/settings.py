@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -77,17 +86,18 @@ class StoreSettings(_Group):
         True, description="Refuse releases without SHA256SUMS (the publisher's commit marker)."
     )
 
-    @model_validator(mode="after")
-    def _check_uri(self) -> StoreSettings:
-        parsed = urlparse(self.uri)
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, uri: str) -> str:
+        parsed = urlparse(uri)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-                raise ValueError(f"use file:///absolute/path, not {self.uri!r}")
+                raise ValueError(f"use file:///absolute/path, not {uri!r}")
         elif parsed.scheme == "s3":
             raise ValueError("s3:// stores are not supported yet; use file:///absolute/path")
         else:
-            raise ValueError(f"unsupported store URI {self.uri!r}; use file:///absolute/path")
-        return self
+            raise ValueError(f"unsupported store URI {uri!r}; use file:///absolute/path")
+        return uri
 
     @property
     def local_path(self) -> Path:
@@ -188,7 +198,7 @@ def load_settings(config_file: Path | None = None) -> Settings:
         return _WithFile()
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
-    except ValueError as exc:  # YAML that is not a mapping, and similar
+    except (ValueError, yaml.YAMLError) as exc:  # YAML syntax, not a mapping, and similar
         raise SettingsError(f"cannot read {config_file}: {exc}") from None
 
 
@@ -197,6 +207,15 @@ def _describe(exc: ValidationError) -> str:
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
         message = error["msg"].removeprefix("Value error, ")
+        group = Settings.model_fields.get(loc[0]) if len(loc) == 1 else None
+        if error["type"] == "missing" and group is not None:
+            # A whole group is missing: name the fields in it that have no default.
+            group_type: Any = group.annotation
+            for name, field in group_type.model_fields.items():
+                if field.is_required():
+                    env = f"{ENV_PREFIX}{loc[0].upper()}__{name.upper()}"
+                    lines.append(f"  {loc[0]}.{name} ({env}): {message}")
+            continue
         if loc:
             dotted = ".".join(loc)
             env = ENV_PREFIX + "__".join(part.upper() for part in loc)

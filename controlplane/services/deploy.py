@@ -56,6 +56,7 @@ class _Context:
     """What one running deploy has built so far, for clean-up on failure."""
 
     placement: Placement | None = None
+    loading: bool = False
     recorded: bool = False
 
 
@@ -224,8 +225,12 @@ class DeployService:
         context = _Context()
         try:
             await self._deploy_steps(tracker, model, release, context)
-        except BaseException:
-            if context.placement is not None and not context.recorded:
+        except BaseException as exc:
+            # Cancelled (shutdown) while Triton loads: Triton goes on reading the placed files,
+            # so swapping the dirs back now could make it load a mix of two releases. Leave
+            # the placement; the next start-up reconcile converges to the desired release.
+            cut_mid_load = isinstance(exc, asyncio.CancelledError) and context.loading
+            if context.placement is not None and not context.recorded and not cut_mid_load:
                 # Shielded from cancellation: the repository must be put back either way.
                 await asyncio.shield(asyncio.to_thread(self._staging.restore, context.placement))
             raise
@@ -263,6 +268,7 @@ class DeployService:
                     slot = self._slots.move(slot, "UPDATING", op.trigger, f"reloading as {release}")
                 else:
                     slot = self._slots.stage_and_load(slot, op.trigger, release)
+                context.loading = True
                 try:
                     await self._triton.load(model)
                 except ControlPlaneError as exc:
@@ -278,6 +284,7 @@ class DeployService:
                         await self._forget_failed(model)
                         self._slots.move(self._slots.get(model), "ABSENT", op.trigger, exc.code)
                     raise
+                context.loading = False
 
         async with tracker.step("record"):
             record = self._repo.get_model(model)

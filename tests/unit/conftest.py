@@ -19,6 +19,9 @@ _INET = (socket.AF_INET, socket.AF_INET6)
 def _refuse(original: Any) -> Any:
     def guarded(self: socket.socket, address: Any, /) -> Any:
         if self.family in _INET:
+            # Closed here because callers such as socket.create_connection only clean up
+            # after OSError; otherwise a ResourceWarning would hide this message.
+            self.close()
             raise RuntimeError(
                 f"unit tests must not touch the network: connect to {address!r} was attempted; "
                 "use a fake through the Protocol, or move the test to tests/integration"

@@ -151,8 +151,8 @@ def test_neither_backend_nor_platform_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_missing_or_binary_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InvalidModelConfig, match="cannot read config.pbtxt"):
+    with pytest.raises(InvalidModelConfig, match=r"cannot read config\.pbtxt"):
         ProtobufConfigEditor().prepare(tmp_path / "config.pbtxt", "m")
     (tmp_path / "config.pbtxt").write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(InvalidModelConfig, match="cannot read config.pbtxt"):
+    with pytest.raises(InvalidModelConfig, match=r"cannot read config\.pbtxt"):
         ProtobufConfigEditor().prepare(tmp_path / "config.pbtxt", "m")

@@ -41,6 +41,11 @@ class StagingArea:
 
     def check(self) -> None:
         """Create both dirs and refuse to run where placement could not be atomic."""
+        if self.staging.resolve().is_relative_to(self.repository.resolve()):
+            raise StagingFailed(
+                f"staging dir {self.staging} is inside the repository {self.repository}; Triton "
+                "would see temp dirs. Put it beside the repository instead"
+            )
         for path in (self.repository, self.staging):
             path.mkdir(parents=True, exist_ok=True)
         repo_dev = self.repository.stat().st_dev
@@ -50,11 +55,6 @@ class StagingArea:
                 f"staging dir {self.staging} and repository {self.repository} are on different "
                 "filesystems, so a rename between them is not atomic; put staging.path on the "
                 "repository's filesystem (the default is 'staging' beside the repository)"
-            )
-        if self.staging.resolve().is_relative_to(self.repository.resolve()):
-            raise StagingFailed(
-                f"staging dir {self.staging} is inside the repository {self.repository}; Triton "
-                "would see temp dirs. Put it beside the repository instead"
             )
         if not renameat.supported(self.staging):
             raise StagingFailed(
@@ -87,7 +87,7 @@ class StagingArea:
             raise InvalidModelConfig(
                 "the release has no config.pbtxt at its top level; Triton needs one"
             )
-        if not any(p.is_dir() and p.name.isdigit() for p in root.iterdir()):
+        if not any(p.is_dir() and p.name.isascii() and p.name.isdigit() for p in root.iterdir()):
             raise InvalidModelConfig(
                 "the release has no version dir (such as '1/'); Triton would load nothing"
             )

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import uuid
 from pathlib import Path
 
 AT_FDCWD = -100
@@ -42,8 +43,9 @@ def rename_noreplace(source: Path, target: Path) -> None:
 
 def supported(probe_dir: Path) -> bool:
     """Whether this kernel and filesystem support ``RENAME_EXCHANGE`` under ``probe_dir``."""
-    a = probe_dir / ".renameat2-probe-a"
-    b = probe_dir / ".renameat2-probe-b"
+    tag = uuid.uuid4().hex  # unique: a probe left by a killed start-up never gets in the way
+    a = probe_dir / f".renameat2-probe-{tag}-a"
+    b = probe_dir / f".renameat2-probe-{tag}-b"
     try:
         a.mkdir()
         b.mkdir()

@@ -73,6 +73,11 @@ class LocalStore:
         progress: Callable[[FetchProgress], None] | None = None,
     ) -> FetchedRelease:
         source = self._release_dir(model, release)
+        if source.is_symlink() or source.parent.is_symlink():
+            raise UnsafeRelease(
+                f"release {release!r} of model {model!r} is a symlink in the store; "
+                "publish plain directories"
+            )
         if not source.is_dir():
             raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
         plan = list(_walk_files(source))

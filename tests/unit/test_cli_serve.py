@@ -1,0 +1,103 @@
+"""``controlplane serve`` refuses bad settings and filesystems with exit code 2 and a clear line.
+
+Each case runs the real command in a subprocess with a clean environment; every refusal here
+happens before the daemon binds a port or reaches Triton, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXIT_USAGE = 2
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    env.update(settings)
+    return env
+
+
+def serve(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", "serve"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def shm_staging(tmp_path: Path) -> Iterator[Path]:
+    shm = Path("/dev/shm")
+    if os.environ.get("CI"):
+        assert shm.is_dir(), "CI must provide /dev/shm to test the different-filesystem check"
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second filesystem (/dev/shm) beside tmp_path")
+    path = shm / f"controlplane-unit-{os.getpid()}-{tmp_path.name}" / "staging"
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def without_settings(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One run with no settings at all, shared by the tests that read its output."""
+    return serve(clean_env(), tmp_path_factory.mktemp("no-settings"))
+
+
+def test_no_settings_at_all(without_settings: subprocess.CompletedProcess[str]) -> None:
+    result = without_settings
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "repository" in result.stderr
+    assert "store" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_no_settings_names_the_fields_to_set(
+    without_settings: subprocess.CompletedProcess[str],
+) -> None:
+    result = without_settings
+    assert result.returncode == EXIT_USAGE
+    assert "repository.path" in result.stderr
+    assert "store.uri" in result.stderr
+
+
+def test_an_invalid_port(tmp_path: Path) -> None:
+    env = clean_env(
+        CONTROLPLANE_REPOSITORY__PATH=str(tmp_path / "repository"),
+        CONTROLPLANE_STORE__URI=(tmp_path / "store").as_uri(),
+        CONTROLPLANE_API__PORT="notaport",
+    )
+    result = serve(env, tmp_path)
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "api.port" in result.stderr
+    assert "CONTROLPLANE_API__PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_staging_on_another_filesystem(tmp_path: Path, shm_staging: Path) -> None:
+    env = clean_env(
+        CONTROLPLANE_REPOSITORY__PATH=str(tmp_path / "root" / "repository"),
+        CONTROLPLANE_STAGING__PATH=str(shm_staging),
+        CONTROLPLANE_STORE__URI=(tmp_path / "store").as_uri(),
+        CONTROLPLANE_DATABASE__PATH=str(tmp_path / "root" / "controlplane.db"),
+    )
+    result = serve(env, tmp_path)
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "different filesystems" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "root" / "controlplane.db").exists()  # refused before anything else

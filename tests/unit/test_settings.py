@@ -1,0 +1,330 @@
+"""Settings: environment over YAML over defaults, and errors that name the setting to fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel, SecretStr
+
+from controlplane.settings import Settings, SettingsError, load_settings, render_defaults
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("CONTROLPLANE_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def required(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The two required settings through the environment; returns the repository path."""
+    repository = tmp_path / "root" / "repository"
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", str(repository))
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", (tmp_path / "store").as_uri())
+    return repository
+
+
+def write_yaml(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "controlplane.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def settings_error(config: Path | None = None) -> str:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(config)
+    return str(caught.value)
+
+
+# --- sources ------------------------------------------------------------------------------
+
+
+def test_defaults(required: Path, tmp_path: Path) -> None:
+    settings = load_settings()
+    assert settings.triton.grpc_url == "localhost:8001"
+    assert settings.api.host == "127.0.0.1"
+    assert settings.api.port == 8080
+    assert settings.api.token is None
+    assert settings.store.require_checksums is True
+    assert settings.log.level == "INFO"
+    assert settings.repository.path == required
+    assert settings.staging.path is None
+    assert settings.staging_path == tmp_path / "root" / "staging"
+    assert settings.database_path == tmp_path / "root" / "controlplane.db"
+    assert settings.store.local_path == tmp_path / "store"
+
+
+def test_environment_with_nesting(
+    required: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_TRITON__GRPC_URL", "triton:9001")
+    monkeypatch.setenv("CONTROLPLANE_TRITON__RETRY_ATTEMPTS", "5")
+    monkeypatch.setenv("CONTROLPLANE_API__PORT", "9090")
+    monkeypatch.setenv("CONTROLPLANE_STAGING__PATH", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("CONTROLPLANE_DATABASE__PATH", str(tmp_path / "state.db"))
+    monkeypatch.setenv("CONTROLPLANE_STORE__REQUIRE_CHECKSUMS", "false")
+    monkeypatch.setenv("CONTROLPLANE_LOG__LEVEL", "DEBUG")
+
+    settings = load_settings()
+
+    assert settings.triton.grpc_url == "triton:9001"
+    assert settings.triton.retry_attempts == 5
+    assert settings.api.port == 9090
+    assert settings.staging_path == tmp_path / "elsewhere"
+    assert settings.database_path == tmp_path / "state.db"
+    assert settings.store.require_checksums is False
+    assert settings.log.level == "DEBUG"
+
+
+def test_yaml_file_values(tmp_path: Path) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "repository": {"path": "/srv/models/repository"},
+            "store": {"uri": "file:///srv/store"},
+            "triton": {"grpc_url": "gpu-node:8001", "load_timeout_seconds": 600},
+            "api": {"port": 9000},
+        },
+    )
+    settings = load_settings(config)
+    assert settings.repository.path == Path("/srv/models/repository")
+    assert settings.store.uri == "file:///srv/store"
+    assert settings.triton.grpc_url == "gpu-node:8001"
+    assert settings.triton.load_timeout_seconds == 600.0
+    assert settings.triton.call_timeout_seconds == 10.0  # default kept inside a given group
+    assert settings.api.port == 9000
+    assert settings.staging_path == Path("/srv/models/staging")
+
+
+def test_environment_overrides_yaml_field_by_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "repository": {"path": "/srv/repository"},
+            "store": {"uri": "file:///srv/store"},
+            "api": {"port": 9000, "max_body_bytes": 4096},
+        },
+    )
+    monkeypatch.setenv("CONTROLPLANE_API__PORT", "9100")
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", "file:///mnt/store")
+
+    settings = load_settings(config)
+
+    assert settings.api.port == 9100
+    assert settings.api.max_body_bytes == 4096  # the YAML value beside it survives
+    assert settings.store.uri == "file:///mnt/store"
+    assert settings.repository.path == Path("/srv/repository")
+
+
+def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
+    message = settings_error(tmp_path / "nope.yaml")
+    assert "nope.yaml does not exist" in message
+
+
+def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "controlplane.yaml"
+    path.write_text("just a string\n", encoding="utf-8")
+    assert f"cannot read {path}" in settings_error(path)
+
+
+def test_a_yaml_syntax_error_is_a_settings_error(tmp_path: Path) -> None:
+    path = tmp_path / "controlplane.yaml"
+    path.write_text("repository: [\n", encoding="utf-8")
+    assert str(path) in settings_error(path)
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+
+def test_missing_required_settings_are_named() -> None:
+    message = settings_error()
+    assert message.startswith("invalid settings:")
+    assert "repository" in message
+    assert "store" in message
+    assert "Field required" in message
+
+
+def test_missing_required_settings_name_the_field_and_its_variable() -> None:
+    message = settings_error()
+    assert "store.uri" in message
+    assert "CONTROLPLANE_STORE__URI" in message
+    assert "repository.path" in message
+    assert "CONTROLPLANE_REPOSITORY__PATH" in message
+
+
+def test_a_missing_field_inside_a_given_group_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
+    monkeypatch.setenv("CONTROLPLANE_STORE__REQUIRE_CHECKSUMS", "true")
+    message = settings_error()
+    assert "store.uri (CONTROLPLANE_STORE__URI): Field required" in message
+    assert "repository" not in message
+
+
+@pytest.mark.parametrize(
+    ("port", "problem"),
+    [("0", "greater than or equal to 1"), ("abc", "valid integer"), ("65536", "less than")],
+)
+def test_an_invalid_port_is_refused(
+    required: Path, monkeypatch: pytest.MonkeyPatch, port: str, problem: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_API__PORT", port)
+    message = settings_error()
+    assert "api.port (CONTROLPLANE_API__PORT)" in message
+    assert problem in message
+
+
+def test_an_unknown_key_in_yaml_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "repository": {"path": "/srv/repository"},
+            "store": {"uri": "file:///srv/store"},
+            "api": {"prot": 9000},
+        },
+    )
+    message = settings_error(config)
+    assert "api.prot" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_an_unknown_group_in_yaml_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "repository": {"path": "/srv/repository"},
+            "store": {"uri": "file:///srv/store"},
+            "rolback": {"enabled": True},
+        },
+    )
+    assert "rolback" in settings_error(config)
+
+
+def test_an_unknown_nested_env_var_is_refused(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_API__PROT", "9000")
+    assert "api.prot (CONTROLPLANE_API__PROT)" in settings_error()
+
+
+@pytest.mark.parametrize(
+    ("uri", "problem"),
+    [
+        ("s3://bucket/prefix", "s3:// stores are not supported yet"),
+        ("file://relative/path", "use file:///absolute/path"),
+        ("file:relative/path", "use file:///absolute/path"),
+        ("/srv/store", "unsupported store URI"),
+        ("https://example.com/store", "unsupported store URI"),
+    ],
+)
+def test_unusable_store_uris_are_refused(
+    monkeypatch: pytest.MonkeyPatch, uri: str, problem: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", uri)
+    message = settings_error()
+    assert problem in message
+    assert "store" in message
+
+
+@pytest.mark.parametrize("uri", ["file:///srv/store", "file://localhost/srv/store"])
+def test_absolute_file_uris_are_accepted(monkeypatch: pytest.MonkeyPatch, uri: str) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", uri)
+    assert load_settings().store.local_path == Path("/srv/store")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "triton-sidecar"])
+def test_a_public_host_without_token_is_refused(
+    required: Path, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_API__HOST", host)
+    message = settings_error()
+    assert "api.token" in message
+    assert repr(host) in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_hosts_need_no_token(
+    required: Path, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_API__HOST", host)
+    assert load_settings().api.host == host
+
+
+def test_a_public_host_with_a_token_is_accepted_and_the_token_hidden(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "s3cr3t-t0ken-value"
+    monkeypatch.setenv("CONTROLPLANE_API__HOST", "0.0.0.0")
+    monkeypatch.setenv("CONTROLPLANE_API__TOKEN", token)
+
+    settings = load_settings()
+
+    assert settings.api.host == "0.0.0.0"
+    assert isinstance(settings.api.token, SecretStr)
+    assert settings.api.token.get_secret_value() == token
+    assert token not in repr(settings.api.token)
+    assert token not in str(settings.api.token)
+    assert token not in repr(settings)
+    assert token not in settings.model_dump_json()
+
+
+def test_a_blank_token_is_refused(required: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_API__TOKEN", "   ")
+    assert "api.token is empty" in settings_error()
+
+
+def test_settings_are_frozen(required: Path) -> None:
+    settings = load_settings()
+    with pytest.raises(ValueError, match="frozen"):
+        settings.api.port = 1  # type: ignore[misc]
+
+
+# --- render_defaults ----------------------------------------------------------------------
+
+
+def test_render_defaults_is_yaml_that_mentions_every_field() -> None:
+    text = render_defaults()
+    data = yaml.safe_load(text)
+
+    assert set(data) == set(Settings.model_fields)
+    for group_name, group_field in Settings.model_fields.items():
+        group_type = group_field.annotation
+        assert isinstance(group_type, type)
+        assert issubclass(group_type, BaseModel)
+        assert set(data[group_name]) == set(group_type.model_fields), group_name
+        for name, field in group_type.model_fields.items():
+            env = f"CONTROLPLANE_{group_name.upper()}__{name.upper()}"
+            assert env in text
+            assert field.description, f"{group_name}.{name} has no description"
+            assert field.description in text
+            if field.is_required():
+                assert data[group_name][name] is None
+            else:
+                assert data[group_name][name] == field.default, f"{group_name}.{name}"
+
+
+def test_render_defaults_with_the_required_values_loads(tmp_path: Path) -> None:
+    data = yaml.safe_load(render_defaults())
+    data["repository"]["path"] = "/srv/repository"
+    data["store"]["uri"] = "file:///srv/store"
+    settings = load_settings(write_yaml(tmp_path, data))
+    assert settings.triton.grpc_url == "localhost:8001"
+
+
+def test_the_shipped_config_file_is_up_to_date() -> None:
+    shipped = REPO_ROOT / "config" / "controlplane.yaml"
+    if not shipped.exists():
+        pytest.skip("config/controlplane.yaml does not exist yet")
+    assert shipped.read_text(encoding="utf-8") == render_defaults(), (
+        "regenerate it: controlplane config --defaults > config/controlplane.yaml"
+    )
