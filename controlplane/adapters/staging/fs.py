@@ -15,11 +15,11 @@ import logging
 import os
 import py_compile
 import shutil
-import stat
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.staging import renameat
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import InvalidModelConfig, StagingFailed, UnsafeRelease
@@ -77,7 +77,7 @@ class StagingArea:
     ) -> None:
         for rel in files:
             safe_relpath(rel)
-        on_disk = _scan(root)
+        on_disk = [rel for rel, _size in regular_files(root)]
         if set(on_disk) != set(files):
             unexpected = sorted(set(on_disk) ^ set(files))
             raise UnsafeRelease(f"staged files differ from the fetched ones: {unexpected[:5]}")
@@ -166,23 +166,6 @@ class StagingArea:
                 entry.unlink(missing_ok=True)
             removed.append(entry.name)
         return removed
-
-
-def _scan(root: Path) -> list[str]:
-    """Every regular file under ``root``; refuse symlinks and special files."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            mode = path.lstat().st_mode
-            rel = path.relative_to(root).as_posix()
-            if stat.S_ISLNK(mode):
-                raise UnsafeRelease(f"the release holds a symlink at {rel!r}; ship plain files")
-            if stat.S_ISREG(mode):
-                found.append(rel)
-            elif not stat.S_ISDIR(mode):
-                raise UnsafeRelease(f"the release holds a special file at {rel!r}")
-    return found
 
 
 def _byte_compile(root: Path) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from controlplane.adapters.release_tree import regular_files
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, parse_manifest
 from controlplane.domain.errors import ModelNotFound, ReleaseNotFound, UnsafeRelease
 from controlplane.domain.names import validate_model_name, validate_release_name
@@ -80,7 +80,7 @@ class LocalStore:
             )
         if not source.is_dir():
             raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
-        plan = list(_walk_files(source))
+        plan = regular_files(source)
         total = sum(size for _, size in plan)
         done_bytes = 0
         files: dict[str, FileDigest] = {}
@@ -104,23 +104,6 @@ class LocalStore:
 
     def _release_dir(self, model: str, release: str) -> Path:
         return self._model_dir(model) / validate_release_name(release)
-
-
-def _walk_files(root: Path) -> list[tuple[str, int]]:
-    """Every regular file under ``root`` as (relative posix path, size); refuse anything else."""
-    found: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in sorted(dirnames + filenames):
-            path = Path(dirpath) / name
-            mode = path.lstat().st_mode
-            rel = path.relative_to(root).as_posix()
-            if stat.S_ISLNK(mode):
-                raise UnsafeRelease(f"the release holds a symlink at {rel!r}; ship plain files")
-            if stat.S_ISREG(mode):
-                found.append((rel, path.lstat().st_size))
-            elif not stat.S_ISDIR(mode):
-                raise UnsafeRelease(f"the release holds a special file at {rel!r}")
-    return sorted(found)
 
 
 def _copy_hashing(source: Path, target: Path) -> FileDigest:
