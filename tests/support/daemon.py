@@ -32,17 +32,24 @@ class Daemon:
     database: Path
     token: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    _http: httpx.Client | None = None
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        """A new client; the caller closes it."""
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=120.0, **kwargs)
 
+    @property
+    def http(self) -> httpx.Client:
+        """One client kept open across calls (building one costs tens of ms)."""
+        if self._http is None:
+            self._http = self.client()
+        return self._http
+
     def post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
-        with self.client() as client:
-            return client.post(path, json=dict(body))
+        return self.http.post(path, json=dict(body))
 
     def get(self, path: str) -> httpx.Response:
-        with self.client() as client:
-            return client.get(path)
+        return self.http.get(path)
 
     def deploy(self, model: str, release: str, *, wait: bool = True) -> httpx.Response:
         return self.post(f"/v1/models/{model}/deploy", {"release": release, "wait": wait})
@@ -59,10 +66,16 @@ class Daemon:
                 raise AssertionError(f"operation {operation_id} still {operation['status']}")
             time.sleep(0.05)
 
+    def _close_http(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def stop(self, timeout: float = 20.0) -> int:
+        self._close_http()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -74,6 +87,7 @@ class Daemon:
 
     def kill(self) -> None:
         """SIGKILL: no clean-up of any kind, as after an OOM kill or a node failure."""
+        self._close_http()
         self.process.kill()
         self.process.wait()
 
