@@ -7,6 +7,7 @@ place that maps them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controlplane.domain.errors import ControlPlaneError
+
+log = logging.getLogger(__name__)
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 400,
@@ -64,6 +67,11 @@ def install_handlers(app: FastAPI) -> None:
         if "operation_id" in exc.details:
             extra["operation_id"] = exc.details["operation_id"]
         return error_response(exc.code, exc.message, **extra)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error while answering a request", exc_info=exc)
+        return error_response("internal_error", f"unexpected error: {type(exc).__name__}")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:

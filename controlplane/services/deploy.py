@@ -160,26 +160,34 @@ class DeployService:
         self._locks.claim(model, operation_id)
         try:
             record = self._repo.get_model(model)
-            operation = Operation(
-                id=operation_id,
-                kind=kind,
-                model=model,
-                release=release,
-                trigger=trigger,
-                status=OperationStatus.RUNNING,
-                created_at=self._clock.now(),
-                from_release=record.active_release if record else None,
+            tracker = OperationTracker(
+                Operation(
+                    id=operation_id,
+                    kind=kind,
+                    model=model,
+                    release=release,
+                    trigger=trigger,
+                    status=OperationStatus.RUNNING,
+                    created_at=self._clock.now(),
+                    from_release=record.active_release if record else None,
+                ),
+                self._repo,
+                self._clock,
             )
-            tracker = OperationTracker(operation, self._repo, self._clock)
-            if release is not None:
-                await self._resolve(tracker, model, release)
-        except ControlPlaneError as exc:
-            if "tracker" in locals():
-                tracker.fail(exc)
-                exc.details.setdefault("operation_id", operation_id)
+        except BaseException:
             self._locks.release(model, operation_id)
             raise
-        except BaseException:
+        try:
+            if release is not None:
+                await self._resolve(tracker, model, release)
+        except BaseException as exc:
+            if isinstance(exc, ControlPlaneError):
+                tracker.fail(exc)
+                exc.details.setdefault("operation_id", operation_id)
+            elif isinstance(exc, Exception):
+                tracker.fail(ControlPlaneError(f"unexpected error: {exc!r}"))
+            else:
+                tracker.interrupt()
             self._locks.release(model, operation_id)
             raise
         self._tasks.spawn(operation_id, self._run(tracker, body))
