@@ -147,7 +147,7 @@ class Operation:
             steps=steps,
             error=OperationError(
                 code="interrupted",
-                message="the daemon stopped while this operation ran; "
-                "reconcile restored the last good release",
+                message="the daemon stopped while this operation ran; start-up reconcile "
+                "brings back the last release that succeeded",
             ),
         )

@@ -28,6 +28,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import Operation, OperationKind, OperationStatus, Trigger
+from controlplane.domain.slots import SlotState
 from controlplane.ports import (
     Clock,
     ModelConfigEditor,
@@ -279,7 +280,12 @@ class DeployService:
                 context.loading = True
                 try:
                     await self._triton.load(model)
-                except ControlPlaneError as exc:
+                except Exception as raised:
+                    exc = (
+                        raised
+                        if isinstance(raised, ControlPlaneError)
+                        else ControlPlaneError(f"unexpected error during the load: {raised!r}")
+                    )
                     await asyncio.shield(
                         asyncio.to_thread(self._staging.restore, context.placement)
                     )
@@ -291,7 +297,9 @@ class DeployService:
                         self._slots.move(slot, "FAILED", op.trigger, exc.message[:500])
                         await self._forget_failed(model)
                         self._slots.move(self._slots.get(model), "ABSENT", op.trigger, exc.code)
-                    raise
+                    if exc is raised:
+                        raise
+                    raise exc from raised
                 context.loading = False
 
         async with tracker.step("record"):
@@ -326,8 +334,16 @@ class DeployService:
         slot = self._slots.get(model)
         async with tracker.step("unload"):
             slot = self._slots.move(slot, "UNLOADING", op.trigger, "unload requested")
-            await self._triton.unload(model)
-            await self._triton.wait_unavailable(model, self._policy.unload_timeout)
+            try:
+                await self._triton.unload(model)
+                await self._triton.wait_unavailable(model, self._policy.unload_timeout)
+            except ControlPlaneError as exc:
+                # The model still serves as far as anyone can tell: say so, so that the next
+                # deploy or unload of it starts from a valid state.
+                self._slots.observe(
+                    model, SlotState.ACTIVE, slot.release, f"unload failed: {exc.code}"
+                )
+                raise
             slot = self._slots.move(slot, "UNAVAILABLE", op.trigger, "unloaded")
         async with tracker.step("remove"):
             removed = await asyncio.to_thread(self._staging.remove, model)

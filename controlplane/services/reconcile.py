@@ -87,6 +87,13 @@ class Reconciler:
         )
         return report
 
+    def _unconfirmed(self, operation_id: str, interrupted: set[str], model: str) -> bool:
+        """A placed dir whose deploy never succeeded (killed, or cut short by a shutdown)."""
+        if model in interrupted:
+            return True
+        operation = self._repo.get_operation(operation_id)
+        return operation is None or operation.status is not OperationStatus.SUCCEEDED
+
     async def _converge(
         self,
         model: str,
@@ -108,7 +115,7 @@ class Reconciler:
             self._slots.observe(model, SlotState.ABSENT, None, "not in the repository")
 
         if desired is None:
-            if model in interrupted and marker is not None:
+            if marker is not None and self._unconfirmed(marker.operation_id, interrupted, model):
                 if loaded:
                     await self._triton.unload(model)
                     await self._triton.wait_unavailable(model, self._unload_timeout)
