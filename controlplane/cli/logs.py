@@ -11,7 +11,11 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's ANSI-coloured copy of the message
+}
 
 
 class JsonFormatter(logging.Formatter):
