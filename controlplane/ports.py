@@ -35,7 +35,8 @@ class FetchedRelease:
 
     manifest: Mapping[str, str] | None  # parsed SHA256SUMS, None if the release has none
     files: Mapping[str, FileDigest]
-    bytes_total: int
+    bytes_total: int  # bytes of the whole release
+    bytes_fetched: int = 0  # bytes actually transferred (the rest came from the cache)
 
 
 class ModelStore(Protocol):
@@ -54,14 +55,24 @@ class ModelStore(Protocol):
         """The release, or :class:`ReleaseNotFound`."""
         ...
 
+    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
+        """The parsed ``SHA256SUMS``, or None when the release has none (yet)."""
+        ...
+
     def fetch(
         self,
         model: str,
         release: str,
         dest: Path,
+        *,
+        have: Mapping[str, FileDigest] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
     ) -> FetchedRelease:
-        """Write the release's files under ``dest`` (which does not exist yet)."""
+        """Write the release's files under the existing dir ``dest``.
+
+        Files named in ``have`` are already there (linked from the content cache with the
+        digest the manifest lists): they are not fetched again, and are returned as they are.
+        """
         ...
 
 
@@ -91,6 +102,14 @@ class Staging(Protocol):
 
     def create(self, operation_id: str) -> Path:
         """A fresh, empty staging dir for one operation; the release goes in ``<it>/model``."""
+        ...
+
+    def link_cached(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
+        """Create ``dest`` and hardlink into it every manifest file the content cache holds."""
+        ...
+
+    def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:
+        """Add verified files to the content cache (hardlinks), then evict to the bound."""
         ...
 
     def verify(
@@ -202,6 +221,10 @@ class StateRepo(Protocol):
     def save_slot(self, model: str, slot: Slot) -> None: ...
 
     def record_releases(self, releases: Sequence[ReleaseInfo], at: datetime) -> None: ...
+
+    def list_releases(self, model: str) -> list[ReleaseInfo]:
+        """The releases of ``model`` as last recorded (what the watcher saw before)."""
+        ...
 
     def save_operation(self, operation: Operation) -> None: ...
 

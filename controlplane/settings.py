@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
 import yaml
@@ -30,6 +30,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from controlplane.domain.names import validate_model_name
 
 ENV_PREFIX = "CONTROLPLANE_"
 
@@ -76,14 +78,27 @@ class StagingSettings(_Group):
         description="Temp dirs for downloads; must share the repository's filesystem. "
         "Default: 'staging' beside the repository.",
     )
+    cache_max_bytes: int = Field(
+        10 * 1024**3,
+        ge=0,
+        description="Bound of the content cache of verified files (staging/cas); files no "
+        "placed release uses are evicted beyond it. 0 disables the cache.",
+    )
 
 
 class StoreSettings(_Group):
     uri: str = Field(
-        description="Where releases come from: file:///abs/path (<model>/<release>/ below it).",
+        description="Where releases come from: file:///abs/path or s3://bucket/prefix, with "
+        "<model>/<release>/ below it. S3 uses the standard AWS chain (AWS_ENDPOINT_URL_S3, ...).",
     )
     require_checksums: bool = Field(
         True, description="Refuse releases without SHA256SUMS (the publisher's commit marker)."
+    )
+    poll_interval_seconds: float = Field(
+        10.0, gt=0, description="How often the watcher lists the store for new releases."
+    )
+    max_concurrency: int = Field(
+        8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
     )
 
     @field_validator("uri")
@@ -94,10 +109,17 @@ class StoreSettings(_Group):
             if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
                 raise ValueError(f"use file:///absolute/path, not {uri!r}")
         elif parsed.scheme == "s3":
-            raise ValueError("s3:// stores are not supported yet; use file:///absolute/path")
+            if not parsed.netloc:
+                raise ValueError(f"name the bucket: s3://bucket/prefix, not {uri!r}")
         else:
-            raise ValueError(f"unsupported store URI {uri!r}; use file:///absolute/path")
+            raise ValueError(
+                f"unsupported store URI {uri!r}; use file:///absolute/path or s3://bucket/prefix"
+            )
         return uri
+
+    @property
+    def scheme(self) -> str:
+        return urlparse(self.uri).scheme
 
     @property
     def local_path(self) -> Path:
@@ -125,6 +147,18 @@ class ApiSettings(_Group):
     )
 
 
+class ModelPolicy(_Group):
+    auto_deploy: bool = Field(
+        False,
+        description="Deploy a new complete release as soon as the watcher sees it (the newest "
+        "by natural sort of release names).",
+    )
+    strategy: Literal["inplace"] = Field("inplace", description="How a release is swapped in.")
+    fallback_release: str | None = Field(
+        None, description="Release to go back to on trouble; default: the previous good one."
+    )
+
+
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -141,6 +175,11 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
+    models: dict[str, ModelPolicy] = Field(
+        default_factory=dict,
+        description="Per-model policy, by model name; models not named get model_defaults.",
+    )
 
     @model_validator(mode="after")
     def _loopback_without_token(self) -> Settings:
@@ -152,6 +191,16 @@ class Settings(BaseSettings):
         if self.api.token is not None and not self.api.token.get_secret_value().strip():
             raise ValueError("api.token is empty; unset it or give it a value")
         return self
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, ModelPolicy]) -> dict[str, ModelPolicy]:
+        for name in models:
+            validate_model_name(name)
+        return models
+
+    def policy(self, model: str) -> ModelPolicy:
+        return self.models.get(model, self.model_defaults)
 
     @property
     def staging_path(self) -> Path:
@@ -207,11 +256,10 @@ def _describe(exc: ValidationError) -> str:
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
         message = error["msg"].removeprefix("Value error, ")
-        group = Settings.model_fields.get(loc[0]) if len(loc) == 1 else None
+        group = dict(_groups()).get(loc[0]) if len(loc) == 1 else None
         if error["type"] == "missing" and group is not None:
             # A whole group is missing: name the fields in it that have no default.
-            group_type: Any = group.annotation
-            for name, field in group_type.model_fields.items():
+            for name, field in group.model_fields.items():
                 if field.is_required():
                     env = f"{ENV_PREFIX}{loc[0].upper()}__{name.upper()}"
                     lines.append(f"  {loc[0]}.{name} ({env}): {message}")
@@ -232,8 +280,7 @@ def render_defaults() -> str:
         "# Generated by `controlplane config --defaults`; environment variables override it",
         f"# ({ENV_PREFIX}<GROUP>__<FIELD>, e.g. {ENV_PREFIX}TRITON__GRPC_URL).",
     ]
-    for group_name, group_field in Settings.model_fields.items():
-        group_type: Any = group_field.annotation
+    for group_name, group_type in _groups():
         out.append("")
         out.append(f"{group_name}:")
         for name, field in group_type.model_fields.items():
@@ -243,14 +290,35 @@ def render_defaults() -> str:
                 out.append(f"  {name}:  # required")
             else:
                 out.append(f"  {name}: {_yaml_value(field.default)}")
+    out += [
+        "",
+        f"# {Settings.model_fields['models'].description}",
+        f"# [{ENV_PREFIX}MODELS__<NAME>__<FIELD>], fields as in model_defaults. For example:",
+        "#   models:",
+        "#     resnet:",
+        "#       auto_deploy: true",
+        "models: {}",
+    ]
     return "\n".join(out) + "\n"
+
+
+def _groups() -> list[tuple[str, type[BaseModel]]]:
+    """The settings groups (``triton``, ``store``, ...), in declaration order."""
+    return [
+        (name, field.annotation)
+        for name, field in Settings.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    ]
 
 
 def settings_help() -> str:
     """One line per setting, for ``controlplane serve --help``."""
     lines = ["Settings (YAML keys group.field; environment variables override the file):", ""]
-    for group_name, group_field in Settings.model_fields.items():
-        group_type: Any = group_field.annotation
+    lines += [
+        f"{ENV_PREFIX}MODELS__<NAME>__<FIELD>: per-model policy (fields as model_defaults).",
+        "",
+    ]
+    for group_name, group_type in _groups():
         for name, field in group_type.model_fields.items():
             default = "required" if field.is_required() else f"default {_yaml_value(field.default)}"
             lines.append(

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.persistence.sqlite import SqliteStateRepo
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
+from controlplane.adapters.stores.local_watch import watch_local_store
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
+from controlplane.ports import ModelStore
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployPolicy, DeployService
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.status import StatusService
+from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
 
 
@@ -31,6 +36,8 @@ class Container:
     triton: TritonDriver
     repo: SqliteStateRepo
     ready: asyncio.Event
+    watcher: ReleaseWatcher
+    background: list[Callable[[], Coroutine[Any, Any, None]]]
 
     async def close(self) -> None:
         await self.tasks.close()
@@ -40,15 +47,27 @@ class Container:
 
 def check_filesystem(settings: Settings) -> StagingArea:
     """Start-up check: refuse to run where placement could not be atomic."""
-    staging = StagingArea(settings.repository.path, settings.staging_path)
+    staging = StagingArea(
+        settings.repository.path,
+        settings.staging_path,
+        cache_max_bytes=settings.staging.cache_max_bytes,
+    )
     staging.check()
     return staging
+
+
+def build_store(settings: Settings) -> ModelStore:
+    if settings.store.scheme == "s3":
+        from controlplane.adapters.stores.s3 import S3Store  # boto3 only when S3 is used
+
+        return S3Store(settings.store.uri, max_concurrency=settings.store.max_concurrency)
+    return LocalStore(settings.store.local_path)
 
 
 def build(settings: Settings) -> Container:
     """Build the object graph. Must run inside the event loop that will serve requests."""
     staging = check_filesystem(settings)
-    store = LocalStore(settings.store.local_path)
+    store = build_store(settings)
     clock = SystemClock()
     repo = SqliteStateRepo(settings.database_path)
     triton = TritonDriver(
@@ -83,6 +102,20 @@ def build(settings: Settings) -> Container:
         unload_timeout=settings.triton.unload_timeout_seconds,
     )
     status = StatusService(repo=repo, store=store, triton=triton, locks=locks)
+    watcher = ReleaseWatcher(
+        store=store,
+        deploy=deploy,
+        repo=repo,
+        clock=clock,
+        locks=locks,
+        tasks=tasks,
+        auto_deploy=lambda model: settings.policy(model).auto_deploy,
+        interval=settings.store.poll_interval_seconds,
+    )
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = [watcher.run]
+    if isinstance(store, LocalStore):
+        root = settings.store.local_path
+        background.append(lambda: watch_local_store(root, watcher.wake))
     return Container(
         settings=settings,
         deploy=deploy,
@@ -92,10 +125,12 @@ def build(settings: Settings) -> Container:
         triton=triton,
         repo=repo,
         ready=asyncio.Event(),
+        watcher=watcher,
+        background=background,
     )
 
 
-def _load_concurrency(settings: Settings, store: LocalStore) -> int:
+def _load_concurrency(settings: Settings, store: ModelStore) -> int:
     if settings.triton.max_concurrent_loads is not None:
         return settings.triton.max_concurrent_loads
     models = max(1, len(store.list_models()))

@@ -65,14 +65,19 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         container = build(settings)
         app.state.container = container
-        reconcile = asyncio.create_task(
-            reconcile_until_done(container.reconciler, container.ready), name="reconcile"
-        )
+
+        async def start() -> None:
+            await reconcile_until_done(container.reconciler, container.ready)
+            async with asyncio.TaskGroup() as group:  # the watcher starts once reconciled
+                for job in container.background:
+                    group.create_task(job())
+
+        runner = asyncio.create_task(start(), name="reconcile-then-watch")
         try:
             yield
         finally:
-            reconcile.cancel()
-            await asyncio.gather(reconcile, return_exceptions=True)
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
             await container.close()
 
     app = FastAPI(

@@ -32,6 +32,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "release_incomplete": 409,
     "no_previous_release": 409,
     "invalid_transition": 409,
+    "release_changed": 409,
     "request_too_large": 413,
     "unsupported_media_type": 415,
     "checksum_mismatch": 422,
@@ -42,8 +43,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "interrupted": 500,
     "staging_failed": 500,
     "triton_error": 502,
+    "store_error": 502,
     "triton_unavailable": 503,
     "not_ready": 503,
+    "store_unavailable": 503,
     "triton_timeout": 504,
 }
 

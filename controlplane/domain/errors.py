@@ -19,10 +19,13 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── OperationNotFound      operation_not_found
     │   ├── NoPreviousRelease      no_previous_release
     │   ├── InvalidTransition      invalid_transition
-    │   └── StagingFailed          staging_failed
+    │   ├── StagingFailed          staging_failed
+    │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
         ├── TritonUnavailable      triton_unavailable
-        └── TritonTimeout          triton_timeout
+        ├── TritonTimeout          triton_timeout
+        ├── StoreUnavailable       store_unavailable (throttled, 5xx, dropped connections)
+        └── ReleaseChanged         release_changed   (objects changed during the download)
 
 HTTP status codes are not known here: ``api/errors.py`` holds the one table from code to status.
 """
@@ -120,3 +123,15 @@ class TritonUnavailable(TransientError):
 
 class TritonTimeout(TransientError):
     code = "triton_timeout"
+
+
+class StoreError(PermanentError):
+    code = "store_error"
+
+
+class StoreUnavailable(TransientError):
+    code = "store_unavailable"
+
+
+class ReleaseChanged(TransientError):
+    code = "release_changed"

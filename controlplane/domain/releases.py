@@ -19,8 +19,13 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 
 @dataclass(frozen=True)
 class ReleaseInfo:
-    """A release in the store. ``complete`` means its ``SHA256SUMS`` commit marker exists."""
+    """A release in the store. ``complete`` means its ``SHA256SUMS`` commit marker exists.
+
+    ``revision`` identifies the marker's content (an S3 ETag, a local mtime), so a release that
+    is republished under the same name is seen as new.
+    """
 
     model: str
     name: str
     complete: bool
+    revision: str | None = None

@@ -28,7 +28,7 @@ from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.ports import ModelRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     name TEXT PRIMARY KEY,
@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS releases (
     complete INTEGER NOT NULL,
     first_seen TEXT NOT NULL,
     last_seen TEXT NOT NULL,
+    revision TEXT,
     PRIMARY KEY (model, release)
 );
 CREATE TABLE IF NOT EXISTS operations (
@@ -91,6 +92,8 @@ class SqliteStateRepo:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=5000")
+            if version == 1:  # 1 -> 2: releases remember their SHA256SUMS revision
+                self._db.execute("ALTER TABLE releases ADD COLUMN revision TEXT")
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -149,15 +152,24 @@ class SqliteStateRepo:
             try:
                 for info in releases:
                     self._db.execute(
-                        "INSERT INTO releases (model, release, complete, first_seen, last_seen) "
-                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT(model, release) DO UPDATE SET "
-                        "complete = excluded.complete, last_seen = excluded.last_seen",
-                        (info.model, info.name, int(info.complete), stamp, stamp),
+                        "INSERT INTO releases "
+                        "(model, release, complete, first_seen, last_seen, revision) "
+                        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(model, release) DO UPDATE SET "
+                        "complete = excluded.complete, last_seen = excluded.last_seen, "
+                        "revision = excluded.revision",
+                        (info.model, info.name, int(info.complete), stamp, stamp, info.revision),
                     )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def list_releases(self, model: str) -> list[ReleaseInfo]:
+        rows = self._all("SELECT * FROM releases WHERE model = ?", (model,))
+        return [
+            ReleaseInfo(row["model"], row["release"], bool(row["complete"]), row["revision"])
+            for row in rows
+        ]
 
     # --- operations -------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ verified under ``<staging>/<operation>/model``, fsynced, then placed with one ``
 ``RENAME_NOREPLACE`` for a new model, ``RENAME_EXCHANGE`` to replace one, after which the old
 dir sits where the new one was until the new release serves (:meth:`discard`) or the swap is
 undone (:meth:`restore`). Staging lives outside the repository, so Triton's index never lists
-a temp dir, and on the same filesystem, or rename would not be atomic.
+a temp dir, and on the same filesystem, or rename would not be atomic. Verified files are also
+kept in a content-addressed cache under ``<staging>/cas`` (``cache.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.staging import renameat
+from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import InvalidModelConfig, StagingFailed, UnsafeRelease
 from controlplane.domain.names import validate_model_name
@@ -33,9 +35,10 @@ RELEASE_DIR = "model"
 
 
 class StagingArea:
-    def __init__(self, repository: Path, staging: Path) -> None:
+    def __init__(self, repository: Path, staging: Path, *, cache_max_bytes: int = 0) -> None:
         self.repository = repository
         self.staging = staging
+        self.cache = ContentCache(staging / CACHE_DIR, cache_max_bytes)
 
     # --- start-up checks --------------------------------------------------------------
 
@@ -71,6 +74,13 @@ class StagingArea:
 
     def release_dir(self, operation_dir: Path) -> Path:
         return operation_dir / RELEASE_DIR
+
+    def link_cached(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
+        dest.mkdir(parents=False, exist_ok=False)
+        return self.cache.link_into(dest, manifest)
+
+    def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:
+        self.cache.add(root, files)
 
     def verify(
         self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]
@@ -160,6 +170,8 @@ class StagingArea:
         if not self.staging.is_dir():
             return removed
         for entry in sorted(self.staging.iterdir()):
+            if entry.name == CACHE_DIR:
+                continue  # the content cache outlives restarts; evict() bounds it
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

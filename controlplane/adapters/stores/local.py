@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from controlplane.adapters.release_tree import regular_files
@@ -54,7 +54,7 @@ class LocalStore:
                 name = validate_release_name(entry.name)
             except Exception:  # noqa: S112 - not a release dir
                 continue
-            releases.append(ReleaseInfo(model, name, (entry / MANIFEST_NAME).is_file()))
+            releases.append(_info(model, name, entry))
         return sorted(releases, key=lambda r: natural_key(r.name))
 
     def describe(self, model: str, release: str) -> ReleaseInfo:
@@ -63,13 +63,24 @@ class LocalStore:
             raise ReleaseNotFound(
                 f"release {release!r} of model {model!r} is not in the store {self.uri}"
             )
-        return ReleaseInfo(model, release, (path / MANIFEST_NAME).is_file())
+        return _info(model, release, path)
+
+    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
+        path = self._release_dir(model, release) / MANIFEST_NAME
+        if path.is_symlink():
+            raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
+        try:
+            return parse_manifest(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
 
     def fetch(
         self,
         model: str,
         release: str,
         dest: Path,
+        *,
+        have: Mapping[str, FileDigest] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
     ) -> FetchedRelease:
         source = self._release_dir(model, release)
@@ -82,28 +93,41 @@ class LocalStore:
             raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
         plan = regular_files(source)
         total = sum(size for _, size in plan)
-        done_bytes = 0
-        files: dict[str, FileDigest] = {}
-        dest.mkdir(parents=False)
-        for index, (rel, _size) in enumerate(plan, start=1):
+        files: dict[str, FileDigest] = {rel: have[rel] for rel, _ in plan if have and rel in have}
+        done_bytes = sum(digest.size for digest in files.values())
+        fetched_bytes = 0
+        for rel, _size in plan:
+            if rel in files:
+                continue
             digest = _copy_hashing(source / rel, dest / rel)
             files[rel] = digest
             done_bytes += digest.size
+            fetched_bytes += digest.size
             if progress is not None:
-                progress(FetchProgress(index, len(plan), done_bytes, total))
+                progress(FetchProgress(len(files), len(plan), done_bytes, total))
         manifest_path = dest / MANIFEST_NAME
         manifest = (
             parse_manifest(manifest_path.read_text(encoding="utf-8"))
             if manifest_path.is_file()
             else None
         )
-        return FetchedRelease(manifest=manifest, files=files, bytes_total=done_bytes)
+        return FetchedRelease(
+            manifest=manifest, files=files, bytes_total=total, bytes_fetched=fetched_bytes
+        )
 
     def _model_dir(self, model: str) -> Path:
         return self._root / validate_model_name(model)
 
     def _release_dir(self, model: str, release: str) -> Path:
         return self._model_dir(model) / validate_release_name(release)
+
+
+def _info(model: str, release: str, path: Path) -> ReleaseInfo:
+    try:
+        marker = (path / MANIFEST_NAME).stat()
+    except FileNotFoundError:
+        return ReleaseInfo(model, release, complete=False)
+    return ReleaseInfo(model, release, True, revision=f"{marker.st_mtime_ns}-{marker.st_size}")
 
 
 def _copy_hashing(source: Path, target: Path) -> FileDigest:

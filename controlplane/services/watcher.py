@@ -1,0 +1,143 @@
+"""The release watcher: notices new releases in the store and deploys them by policy.
+
+Every ``poll_interval`` (or sooner, when the store reports a change) it lists each model's
+releases, a listing and never a download, and compares them with what it recorded last time.
+A release is *new* when it became complete (its ``SHA256SUMS`` appeared) or was republished
+(the marker's revision changed). New releases are recorded and shown as available; when the
+model's policy says ``auto_deploy``, the newest complete release (natural sort) is deployed,
+but only if it is itself new: a release a person rolled back from is not pushed again.
+
+A deploy that failed for a transient reason (the store throttled, objects changed during the
+download) is retried at the next scan; one that failed permanently is not retried until the
+release is republished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.domain.errors import ControlPlaneError, ModelNotFound
+from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.ports import Clock, ModelStore, StateRepo
+from controlplane.services.coordination import ModelLocks, TaskOwner
+from controlplane.services.deploy import DeployService
+
+log = logging.getLogger(__name__)
+TRANSIENT_CODES = frozenset(
+    {"store_unavailable", "release_changed", "triton_unavailable", "triton_timeout"}
+)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    new: list[ReleaseInfo] = field(default_factory=list)
+    deploys: list[Operation] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class ReleaseWatcher:
+    def __init__(
+        self,
+        *,
+        store: ModelStore,
+        deploy: DeployService,
+        repo: StateRepo,
+        clock: Clock,
+        locks: ModelLocks,
+        tasks: TaskOwner,
+        auto_deploy: Callable[[str], bool],
+        interval: float,
+    ) -> None:
+        self._store = store
+        self._deploy = deploy
+        self._repo = repo
+        self._clock = clock
+        self._locks = locks
+        self._tasks = tasks
+        self._auto_deploy = auto_deploy
+        self._interval = interval
+        self._retry: set[tuple[str, str, str | None]] = set()
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        """Scan forever, every interval or when woken; cancelled on shutdown."""
+        while True:
+            try:
+                await self.scan()
+            except ControlPlaneError as exc:
+                log.warning("store scan failed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=self._interval)
+            self.wake.clear()
+
+    async def scan(self) -> ScanResult:
+        result = ScanResult()
+        for model in await asyncio.to_thread(self._store.list_models):
+            try:
+                await self._scan_model(model, result)
+            except ModelNotFound:
+                continue  # gone between the two listings
+            except ControlPlaneError as exc:
+                result.errors[model] = str(exc)
+                log.warning("watching %s: %s", model, exc)
+        return result
+
+    async def _scan_model(self, model: str, result: ScanResult) -> None:
+        releases = await asyncio.to_thread(self._store.list_releases, model)
+        recorded = self._repo.list_releases(model)
+        before = {(r.name, r.complete, r.revision) for r in recorded}
+        new = [r for r in releases if r.complete and (r.name, True, r.revision) not in before]
+        if releases:
+            self._repo.record_releases(releases, self._clock.now())
+        for info in new:
+            log.info(
+                "new release %s of %s in the store",
+                info.name,
+                model,
+                extra={"model": model, "release": info.name},
+            )
+        result.new.extend(new)
+        if not self._auto_deploy(model):
+            return
+        complete = [r for r in releases if r.complete]
+        if not complete:
+            return
+        newest = max(complete, key=lambda r: natural_key(r.name))
+        key = (model, newest.name, newest.revision)
+        if newest not in new and key not in self._retry:
+            return
+        record = self._repo.get_model(model)
+        known = {r.name for r in recorded if r.complete}
+        if record and record.active_release == newest.name and newest.name not in known:
+            return  # already serving it; first sight of it is no reason to load it again
+        if self._locks.holder(model) is not None:
+            self._retry.add(key)  # busy now: try again at the next scan
+            return
+        self._retry.discard(key)
+        try:
+            operation = await self._deploy.deploy(model, newest.name, trigger=Trigger.WATCHER)
+        except ControlPlaneError as exc:
+            if exc.retryable:
+                self._retry.add(key)
+            log.warning("auto-deploy of %s %s refused: %s", model, newest.name, exc)
+            return
+        result.deploys.append(operation)
+        self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+
+    async def _follow(self, operation: Operation, key: tuple[str, str, str | None]) -> None:
+        done = await self._deploy.wait(operation.id)
+        if done.status is OperationStatus.SUCCEEDED:
+            return
+        code = done.error.code if done.error else ""
+        if code in TRANSIENT_CODES or done.status is OperationStatus.INTERRUPTED:
+            self._retry.add(key)
+            log.warning(
+                "auto-deploy of %s %s failed (%s); retrying at the next scan", *key[:2], code
+            )
+        else:
+            log.error("auto-deploy of %s %s failed (%s); waiting for a new release", *key[:2], code)
