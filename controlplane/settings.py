@@ -31,6 +31,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_model_name
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -196,7 +197,10 @@ class Settings(BaseSettings):
     @classmethod
     def _model_names(cls, models: dict[str, ModelPolicy]) -> dict[str, ModelPolicy]:
         for name in models:
-            validate_model_name(name)
+            try:
+                validate_model_name(name)
+            except InvalidName as exc:
+                raise ValueError(exc.message) from None
         return models
 
     def policy(self, model: str) -> ModelPolicy:

@@ -76,12 +76,22 @@ def test_list_releases_in_natural_order_with_completeness(store_root: Path) -> N
 
     releases = LocalStore(store_root).list_releases("m")
 
-    assert releases == [
-        ReleaseInfo("m", "r1", True),
-        ReleaseInfo("m", "r2", True),
-        ReleaseInfo("m", "r3", False),
-        ReleaseInfo("m", "r10", True),
+    assert [(r.model, r.name, r.complete) for r in releases] == [
+        ("m", "r1", True),
+        ("m", "r2", True),
+        ("m", "r3", False),
+        ("m", "r10", True),
     ]
+    # A complete release carries the revision of its SHA256SUMS; an incomplete one none.
+    assert [r.revision is not None for r in releases] == [True, True, False, True]
+
+
+def test_republishing_sha256sums_changes_the_revision(store_root: Path) -> None:
+    root = write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
+    store = LocalStore(store_root)
+    before = store.describe("m", "r1").revision
+    (root / MANIFEST_NAME).write_text((root / MANIFEST_NAME).read_text() + "\n")
+    assert store.describe("m", "r1").revision != before
 
 
 def test_a_manifest_dir_does_not_make_a_release_complete(store_root: Path) -> None:
@@ -101,8 +111,12 @@ def test_describe(store_root: Path) -> None:
     write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
     write_release(store_root, "m", "r2", {"config.pbtxt": CONFIG}, manifest=False)
     store = LocalStore(store_root)
-    assert store.describe("m", "r1") == ReleaseInfo("m", "r1", True)
+    assert store.describe("m", "r1").complete is True
     assert store.describe("m", "r2") == ReleaseInfo("m", "r2", False)
+    assert store.read_manifest("m", "r2") is None
+    manifest = store.read_manifest("m", "r1")
+    assert manifest is not None
+    assert set(manifest) == {"config.pbtxt"}
 
 
 @pytest.mark.parametrize(("model", "release"), [("m", "r9"), ("ghost", "r1")])
@@ -166,11 +180,23 @@ def test_fetch_of_a_missing_release(store_root: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "dest").exists()
 
 
-def test_fetch_refuses_an_existing_destination(store_root: Path, tmp_path: Path) -> None:
-    write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
-    (tmp_path / "dest").mkdir()
-    with pytest.raises(FileExistsError):
-        LocalStore(store_root).fetch("m", "r1", tmp_path / "dest")
+def test_fetch_skips_files_the_cache_already_placed(store_root: Path, tmp_path: Path) -> None:
+    files = release_files()
+    write_release(store_root, "m", "r1", files)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    cached = dest / "config.pbtxt"
+    cached.write_bytes(files["config.pbtxt"])
+    inode = cached.stat().st_ino
+    digest = FileDigest(
+        len(files["config.pbtxt"]), hashlib.sha256(files["config.pbtxt"]).hexdigest()
+    )
+
+    fetched = LocalStore(store_root).fetch("m", "r1", dest, have={"config.pbtxt": digest})
+
+    assert cached.stat().st_ino == inode  # not written again
+    assert fetched.files["config.pbtxt"] == digest
+    assert fetched.bytes_fetched == fetched.bytes_total - digest.size
 
 
 @pytest.mark.parametrize("target_kind", ["file", "dir"])

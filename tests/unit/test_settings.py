@@ -218,7 +218,7 @@ def test_an_unknown_nested_env_var_is_refused(
 @pytest.mark.parametrize(
     ("uri", "problem"),
     [
-        ("s3://bucket/prefix", "s3:// stores are not supported yet"),
+        ("s3:///prefix", "name the bucket"),
         ("file://relative/path", "use file:///absolute/path"),
         ("file:relative/path", "use file:///absolute/path"),
         ("/srv/store", "unsupported store URI"),
@@ -240,6 +240,33 @@ def test_absolute_file_uris_are_accepted(monkeypatch: pytest.MonkeyPatch, uri: s
     monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
     monkeypatch.setenv("CONTROLPLANE_STORE__URI", uri)
     assert load_settings().store.local_path == Path("/srv/store")
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/prefix", "s3://bucket"])
+def test_s3_uris_are_accepted(monkeypatch: pytest.MonkeyPatch, uri: str) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", uri)
+    assert load_settings().store.scheme == "s3"
+
+
+def test_per_model_policy_and_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "controlplane.yaml"
+    config.write_text(
+        "repository: {path: /srv/repository}\n"
+        "store: {uri: 'file:///srv/store'}\n"
+        "models:\n  resnet: {auto_deploy: true}\n",
+        encoding="utf-8",
+    )
+    settings = load_settings(config)
+    assert settings.policy("resnet").auto_deploy is True
+    assert settings.policy("bert").auto_deploy is False
+    config.write_text(
+        "repository: {path: /srv/repository}\nstore: {uri: 'file:///srv/store'}\n"
+        "models:\n  '../x': {auto_deploy: true}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(SettingsError, match="not allowed"):
+        load_settings(config)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "triton-sidecar"])
@@ -297,8 +324,11 @@ def test_render_defaults_is_yaml_that_mentions_every_field() -> None:
     data = yaml.safe_load(text)
 
     assert set(data) == set(Settings.model_fields)
+    assert data["models"] == {}
     for group_name, group_field in Settings.model_fields.items():
         group_type = group_field.annotation
+        if group_name == "models":  # a mapping of per-model policies, documented by example
+            continue
         assert isinstance(group_type, type)
         assert issubclass(group_type, BaseModel)
         assert set(data[group_name]) == set(group_type.model_fields), group_name

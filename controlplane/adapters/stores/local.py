@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class LocalStore:
             raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
         try:
             return parse_manifest(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             return None
 
     def fetch(
@@ -124,8 +125,10 @@ class LocalStore:
 
 def _info(model: str, release: str, path: Path) -> ReleaseInfo:
     try:
-        marker = (path / MANIFEST_NAME).stat()
+        marker = (path / MANIFEST_NAME).lstat()
     except FileNotFoundError:
+        return ReleaseInfo(model, release, complete=False)
+    if not stat.S_ISREG(marker.st_mode):
         return ReleaseInfo(model, release, complete=False)
     return ReleaseInfo(model, release, True, revision=f"{marker.st_mtime_ns}-{marker.st_size}")
 
