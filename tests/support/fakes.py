@@ -228,7 +228,7 @@ class Parts:
 
 
 def make_deploy_service(
-    tmp_path: Path, triton: FakeTriton, clock: FakeClock
+    tmp_path: Path, triton: FakeTriton, clock: FakeClock, *, cache_max_bytes: int = 0
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
@@ -241,7 +241,7 @@ def make_deploy_service(
     store_path.mkdir(exist_ok=True)
     repository = tmp_path / "repository"
     staging_path = tmp_path / "staging"
-    staging = StagingArea(repository, staging_path)
+    staging = StagingArea(repository, staging_path, cache_max_bytes=cache_max_bytes)
     staging.check()
     repo = SqliteStateRepo(tmp_path / "state" / "controlplane.db")
     store = LocalStore(store_path)
@@ -292,10 +292,16 @@ def make_reconciler(service: DeployService, parts: Parts) -> Reconciler:
 
 @asynccontextmanager
 async def deploy_service(
-    tmp_path: Path, triton: FakeTriton | None = None, clock: FakeClock | None = None
+    tmp_path: Path,
+    triton: FakeTriton | None = None,
+    clock: FakeClock | None = None,
+    *,
+    cache_max_bytes: int = 0,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
-    service, parts = make_deploy_service(tmp_path, triton or FakeTriton(), clock or FakeClock())
+    service, parts = make_deploy_service(
+        tmp_path, triton or FakeTriton(), clock or FakeClock(), cache_max_bytes=cache_max_bytes
+    )
     try:
         yield service, parts
     finally:

@@ -130,7 +130,9 @@ def _info(model: str, release: str, path: Path) -> ReleaseInfo:
         return ReleaseInfo(model, release, complete=False)
     if not stat.S_ISREG(marker.st_mode):
         return ReleaseInfo(model, release, complete=False)
-    return ReleaseInfo(model, release, True, revision=f"{marker.st_mtime_ns}-{marker.st_size}")
+    # The marker's content is the revision: a republished release lists other digests.
+    digest = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
+    return ReleaseInfo(model, release, True, revision=digest)
 
 
 def _copy_hashing(source: Path, target: Path) -> FileDigest:

@@ -93,11 +93,14 @@ def call_with_retries(
         tries += 1
         return fn()
 
+    def sleep(seconds: float) -> None:
+        stop_event.wait(seconds)  # an abort cuts the backoff short
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.attempts),
         wait=tenacity.wait_random_exponential(multiplier=FIRST_BACKOFF, max=policy.backoff_max),
         retry=tenacity.retry_if_exception_type(StoreUnavailable),
-        sleep=lambda seconds: None if stop_event.wait(seconds) else None,  # abort cuts it short
+        sleep=sleep,
         reraise=True,
     )
     try:

@@ -1,0 +1,124 @@
+"""The release watcher: what it deploys by itself, and what it leaves alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from controlplane.domain.operations import OperationStatus, Trigger
+from controlplane.services.watcher import ReleaseWatcher
+from tests.support.fakes import LoadFails, Parts, deploy_service
+from tests.support.models import write_scale_release, write_sha256sums
+
+Policy = Callable[[str], bool]
+
+
+def _watcher(service: object, parts: Parts, auto_deploy: Policy) -> ReleaseWatcher:
+    from controlplane.services.deploy import DeployService
+
+    assert isinstance(service, DeployService)
+    return ReleaseWatcher(
+        store=parts.store,
+        deploy=service,
+        repo=parts.repo,
+        clock=parts.clock,
+        locks=parts.locks,
+        tasks=parts.tasks,
+        auto_deploy=auto_deploy,
+        interval=60.0,
+    )
+
+
+async def _settle(watcher_result_ops: list[str], service: object) -> list[OperationStatus]:
+    from controlplane.services.deploy import DeployService
+
+    assert isinstance(service, DeployService)
+    return [(await service.wait(op)).status for op in watcher_result_ops]
+
+
+def test_without_auto_deploy_new_releases_are_only_recorded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            watcher = _watcher(service, parts, lambda _model: False)
+            result = await watcher.scan()
+            assert [r.name for r in result.new] == ["r1"]
+            assert result.deploys == []
+            assert parts.triton.calls == []
+            assert [r.name for r in parts.repo.list_releases("m")] == ["r1"]
+            again = await watcher.scan()
+            assert again.new == []  # seen once is not new again
+
+    asyncio.run(scenario())
+
+
+def test_auto_deploy_waits_for_sha256sums_then_deploys_the_newest(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            watcher = _watcher(service, parts, lambda model: model == "m")
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            first = await watcher.scan()
+            assert await _settle([op.id for op in first.deploys], service) == [
+                OperationStatus.SUCCEEDED
+            ]
+            assert first.deploys[0].trigger is Trigger.WATCHER
+
+            unpublished = write_scale_release(parts.store_path, "m", "r2", k=2.0, checksums=False)
+            nothing = await watcher.scan()
+            assert nothing.deploys == []  # files without SHA256SUMS: still being published
+
+            write_sha256sums(unpublished)
+            second = await watcher.scan()
+            assert [op.release for op in second.deploys] == ["r2"]
+            await _settle([op.id for op in second.deploys], service)
+            record = parts.repo.get_model("m")
+            assert record is not None
+            assert (record.active_release, record.previous_release) == ("r2", "r1")
+
+    asyncio.run(scenario())
+
+
+def test_a_rollback_by_a_person_is_not_undone(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            watcher = _watcher(service, parts, lambda _model: True)
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            write_scale_release(parts.store_path, "m", "r2", k=2.0)
+            result = await watcher.scan()
+            assert [op.release for op in result.deploys] == ["r2"]
+            await _settle([op.id for op in result.deploys], service)
+            rollback = await service.rollback("m", to="r1", trigger=Trigger.API)
+            await service.wait(rollback.id)
+
+            after = await watcher.scan()
+
+            assert after.deploys == []
+            record = parts.repo.get_model("m")
+            assert record is not None
+            assert record.active_release == "r1"
+
+    asyncio.run(scenario())
+
+
+def test_a_release_that_fails_is_not_retried_until_republished(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            watcher = _watcher(service, parts, lambda _model: True)
+            release_dir = write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            parts.triton.script_load("m", LoadFails("initialize failed on purpose"))
+            failed = await watcher.scan()
+            assert await _settle([op.id for op in failed.deploys], service) == [
+                OperationStatus.FAILED
+            ]
+            assert (await watcher.scan()).deploys == []  # a bad release is not hammered
+
+            marker = release_dir / "SHA256SUMS"
+            marker.write_text(marker.read_text() + "\n")  # republished: new marker content
+            retried = await watcher.scan()
+            assert [op.release for op in retried.deploys] == ["r1"]
+            assert await _settle([op.id for op in retried.deploys], service) == [
+                OperationStatus.SUCCEEDED
+            ]
+
+    asyncio.run(scenario())
