@@ -12,12 +12,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,18 +52,26 @@ def moto_server() -> Iterator[str]:
             inner.server_close()
 
 
-def s3_client(endpoint: str, *, max_pool_connections: int = 16) -> Any:
-    """A boto3 S3 client for ``endpoint`` with dummy credentials and botocore retries off."""
-    session = boto3.session.Session(
+@functools.cache
+def _session() -> Any:
+    # One session for every test client: a new session loads the S3 model again (~0.25 s).
+    return boto3.session.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION
     )
+
+
+def s3_client(endpoint: str, *, max_pool_connections: int = 16) -> Any:
+    """A boto3 S3 client for ``endpoint`` with dummy credentials and botocore retries off.
+
+    Build clients from the test's thread only: the shared session is not thread-safe.
+    """
     config = botocore.config.Config(
-        retries={"max_attempts": 1, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=max_pool_connections,
         connect_timeout=5,
         read_timeout=10,
     )
-    return session.client("s3", endpoint_url=endpoint, config=config)
+    return _session().client("s3", endpoint_url=endpoint, config=config)
 
 
 def sha256sums(files: Mapping[str, bytes]) -> bytes:
@@ -164,6 +173,7 @@ class _Body:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as boto3 expects
+    disable_nagle_algorithm = True  # headers and body go out as separate small writes
     server: _ProxyServer
     timeout = 30  # an idle client cannot hold a thread forever
 
@@ -183,7 +193,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._forward()
 
-    do_PUT = do_HEAD = do_POST = do_DELETE = do_GET
+    def do_HEAD(self) -> None:
+        self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
 
     def _forward(self) -> None:
         proxy = self.server.proxy
@@ -293,7 +313,10 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         self._server = _ProxyServer(self)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="fault-proxy", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.01},  # so stop() does not wait half a second
+            name="fault-proxy",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -312,10 +335,8 @@ class FaultProxy:
         server.shutdown()  # serve_forever returns
         with self._lock:  # wake handlers blocked on idle keep-alive connections
             for conn in self._connections:
-                try:
+                with suppress(OSError):  # already closed by its client
                     conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
         server.server_close()  # joins the handler threads
         if self._thread is not None:
             self._thread.join()

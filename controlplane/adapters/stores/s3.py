@@ -9,9 +9,9 @@ This module owns every call to boto3 and botocore (the download machinery in
 the project's in one place, :func:`_translate` (applied by :func:`_mapped`), most specific
 first::
 
+    NoSuchBucket                                -> StoreError       (names the bucket)
     412 PreconditionFailed, 404 during a fetch  -> ReleaseChanged   (the listing went stale)
     404 NoSuchKey / HEAD 404 otherwise          -> ReleaseNotFound  (callers decide)
-    NoSuchBucket                                -> StoreError       (names the bucket)
     throttling, 429, 5xx                        -> StoreUnavailable (retried)
     dropped or short connections, timeouts      -> StoreUnavailable (retried)
     403 and every other refusal                 -> StoreError       (names the key)
@@ -91,17 +91,17 @@ def _translate(exc: Exception, what: str, *, bucket: str, changed: str | None) -
         code = str(error.get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         detail = f"{code or 'HTTP ' + str(status)}: {error.get('Message', '') or exc}"
+        if code == "NoSuchBucket":
+            return StoreError(
+                f"bucket {bucket!r} does not exist; create it or fix the store URI",
+                details={"bucket": bucket},
+            )
         if changed is not None and (
             code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412)
         ):
             return ReleaseChanged(
                 f"objects of release {changed} changed during the download ({what}: {detail}); "
                 "it will be retried later"
-            )
-        if code == "NoSuchBucket":
-            return StoreError(
-                f"bucket {bucket!r} does not exist; create it or fix the store URI",
-                details={"bucket": bucket},
             )
         if code in ("NoSuchKey", "NotFound", "404") or status == 404:
             return ReleaseNotFound(f"{what} does not exist")
@@ -152,8 +152,10 @@ class S3Store:
         self._owns_client = client is None
         if client is None:
             # The standard chain applies: credentials, region, AWS_ENDPOINT_URL(_S3), profiles.
+            # ``total_max_attempts`` counts the first try (``max_attempts`` here would mean
+            # one *retry*): botocore makes one attempt and our policy makes the others.
             config = botocore.config.Config(
-                retries={"max_attempts": 1, "mode": "standard"},
+                retries={"total_max_attempts": 1, "mode": "standard"},
                 max_pool_connections=max_concurrency + 4,
             )
             client = boto3.session.Session().client("s3", config=config)
