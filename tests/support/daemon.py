@@ -102,8 +102,13 @@ def start_daemon(
     extra_env: Mapping[str, str] | None = None,
     ready_timeout: float = 120.0,
     log_name: str = "daemon.log",
+    store_uri: str | None = None,
+    config: str | None = None,
 ) -> Daemon:
-    """Start `controlplane serve` against `triton` and wait until /readyz answers 200."""
+    """Start `controlplane serve` against `triton` and wait until /readyz answers 200.
+
+    `config` is YAML for `--config`; `store_uri` replaces the local `store` (e.g. `s3://...`).
+    """
     repository = repository or triton.repository
     staging = workdir / "staging"
     database = workdir / "controlplane.db"
@@ -115,7 +120,7 @@ def start_daemon(
             "CONTROLPLANE_TRITON__METRICS_URL": triton.metrics_url,
             "CONTROLPLANE_REPOSITORY__PATH": str(repository),
             "CONTROLPLANE_STAGING__PATH": str(staging),
-            "CONTROLPLANE_STORE__URI": store.as_uri(),
+            "CONTROLPLANE_STORE__URI": store_uri or store.as_uri(),
             "CONTROLPLANE_DATABASE__PATH": str(database),
             "CONTROLPLANE_API__HOST": "127.0.0.1",
             "CONTROLPLANE_API__PORT": str(port),
@@ -125,9 +130,14 @@ def start_daemon(
         env["CONTROLPLANE_API__TOKEN"] = token
     env.update(extra_env or {})
     log_path = workdir / log_name
+    command = [sys.executable, "-m", "controlplane", "serve"]
+    if config is not None:
+        config_path = workdir / "controlplane.yaml"
+        config_path.write_text(config, encoding="utf-8")
+        command += ["--config", str(config_path)]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "controlplane", "serve"],
+            command,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

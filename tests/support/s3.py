@@ -60,7 +60,7 @@ def _session() -> Any:
     )
 
 
-def s3_client(endpoint: str, *, max_pool_connections: int = 16) -> Any:
+def s3_client(endpoint: str, *, max_pool_connections: int = 16, read_timeout: float = 10.0) -> Any:
     """A boto3 S3 client for ``endpoint`` with dummy credentials and botocore retries off.
 
     Build clients from the test's thread only: the shared session is not thread-safe.
@@ -69,7 +69,7 @@ def s3_client(endpoint: str, *, max_pool_connections: int = 16) -> Any:
         retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=max_pool_connections,
         connect_timeout=5,
-        read_timeout=10,
+        read_timeout=read_timeout,
     )
     return _session().client("s3", endpoint_url=endpoint, config=config)
 
@@ -148,6 +148,7 @@ class SeenRequest:
     method: str
     path: str  # unquoted, without the query string: /<bucket>/<key>
     ranged: bool
+    query: str = ""  # unquoted query string (ListObjectsV2 carries its prefix here)
 
 
 @dataclass
@@ -207,8 +208,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         proxy = self.server.proxy
-        path = unquote(urlsplit(self.path).path)
-        fault = proxy._record(SeenRequest(self.command, path, "range" in self.headers))
+        parts = urlsplit(self.path)
+        path = unquote(parts.path)
+        seen = SeenRequest(self.command, path, "range" in self.headers, unquote(parts.query))
+        fault = proxy._record(seen)
         if fault == "drop":
             self.close_connection = True
             return

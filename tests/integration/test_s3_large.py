@@ -1,0 +1,86 @@
+"""A 1 GB release from S3: streamed to disk, so the daemon's memory does not follow its size."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.integration.conftest import DaemonFactory
+from tests.support.inference import infer_once
+from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.s3 import s3_client
+from tests.support.s3_fixtures import moto_endpoint, s3_bucket  # noqa: F401
+
+pytestmark = pytest.mark.triton
+GIB = 1024**3
+MIB = 1024**2
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"{field} not in /proc/{pid}/status")
+
+
+@pytest.mark.timeout(900)
+def test_a_1_gb_release_downloads_in_bounded_memory(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    moto_endpoint: str,  # noqa: F811
+    model_name: str,
+    triton: RunningTriton,
+) -> None:
+    _, bucket = s3_bucket
+    release = write_scale_release(tmp_path / "r", model_name, "r1", k=1.0, checksums=False)
+    block = os.urandom(MIB)
+    with (release / "1" / "weights.bin").open("wb") as out:
+        for index in range(GIB // MIB):  # distinct blocks: nothing for a cache to dedupe
+            out.write(index.to_bytes(8, "little") + block[8:])
+    write_sha256sums(release)
+    uploader = s3_client(moto_endpoint, read_timeout=600)  # moto joins 1 GB of parts slowly
+    try:
+        for path in sorted(p for p in release.rglob("*") if p.is_file()):
+            if path.name == "SHA256SUMS":
+                continue
+            key = f"models/{model_name}/r1/{path.relative_to(release).as_posix()}"
+            uploader.upload_file(
+                str(path), bucket, key, Config=TransferConfig(multipart_chunksize=64 * MIB)
+            )
+        uploader.upload_file(
+            str(release / "SHA256SUMS"), bucket, f"models/{model_name}/r1/SHA256SUMS"
+        )
+    finally:
+        uploader.close()
+    daemon = daemons(
+        tmp_path,
+        store_uri=f"s3://{bucket}/models",
+        extra_env={
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_S3": moto_endpoint,
+            "CONTROLPLANE_TRITON__LOAD_TIMEOUT_SECONDS": "600",
+        },
+    )
+    pid = daemon.process.pid
+    before_kib = _status_kib(pid, "VmRSS")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
+
+    response = daemon.deploy(model_name, "r1")
+
+    assert response.status_code == 200, response.text
+    peak_growth = (_status_kib(pid, "VmHWM") - before_kib) * 1024
+    assert peak_growth < 100 * MIB, f"daemon RSS grew by {peak_growth / MIB:.0f} MiB"
+    fetch = next(s for s in response.json()["operation"]["steps"] if s["name"] == "fetch")
+    assert fetch["detail"]["bytes"] > GIB
+    assert fetch["detail"]["bytes_fetched"] > GIB
+    placed = daemon.repository / model_name / "1" / "weights.bin"
+    assert placed.stat().st_size == GIB
+    assert infer_once(triton.grpc_url, model_name) == 1.0
