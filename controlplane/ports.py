@@ -45,6 +45,10 @@ class ModelStore(Protocol):
     @property
     def uri(self) -> str: ...
 
+    def close(self) -> None:
+        """Release connections (a no-op for stores that hold none)."""
+        ...
+
     def list_models(self) -> list[str]: ...
 
     def list_releases(self, model: str) -> list[ReleaseInfo]:

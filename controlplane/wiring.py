@@ -37,11 +37,13 @@ class Container:
     repo: SqliteStateRepo
     ready: asyncio.Event
     watcher: ReleaseWatcher
+    store: ModelStore
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
     async def close(self) -> None:
         await self.tasks.close()
         await self.triton.close()
+        self.store.close()
         self.repo.close()
 
 
@@ -126,6 +128,7 @@ def build(settings: Settings) -> Container:
         repo=repo,
         ready=asyncio.Event(),
         watcher=watcher,
+        store=store,
         background=background,
     )
 

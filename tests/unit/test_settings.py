@@ -358,3 +358,12 @@ def test_the_shipped_config_file_is_up_to_date() -> None:
     assert shipped.read_text(encoding="utf-8") == render_defaults(), (
         "regenerate it: controlplane config --defaults > config/controlplane.yaml"
     )
+
+
+def test_a_model_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY__PATH", "/srv/repository")
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", "s3://models/prod")
+    monkeypatch.setenv("CONTROLPLANE_MODELS__RESNET__AUTO_DEPLOY", "true")
+    settings = load_settings()
+    assert settings.policy("resnet").auto_deploy is True
+    assert settings.policy("other").auto_deploy is False

@@ -31,6 +31,9 @@ class LocalStore:
     def uri(self) -> str:
         return self._root.as_uri()
 
+    def close(self) -> None:
+        return None
+
     def list_models(self) -> list[str]:
         if not self._root.is_dir():
             return []
