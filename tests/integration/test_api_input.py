@@ -38,7 +38,7 @@ def unchanged(daemon: Daemon, triton: RunningTriton) -> Iterator[None]:
     before = snapshot(daemon.repository / MODEL)
     yield
     assert snapshot(daemon.repository / MODEL) == before
-    assert list(daemon.staging.iterdir()) == []
+    assert daemon.staging_leftovers() == []
     assert infer_once(triton.grpc_url, MODEL) == 1.0
     assert daemon.get(f"/v1/models/{MODEL}").json()["active_release"] == "r1"
 

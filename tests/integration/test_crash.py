@@ -64,7 +64,7 @@ def test_sigkill_during_a_load_then_restart_serves_a_complete_release(
 
     restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
 
-    assert list(restarted.staging.iterdir()) == []
+    assert restarted.staging_leftovers() == []
     operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
     assert operation["status"] == "interrupted"
     assert operation["error"]["code"] == "interrupted"
@@ -93,7 +93,7 @@ def test_sigkill_during_a_first_deploy_leaves_no_unconfirmed_model(
     daemon.kill()
     restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
 
-    assert list(restarted.staging.iterdir()) == []
+    assert restarted.staging_leftovers() == []
     assert not (restarted.repository / model_name).exists()
     operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
     assert operation["status"] == "interrupted"

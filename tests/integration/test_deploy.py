@@ -51,7 +51,7 @@ def test_deploy_serves_the_release_and_swaps_without_a_failed_request(
     assert model["previous_release"] == "r1"
     assert model["triton"]["state"] == "READY"
     assert [s["state"] for s in model["slots"]] == ["ACTIVE"]
-    assert list(daemon.staging.iterdir()) == []
+    assert daemon.staging_leftovers() == []
 
 
 @dataclass
@@ -129,7 +129,7 @@ def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
     assert error["code"] == code
     assert says in error["message"]
     assert snapshot(model_dir) == before
-    assert list(serving.daemon.staging.iterdir()) == []
+    assert serving.daemon.staging_leftovers() == []
     assert infer_once(serving.triton.grpc_url, serving.model) == 2.0
     model = serving.daemon.get(f"/v1/models/{serving.model}").json()
     assert model["active_release"] == "r2"

@@ -201,7 +201,7 @@ def test_download_faults_are_retried_and_persistent_ones_fail_cleanly(
     assert "r2/1/model.py" in error["message"]
     assert "attempt" in error["message"]
     assert snapshot(daemon.repository / model_name) == before
-    assert list(p for p in daemon.staging.iterdir() if p.name != "cas") == []
+    assert daemon.staging_leftovers() == []
     assert infer_once(triton.grpc_url, model_name) == 1.0
 
 

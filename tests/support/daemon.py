@@ -71,6 +71,12 @@ class Daemon:
             self._http.close()
             self._http = None
 
+    def staging_leftovers(self) -> list[str]:
+        """What is in staging besides the content cache: empty between operations."""
+        if not self.staging.is_dir():
+            return []
+        return sorted(p.name for p in self.staging.iterdir() if p.name != "cas")
+
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
