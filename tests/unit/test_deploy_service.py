@@ -29,8 +29,7 @@ from controlplane.domain.operations import (
     StepStatus,
     Trigger,
 )
-from controlplane.domain.slots import Slot, SlotState
-from controlplane.ports import ModelRecord
+from controlplane.domain.slots import SlotState
 from controlplane.services.deploy import DeployService
 from tests.support.fakes import (
     LoadBlocks,
@@ -40,6 +39,7 @@ from tests.support.fakes import (
     deploy_service,
 )
 from tests.support.models import write_scale_release
+from tests.support.service_views import marker_release, publish, record, slot
 from tests.support.tree import snapshot
 
 MODEL = "scale"
@@ -50,28 +50,6 @@ POLL = 0.005
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def publish(parts: Parts, *releases: str, model: str = MODEL) -> None:
-    """Publish releases whose model multiplies by the release number (r2 -> k=2.0)."""
-    for release in releases:
-        write_scale_release(parts.store_path, model, release, k=float(release.lstrip("r")))
-
-
-def record(parts: Parts, model: str = MODEL) -> ModelRecord:
-    found = parts.repo.get_model(model)
-    assert found is not None, f"no record for {model}"
-    return found
-
-
-def slot(parts: Parts, model: str = MODEL) -> Slot:
-    (only,) = record(parts, model).slots
-    return only
-
-
-def marker_release(parts: Parts, model: str = MODEL) -> str | None:
-    marker = parts.staging.read_marker(model)
-    return None if marker is None else marker.release
 
 
 def placed_model_py(parts: Parts, model: str = MODEL) -> bytes:
