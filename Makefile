@@ -44,6 +44,7 @@ pytest:
 
 bench: install
 	$(BIN)/python bench/hot_swap.py
+	$(BIN)/python bench/s3_download.py
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache
