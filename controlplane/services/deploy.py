@@ -18,14 +18,12 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 
 from controlplane.domain.errors import (
     ControlPlaneError,
     ModelNotFound,
     NoPreviousRelease,
     OperationNotFound,
-    ReleaseChanged,
     ReleaseIncomplete,
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
@@ -36,12 +34,12 @@ from controlplane.ports import (
     ModelConfigEditor,
     ModelStore,
     Placement,
-    ReleaseMarker,
     Staging,
     StateRepo,
     Triton,
 )
 from controlplane.services.coordination import ModelLocks, TaskOwner
+from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook
 from controlplane.services.tracker import OperationTracker
 
@@ -250,39 +248,17 @@ class DeployService:
         self, tracker: OperationTracker, model: str, release: str, context: _Context
     ) -> None:
         op = tracker.operation
-        async with tracker.step("fetch"):
-            op_dir = await asyncio.to_thread(self._staging.create, op.id)
-            dest = self._staging.release_dir(op_dir)
-            manifest = await asyncio.to_thread(self._store.read_manifest, model, release)
-            have = await asyncio.to_thread(self._staging.link_cached, dest, manifest)
-            fetched = await asyncio.to_thread(
-                partial(self._store.fetch, have=have, progress=tracker.progress),
-                model,
-                release,
-                dest,
-            )
-            tracker.detail(
-                files=len(fetched.files),
-                bytes=fetched.bytes_total,
-                bytes_fetched=fetched.bytes_fetched,
-                files_cached=len(have),
-            )
-
-        async with tracker.step("verify"):
-            if fetched.manifest is None and self._policy.require_checksums:
-                raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS during fetch")
-            if manifest is not None and fetched.manifest != manifest:
-                raise ReleaseChanged(
-                    f"SHA256SUMS of release {release!r} changed during the download; "
-                    "it will be fetched again"
-                )
-            await asyncio.to_thread(self._staging.verify, dest, fetched.manifest, fetched.files)
-            # Cache before the config is rewritten: the cache holds the published bytes.
-            await asyncio.to_thread(self._staging.remember, dest, fetched.files)
-            summary = await asyncio.to_thread(self._editor.prepare, dest / "config.pbtxt", model)
-            marker = ReleaseMarker(model=model, release=release, operation_id=op.id)
-            await asyncio.to_thread(self._staging.finalize, dest, marker)
-            tracker.detail(backend=summary.backend, checksums=fetched.manifest is not None)
+        prepared = await prepare_release(
+            tracker,
+            store=self._store,
+            staging=self._staging,
+            editor=self._editor,
+            require_checksums=self._policy.require_checksums,
+            model=model,
+            release=release,
+            target=model,
+        )
+        dest = prepared.path
 
         slot = self._slots.get(model)
         replacing = slot.state.value in ("ACTIVE", "READY")
