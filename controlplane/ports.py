@@ -11,12 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.operations import Operation
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.slots import Slot
+from controlplane.domain.smoke import SmokeSample
 
 # --- model store -------------------------------------------------------------------------
 
@@ -144,6 +145,12 @@ class Staging(Protocol):
 
     def read_marker(self, model: str) -> ReleaseMarker | None: ...
 
+    def ensure_alias_dir(self, model: str) -> None:
+        """Make ``<repository>/<model>/1/``, the home of the alias ensemble, if missing."""
+        ...
+
+    def is_alias_dir(self, model: str) -> bool: ...
+
     def release_dir(self, operation_dir: Path) -> Path: ...
 
     def cleanup(self, operation_id: str) -> None: ...
@@ -194,6 +201,22 @@ class Triton(Protocol):
 
     async def wait_unavailable(self, model: str, timeout: float) -> None:
         """Poll the index until ``model`` is UNAVAILABLE (or gone), or raise TritonTimeout."""
+        ...
+
+    async def model_config(self, model: str) -> dict[str, Any]:
+        """The config Triton serves ``model`` with, as Triton's JSON."""
+        ...
+
+    async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
+        """One checked inference; :class:`PreflightFailed` when it fails or answers wrong."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MetricsSource(Protocol):
+    async def pending_requests(self, model: str) -> int | None:
+        """Requests queued for ``model`` now, or None when the metrics cannot be read."""
         ...
 
     async def close(self) -> None: ...

@@ -33,6 +33,7 @@ from pydantic_settings import (
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_model_name
+from controlplane.domain.traffic import Strategy, TrafficPolicy
 
 ENV_PREFIX = "CONTROLPLANE_"
 
@@ -154,7 +155,20 @@ class ModelPolicy(_Group):
         description="Deploy a new complete release as soon as the watcher sees it (the newest "
         "by natural sort of release names).",
     )
-    strategy: Literal["inplace"] = Field("inplace", description="How a release is swapped in.")
+    strategy: Literal["blue-green", "inplace"] = Field(
+        "inplace",
+        description="blue-green: load beside the serving release, switch an ensemble alias; "
+        "inplace: replace the model dir and reload (decoupled or sequence models need it).",
+    )
+    retire_after_seconds: float = Field(
+        30.0, ge=0, description="blue-green: how long the old slot stays warm for rollback."
+    )
+    drain_timeout_seconds: float = Field(
+        60.0, ge=0, description="blue-green: longest wait for the old slot's pending requests."
+    )
+    slot_suffixes: tuple[str, str] = Field(
+        ("__blue", "__green"), description="blue-green: names of the two slots, after the model's."
+    )
     fallback_release: str | None = Field(
         None, description="Release to go back to on trouble; default: the previous good one."
     )
@@ -205,6 +219,16 @@ class Settings(BaseSettings):
 
     def policy(self, model: str) -> ModelPolicy:
         return self.models.get(model, self.model_defaults)
+
+    def traffic(self, model: str) -> TrafficPolicy:
+        policy = self.policy(model)
+        return TrafficPolicy(
+            strategy=Strategy(policy.strategy),
+            retire_after=policy.retire_after_seconds,
+            drain_timeout=policy.drain_timeout_seconds,
+            blue_suffix=policy.slot_suffixes[0],
+            green_suffix=policy.slot_suffixes[1],
+        )
 
     @property
     def staging_path(self) -> Path:
@@ -339,4 +363,6 @@ def _yaml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return str(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_yaml_value(item) for item in value) + "]"
     return f'"{value}"'

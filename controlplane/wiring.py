@@ -14,6 +14,7 @@ from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import watch_local_store
 from controlplane.adapters.triton.driver import TritonDriver
+from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.ports import ModelStore
 from controlplane.services.coordination import ModelLocks, TaskOwner
@@ -38,11 +39,13 @@ class Container:
     ready: asyncio.Event
     watcher: ReleaseWatcher
     store: ModelStore
+    metrics: TritonMetrics
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
     async def close(self) -> None:
         await self.tasks.close()
         await self.triton.close()
+        await self.metrics.close()
         self.store.close()
         self.repo.close()
 
@@ -80,6 +83,7 @@ def build(settings: Settings) -> Container:
     )
     locks = ModelLocks()
     tasks = TaskOwner()
+    metrics = TritonMetrics(settings.triton.metrics_url)
     deploy = DeployService(
         store=store,
         staging=staging,
@@ -94,6 +98,8 @@ def build(settings: Settings) -> Container:
             require_checksums=settings.store.require_checksums,
             unload_timeout=settings.triton.unload_timeout_seconds,
         ),
+        traffic=settings.traffic,
+        metrics=metrics,
     )
     reconciler = Reconciler(
         deploy=deploy,
@@ -129,6 +135,7 @@ def build(settings: Settings) -> Container:
         ready=asyncio.Event(),
         watcher=watcher,
         store=store,
+        metrics=metrics,
         background=background,
     )
 

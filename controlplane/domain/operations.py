@@ -18,6 +18,7 @@ class OperationKind(StrEnum):
     DEPLOY = "deploy"
     ROLLBACK = "rollback"
     UNLOAD = "unload"
+    RETIRE = "retire"
 
 
 class Trigger(StrEnum):
@@ -28,6 +29,7 @@ class Trigger(StrEnum):
     WATCHER = "watcher"
     ALERT = "alert"
     RECONCILE = "reconcile"
+    SCHEDULE = "schedule"  # a timer the daemon set itself (retiring an old slot)
 
 
 class OperationStatus(StrEnum):

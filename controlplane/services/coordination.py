@@ -49,11 +49,23 @@ class TaskOwner:
     def spawn(self, key: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=key)
         self._tasks[key] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(key, None))
+
+        def forget(done: asyncio.Task[Any]) -> None:
+            if self._tasks.get(key) is done:  # a newer task under the same key stays
+                del self._tasks[key]
+
+        task.add_done_callback(forget)
         return task
 
     def get(self, key: str) -> asyncio.Task[Any] | None:
         return self._tasks.get(key)
+
+    def cancel(self, key: str) -> bool:
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
 
     async def close(self, timeout: float = 10.0) -> None:
         tasks = list(self._tasks.values())

@@ -23,14 +23,17 @@ from controlplane.domain.errors import (
     ControlPlaneError,
     ModelNotFound,
     NoPreviousRelease,
+    OperationInProgress,
     OperationNotFound,
     ReleaseIncomplete,
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import Operation, OperationKind, OperationStatus, Trigger
 from controlplane.domain.slots import SlotState
+from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
     Clock,
+    MetricsSource,
     ModelConfigEditor,
     ModelStore,
     Placement,
@@ -38,12 +41,25 @@ from controlplane.ports import (
     StateRepo,
     Triton,
 )
+from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
+RETIRE_RETRY = 1.0
+
+
+class _NoMetrics:
+    """No metrics source: pending requests are unknown, and the drain relies on the retire
+    window (traffic left the slot ``retire_after`` ago) instead."""
+
+    async def pending_requests(self, model: str) -> int | None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,8 @@ class DeployService:
         tasks: TaskOwner,
         load_slots: asyncio.Semaphore,
         policy: DeployPolicy,
+        traffic: Callable[[str], TrafficPolicy] | None = None,
+        metrics: MetricsSource | None = None,
     ) -> None:
         self._store = store
         self._staging = staging
@@ -87,6 +105,23 @@ class DeployService:
         self._load_slots = load_slots
         self._policy = policy
         self._slots = SlotBook(repo, clock)
+        self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
+        self._bg = BlueGreen(
+            BlueGreenDeps(
+                store=store,
+                staging=staging,
+                editor=editor,
+                triton=triton,
+                metrics=metrics or _NoMetrics(),
+                repo=repo,
+                clock=clock,
+                load_slots=load_slots,
+                require_checksums=policy.require_checksums,
+                unload_timeout=policy.unload_timeout,
+                policy_for=self._traffic,
+            ),
+            schedule_retire=self._schedule_retire,
+        )
 
     # --- entry points -----------------------------------------------------------------
 
@@ -95,12 +130,13 @@ class DeployService:
     ) -> Operation:
         validate_model_name(model)
         validate_release_name(release)
+        blue_green = self._traffic(model).strategy is Strategy.BLUE_GREEN
         return await self._submit(
             kind or OperationKind.DEPLOY,
             model,
             release,
             trigger,
-            lambda tracker: self._deploy(tracker),
+            self._bg.deploy if blue_green else self._deploy,
         )
 
     async def rollback(self, model: str, *, to: str | None, trigger: Trigger) -> Operation:
@@ -116,6 +152,21 @@ class DeployService:
             target = record.previous_release
         else:
             target = validate_release_name(to)
+        warm = (
+            self._bg.warm(model, target)
+            if self._traffic(model).strategy is Strategy.BLUE_GREEN
+            else None
+        )
+        if warm is not None:  # inside the retire window: a pure re-point
+            slot_name = warm.name
+            return await self._submit(
+                OperationKind.ROLLBACK,
+                model,
+                target,
+                trigger,
+                lambda tracker: self._bg.repoint_back(tracker, slot_name),
+                resolve=False,
+            )
         return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
 
     async def unload(self, model: str, *, trigger: Trigger) -> Operation:
@@ -123,7 +174,33 @@ class DeployService:
         record = self._repo.get_model(model)
         if record is None or record.active_release is None:
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
-        return await self._submit(OperationKind.UNLOAD, model, None, trigger, self._unload)
+        blue_green = self._traffic(model).strategy is Strategy.BLUE_GREEN
+        body = self._bg.unload if blue_green else self._unload
+        return await self._submit(OperationKind.UNLOAD, model, None, trigger, body)
+
+    # --- retiring old blue-green slots ------------------------------------------------
+
+    def _schedule_retire(self, model: str, slot_name: str) -> None:
+        key = f"retire-{slot_name}"
+        self._tasks.cancel(key)  # a newer switch restarts the slot's retire window
+        self._tasks.spawn(key, self._retire_later(model, slot_name))
+
+    async def _retire_later(self, model: str, slot_name: str) -> None:
+        await asyncio.sleep(self._traffic(model).retire_after)
+        while True:
+            try:
+                operation = await self._submit(
+                    OperationKind.RETIRE,
+                    model,
+                    None,
+                    Trigger.SCHEDULE,
+                    lambda tracker: self._bg.retire(tracker, slot_name),
+                )
+            except OperationInProgress:
+                await asyncio.sleep(RETIRE_RETRY)  # another operation first; then retire
+                continue
+            await self.wait(operation.id)
+            return
 
     async def wait(self, operation_id: str) -> Operation:
         task = self._tasks.get(operation_id)
@@ -156,6 +233,8 @@ class DeployService:
         release: str | None,
         trigger: Trigger,
         body: Callable[[OperationTracker], Awaitable[None]],
+        *,
+        resolve: bool = True,
     ) -> Operation:
         operation_id = uuid.uuid4().hex[:16]
         self._locks.claim(model, operation_id)
@@ -179,7 +258,7 @@ class DeployService:
             self._locks.release(model, operation_id)
             raise
         try:
-            if release is not None:
+            if release is not None and resolve:
                 await self._resolve(tracker, model, release)
         except BaseException as exc:
             if isinstance(exc, ControlPlaneError):

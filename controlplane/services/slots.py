@@ -48,14 +48,28 @@ class SlotBook:
         self._repo.save_slot(model or slot.name, moved)
         return moved
 
-    def stage_and_load(self, slot: Slot, trigger: str, release: str) -> Slot:
+    def stage_and_load(
+        self, slot: Slot, trigger: str, release: str, *, model: str | None = None
+    ) -> Slot:
         """From any resting state to LOADING, through STAGED, recording each step."""
         if slot.state in (SlotState.ABSENT, SlotState.UNAVAILABLE, SlotState.FAILED):
-            slot = self.move(slot, "STAGED", trigger, f"{release} placed", release=release)
-        return self.move(slot, "LOADING", trigger, f"loading {release}", release=release)
+            slot = self.move(
+                slot, "STAGED", trigger, f"{release} placed", release=release, model=model
+            )
+        return self.move(
+            slot, "LOADING", trigger, f"loading {release}", release=release, model=model
+        )
 
-    def observe(self, model: str, state: SlotState, release: str | None, reason: str) -> Slot:
-        slot = self.get(model)
+    def observe(
+        self,
+        model: str,
+        state: SlotState,
+        release: str | None,
+        reason: str,
+        *,
+        slot_name: str | None = None,
+    ) -> Slot:
+        slot = self.get(model, slot_name)
         seen = observe(slot, state, release=release, at=self._clock.now(), reason=reason)
         self._repo.save_slot(model, seen)
         return seen

@@ -15,12 +15,14 @@ or block until the test releases it, to cut a load short).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from controlplane.adapters.persistence.sqlite import SqliteStateRepo
 from controlplane.adapters.staging.fs import StagingArea
@@ -28,11 +30,14 @@ from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.domain.errors import (
     ControlPlaneError,
+    TritonError,
     TritonLoadFailed,
     TritonTimeout,
     TritonUnavailable,
 )
-from controlplane.ports import Clock, IndexEntry, Triton
+from controlplane.domain.smoke import PreflightFailed, SmokeSample
+from controlplane.domain.traffic import TrafficPolicy
+from controlplane.ports import Clock, IndexEntry, MetricsSource, Triton
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployPolicy, DeployService
 from controlplane.services.reconcile import Reconciler
@@ -128,6 +133,8 @@ class FakeTriton:
         self._index_failures = 0
         self._index_error: ControlPlaneError = TritonUnavailable("fake Triton is not reachable")
         self._stuck: set[str] = set()
+        self.configs: dict[str, dict[str, Any]] = {}  # what loads with a config override set
+        self.smoke_failures: dict[str, str] = {}  # model -> why its smoke inference fails
 
     # --- scripting ------------------------------------------------------------------------
 
@@ -164,6 +171,8 @@ class FakeTriton:
 
     async def load(self, model: str, *, config_json: str | None = None) -> None:
         self.calls.append(("load", model))
+        if config_json is not None:
+            self.configs[model] = json.loads(config_json)
         queued = self._loads.get(model)
         outcome: LoadOutcome = queued.popleft() if queued else LoadSucceeds()
         if isinstance(outcome, LoadBlocks):
@@ -195,6 +204,27 @@ class FakeTriton:
         if self.state(model) in (None, "UNAVAILABLE"):
             return
         raise TritonTimeout(f"model {model!r} is still {self.state(model)} after {timeout} s")
+
+    async def model_config(self, model: str) -> dict[str, Any]:
+        self.calls.append(("model_config", model))
+        if self.state(model) != "READY":
+            raise TritonError(f"model {model!r} is not loaded")
+        if model in self.configs:
+            return self.configs[model]
+        tensor = {"data_type": "TYPE_FP32", "dims": ["-1"]}
+        return {
+            "name": model,
+            "backend": "python",
+            "max_batch_size": 0,
+            "input": [{"name": "INPUT0", **tensor}],
+            "output": [{"name": "OUTPUT0", **tensor}],
+        }
+
+    async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
+        self.calls.append(("smoke", model))
+        if model in self.smoke_failures:
+            raise PreflightFailed(f"smoke inference on {model!r}: {self.smoke_failures[model]}")
+        return {"OUTPUT0": [1.0]}
 
     async def close(self) -> None:
         self.closed = True
@@ -228,7 +258,13 @@ class Parts:
 
 
 def make_deploy_service(
-    tmp_path: Path, triton: FakeTriton, clock: FakeClock, *, cache_max_bytes: int = 0
+    tmp_path: Path,
+    triton: FakeTriton,
+    clock: FakeClock,
+    *,
+    cache_max_bytes: int = 0,
+    traffic: TrafficPolicy | None = None,
+    metrics: MetricsSource | None = None,
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
@@ -261,6 +297,8 @@ def make_deploy_service(
         tasks=tasks,
         load_slots=load_slots,
         policy=DeployPolicy(),
+        traffic=None if traffic is None else (lambda _model: traffic),
+        metrics=metrics,
     )
     parts = Parts(
         store_path=store_path,
@@ -297,12 +335,34 @@ async def deploy_service(
     clock: FakeClock | None = None,
     *,
     cache_max_bytes: int = 0,
+    traffic: TrafficPolicy | None = None,
+    metrics: MetricsSource | None = None,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
     service, parts = make_deploy_service(
-        tmp_path, triton or FakeTriton(), clock or FakeClock(), cache_max_bytes=cache_max_bytes
+        tmp_path,
+        triton or FakeTriton(),
+        clock or FakeClock(),
+        cache_max_bytes=cache_max_bytes,
+        traffic=traffic,
+        metrics=metrics,
     )
     try:
         yield service, parts
     finally:
         await parts.close()
+
+
+class FakeMetrics:
+    """Pending requests per model, set by the test; None means the scrape failed."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, int | None] = {}
+        self.reads: list[str] = []
+
+    async def pending_requests(self, model: str) -> int | None:
+        self.reads.append(model)
+        return self.pending.get(model, 0)
+
+    async def close(self) -> None:
+        return None

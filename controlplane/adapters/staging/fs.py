@@ -31,6 +31,7 @@ from controlplane.ports import Placement, ReleaseMarker
 log = logging.getLogger(__name__)
 
 MARKER_NAME = ".controlplane-release.json"
+ALIAS_MARKER = ".controlplane-alias.json"
 RELEASE_DIR = "model"
 
 
@@ -149,6 +150,25 @@ class StagingArea:
         _fsync_dir(self.repository)
         shutil.rmtree(grave, ignore_errors=True)
         return True
+
+    def ensure_alias_dir(self, model: str) -> None:
+        target = self.repository / validate_model_name(model)
+        if self.is_alias_dir(model):
+            return
+        if os.path.lexists(target):
+            raise StagingFailed(
+                f"{target} holds a model that is not a blue-green alias (deployed inplace?); "
+                "unload it before switching the model to blue-green"
+            )
+        built = self.staging / f"alias-{uuid.uuid4().hex}"
+        (built / "1").mkdir(parents=True)
+        (built / ALIAS_MARKER).write_text(json.dumps({"alias": model}), encoding="utf-8")
+        _fsync_tree(built)
+        renameat.rename_noreplace(built, target)
+        _fsync_dir(self.repository)
+
+    def is_alias_dir(self, model: str) -> bool:
+        return (self.repository / validate_model_name(model) / ALIAS_MARKER).is_file()
 
     def read_marker(self, model: str) -> ReleaseMarker | None:
         path = self.repository / validate_model_name(model) / MARKER_NAME

@@ -23,13 +23,16 @@ from tenacity import (
 from tritonclient.grpc import aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from controlplane.adapters.triton.preflight import check_outputs, generated_inputs, sample_inputs
 from controlplane.domain.errors import (
+    ControlPlaneError,
     TransientError,
     TritonError,
     TritonLoadFailed,
     TritonTimeout,
     TritonUnavailable,
 )
+from controlplane.domain.smoke import PreflightFailed, SmokeSample
 from controlplane.ports import IndexEntry
 
 T = TypeVar("T")
@@ -151,6 +154,19 @@ class TritonDriver:
         result = await self._retrying(call, what=f"inference on {model!r}")
         outputs = result.get_response(as_json=True).get("outputs", [])
         return {out["name"]: result.as_numpy(out["name"]) for out in outputs}
+
+    async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
+        """One inference with the sample's inputs (or generated ones), checked if it can be."""
+        inputs = (
+            sample_inputs(sample)
+            if sample is not None
+            else generated_inputs(await self.model_config(model))
+        )
+        try:
+            outputs = await self.infer(model, inputs)
+        except ControlPlaneError as exc:
+            raise PreflightFailed(f"smoke inference on {model!r} failed: {exc.message}") from exc
+        return check_outputs(outputs, sample)
 
     async def close(self) -> None:
         await self._client.close()

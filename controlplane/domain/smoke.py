@@ -1,0 +1,76 @@
+"""``smoke.json``: a sample request a release may ship, with an optional expected answer.
+
+Format (all keys but ``inputs`` optional)::
+
+    {
+      "inputs":   {"INPUT0": {"datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}},
+      "expected": {"OUTPUT0": [2.0, 4.0]},
+      "tolerance": 1e-5
+    }
+
+Without ``smoke.json`` the preflight generates inputs from the model config (ones, ``-1``
+dims as 1) and only checks that the inference succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from controlplane.domain.errors import PermanentError
+
+SMOKE_NAME = "smoke.json"
+DATATYPES = frozenset(
+    {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
+    | {"FP16", "FP32", "FP64", "BYTES"}
+)
+
+
+class PreflightFailed(PermanentError):
+    code = "preflight_failed"
+
+
+@dataclass(frozen=True)
+class SmokeTensor:
+    datatype: str
+    shape: tuple[int, ...]
+    data: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class SmokeSample:
+    inputs: dict[str, SmokeTensor]
+    expected: dict[str, tuple[float, ...]] | None = None
+    tolerance: float = 1e-5
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def parse_smoke(text: str) -> SmokeSample:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise PreflightFailed(f"{SMOKE_NAME} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("inputs"), dict) or not raw["inputs"]:
+        raise PreflightFailed(f'{SMOKE_NAME} needs an "inputs" object naming each input')
+    inputs = {}
+    for name, tensor in raw["inputs"].items():
+        if not isinstance(tensor, dict):
+            raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} must be an object")
+        datatype = str(tensor.get("datatype", "")).upper()
+        if datatype not in DATATYPES:
+            raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} has unknown datatype {datatype!r}")
+        shape, data = tensor.get("shape"), tensor.get("data")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} needs a shape of whole numbers")
+        if not isinstance(data, list):
+            raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} needs a flat 'data' list")
+        inputs[name] = SmokeTensor(datatype, tuple(shape), tuple(data))
+    expected = raw.get("expected")
+    if expected is not None:
+        if not isinstance(expected, dict) or not all(
+            isinstance(v, list) for v in expected.values()
+        ):
+            raise PreflightFailed(f'{SMOKE_NAME}: "expected" maps output names to flat lists')
+        expected = {k: tuple(float(x) for x in v) for k, v in expected.items()}
+    tolerance = float(raw.get("tolerance", 1e-5))
+    return SmokeSample(inputs=inputs, expected=expected, tolerance=tolerance)
