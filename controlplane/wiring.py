@@ -108,8 +108,11 @@ def build(settings: Settings) -> Container:
         repo=repo,
         clock=clock,
         unload_timeout=settings.triton.unload_timeout_seconds,
+        traffic=settings.traffic,
     )
-    status = StatusService(repo=repo, store=store, triton=triton, locks=locks)
+    status = StatusService(
+        repo=repo, store=store, triton=triton, locks=locks, traffic=settings.traffic
+    )
     watcher = ReleaseWatcher(
         store=store,
         deploy=deploy,

@@ -61,9 +61,13 @@ def operation_json(op: Operation) -> dict[str, Any]:
     }
 
 
+ROLES = {"ACTIVE": "active", "RETIRING": "retiring", "READY": "standby"}
+
+
 def slot_json(slot: Slot) -> dict[str, Any]:
     return {
         "name": slot.name,
+        "role": ROLES.get(slot.state.value, "idle"),
         "state": slot.state.value,
         "release": slot.release,
         "trigger": slot.trigger,
@@ -77,7 +81,8 @@ def model_json(view: ModelView) -> dict[str, Any]:
         "name": view.name,
         "active_release": view.active_release,
         "previous_release": view.previous_release,
-        "strategy": "inplace",
+        "strategy": view.strategy,
+        "alias_target": view.alias_target,
         "triton": {"state": view.triton_state, "reason": view.triton_reason},
         "slots": [slot_json(slot) for slot in view.slots],
         "releases": [{"name": r.name, "complete": r.complete} for r in view.releases],

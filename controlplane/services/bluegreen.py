@@ -190,8 +190,14 @@ class BlueGreen:
     async def retire(self, tracker: OperationTracker, slot_name: str) -> None:
         model = tracker.operation.model
         slot = next(s for s in self.slots(model) if s.name == slot_name)
+        if slot.state is SlotState.UNAVAILABLE and slot.release is not None:
+            # Left on disk after a restart and not needed: no traffic to drain.
+            async with tracker.step("unload"):
+                await self._take_down(model, slot, tracker.operation.trigger, "not needed")
+            return
         if slot.state is not SlotState.RETIRING:
-            tracker.detail(skipped=f"slot {slot_name} is {slot.state}, not retiring")
+            async with tracker.step("skip"):
+                tracker.detail(reason=f"slot {slot_name} is {slot.state}, not retiring")
             return
         await self._drain_and_remove(tracker, model, slot)
 

@@ -180,13 +180,18 @@ class DeployService:
 
     # --- retiring old blue-green slots ------------------------------------------------
 
-    def _schedule_retire(self, model: str, slot_name: str) -> None:
+    def schedule_retire(self, model: str, slot_name: str, *, now: bool = False) -> None:
+        """Retire ``slot_name`` after the model's retire window (or at once)."""
         key = f"retire-{slot_name}"
         self._tasks.cancel(key)  # a newer switch restarts the slot's retire window
-        self._tasks.spawn(key, self._retire_later(model, slot_name))
+        delay = 0.0 if now else self._traffic(model).retire_after
+        self._tasks.spawn(key, self._retire_later(model, slot_name, delay))
 
-    async def _retire_later(self, model: str, slot_name: str) -> None:
-        await asyncio.sleep(self._traffic(model).retire_after)
+    def _schedule_retire(self, model: str, slot_name: str) -> None:
+        self.schedule_retire(model, slot_name)
+
+    async def _retire_later(self, model: str, slot_name: str, delay: float) -> None:
+        await asyncio.sleep(delay)
         while True:
             try:
                 operation = await self._submit(

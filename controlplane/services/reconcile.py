@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.operations import OperationStatus, Trigger
 from controlplane.domain.slots import SlotState
+from controlplane.domain.traffic import TrafficPolicy
 from controlplane.ports import Clock, IndexEntry, Staging, StateRepo, Triton
 from controlplane.services.deploy import DeployService
+from controlplane.services.reconcile_bluegreen import BlueGreenReconciler
 from controlplane.services.slots import SlotBook
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ class Reconciler:
         repo: StateRepo,
         clock: Clock,
         unload_timeout: float = 120.0,
+        traffic: Callable[[str], TrafficPolicy] | None = None,
     ) -> None:
         self._deploy = deploy
         self._staging = staging
@@ -57,6 +61,13 @@ class Reconciler:
         self._clock = clock
         self._slots = SlotBook(repo, clock)
         self._unload_timeout = unload_timeout
+        self._blue_green = (
+            None
+            if traffic is None
+            else BlueGreenReconciler(
+                deploy=deploy, staging=staging, triton=triton, slots=self._slots, traffic=traffic
+            )
+        )
 
     async def run(self) -> ReconcileReport:
         report = ReconcileReport()
@@ -102,6 +113,13 @@ class Reconciler:
         interrupted: set[str],
         report: ReconcileReport,
     ) -> None:
+        if self._blue_green is not None and self._staging.is_alias_dir(model):
+            outcome = await self._blue_green.converge(model, desired, index)
+            if outcome in ("redeployed",):
+                report.redeployed.append(model)
+            elif outcome == "re-pointed":
+                report.loaded.append(model)
+            return
         marker = self._staging.read_marker(model)
         entry = index.get(model)
         loaded = entry is not None and entry.state == "READY"

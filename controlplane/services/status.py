@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation
 from controlplane.domain.releases import ReleaseInfo, natural_key
-from controlplane.domain.slots import Slot
+from controlplane.domain.slots import Slot, SlotState
+from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import IndexEntry, ModelStore, StateRepo, Triton
 from controlplane.services.coordination import ModelLocks
 
@@ -34,12 +36,21 @@ class ModelView:
     store_error: str | None
     running_operation: str | None
     last_operation: Operation | None
+    strategy: str = "inplace"
+    alias_target: str | None = None  # blue-green: the slot the alias points at
 
 
 class StatusService:
     def __init__(
-        self, *, repo: StateRepo, store: ModelStore, triton: Triton, locks: ModelLocks
+        self,
+        *,
+        repo: StateRepo,
+        store: ModelStore,
+        triton: Triton,
+        locks: ModelLocks,
+        traffic: Callable[[str], TrafficPolicy] | None = None,
     ) -> None:
+        self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
         self._repo = repo
         self._store = store
         self._triton = triton
@@ -87,11 +98,16 @@ class StatusService:
             triton_state = entry.state if entry else "UNAVAILABLE"
             reason = entry.reason if entry else "not in Triton's repository index"
         operations = self._repo.list_operations(model, limit=1)
+        policy = self._traffic(model)
+        slots = tuple(record.slots) if record else ()
+        active = next((s.name for s in slots if s.state is SlotState.ACTIVE), None)
         return ModelView(
+            strategy=policy.strategy.value,
+            alias_target=active if policy.strategy is Strategy.BLUE_GREEN else None,
             name=model,
             active_release=record.active_release if record else None,
             previous_release=record.previous_release if record else None,
-            slots=tuple(record.slots) if record else (),
+            slots=slots,
             triton_state=triton_state,
             triton_reason=reason,
             releases=releases,
