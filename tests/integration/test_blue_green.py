@@ -1,0 +1,170 @@
+"""Blue-green against the real Triton: slots behind an ensemble alias, switched under load."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.integration.conftest import DaemonFactory
+from tests.support.daemon import Daemon
+from tests.support.inference import LoadGenerator, infer_once, transitions
+from tests.support.models import write_scale_release, write_sha256sums
+
+pytestmark = pytest.mark.triton
+
+
+def _config(model: str, retire_after: float) -> str:
+    return (
+        f"models:\n  {model}:\n    strategy: blue-green\n"
+        f"    retire_after_seconds: {retire_after}\n    drain_timeout_seconds: 5\n"
+    )
+
+
+def _index(triton: RunningTriton) -> dict[str, str]:
+    rows = httpx.post(f"{triton.http_url}/v2/repository/index", timeout=10).json()
+    return {row["name"]: row["state"] for row in rows}
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def _with_smoke(release_dir: Path, expected: float) -> None:
+    sample = {
+        "inputs": {"INPUT0": {"datatype": "FP32", "shape": [1], "data": [1.0]}},
+        "expected": {"OUTPUT0": [expected]},
+    }
+    (release_dir / "smoke.json").write_text(json.dumps(sample), encoding="utf-8")
+    (release_dir / "SHA256SUMS").unlink()
+    write_sha256sums(release_dir)
+
+
+def test_switch_under_load_flips_once_and_retires_the_old_slot(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    _with_smoke(write_scale_release(store, model_name, "r2", k=2.0), expected=2.0)
+    daemon = daemons(store, config=_config(model_name, retire_after=3))
+    blue, green = f"{model_name}__blue", f"{model_name}__green"
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+
+    with LoadGenerator(triton.grpc_url, model_name, clients=4) as load:
+        load.wait_for_answers(20)
+        switched = daemon.deploy(model_name, "r2")
+        load.wait_for_answers(20)
+
+    assert switched.status_code == 200, switched.text
+    assert [e for log in load.logs for e in log.errors] == []
+    for log in load.logs:
+        assert transitions(log.answers) == [1.0, 2.0]
+    steps = [s["name"] for s in switched.json()["operation"]["steps"]]
+    assert steps[-3:] == ["preflight", "switch", "record"]
+    model = daemon.get(f"/v1/models/{model_name}").json()
+    assert model["alias_target"] == green
+    roles = {s["name"]: s["role"] for s in model["slots"]}
+    assert roles == {blue: "retiring", green: "active"}
+
+    # After the retire window the old slot is unloaded and its dir is gone. (Once its dir is
+    # gone, Triton's index stops listing it at all.)
+    _wait(lambda: not (daemon.repository / blue).exists(), 60, "blue's dir removed")
+    assert _index(triton).get(blue, "UNAVAILABLE") == "UNAVAILABLE"
+    slots = {s["name"]: s["state"] for s in daemon.get(f"/v1/models/{model_name}").json()["slots"]}
+    assert slots[blue] == "UNAVAILABLE"
+    retire = daemon.get(f"/v1/operations?model={model_name}&limit=1").json()["operations"][0]
+    assert (retire["kind"], retire["trigger"], retire["status"]) == (
+        "retire",
+        "schedule",
+        "succeeded",
+    )
+    assert infer_once(triton.grpc_url, model_name) == 2.0
+
+
+def test_rollback_inside_the_retire_window_is_a_re_point(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0)
+    daemon = daemons(store, config=_config(model_name, retire_after=600))
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    assert daemon.deploy(model_name, "r2").status_code == 200
+
+    response = daemon.post(f"/v1/models/{model_name}/rollback", {"wait": True})
+
+    assert response.status_code == 200, response.text
+    operation = response.json()["operation"]
+    assert [s["name"] for s in operation["steps"]] == ["switch", "record"]
+    switch = operation["steps"][0]
+    assert switch["duration_seconds"] is not None
+    assert switch["detail"]["repoint_ms"] >= 0
+    assert switch["detail"]["target"] == f"{model_name}__blue"
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    model = daemon.get(f"/v1/models/{model_name}").json()
+    assert (model["active_release"], model["previous_release"]) == ("r1", "r2")
+
+
+@pytest.mark.parametrize("failure", ["wrong-answer", "fails-to-load"])
+def test_a_release_that_fails_preflight_never_takes_traffic(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, failure: str
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    if failure == "wrong-answer":
+        _with_smoke(write_scale_release(store, model_name, "r2", k=2.0), expected=5.0)
+        code = "preflight_failed"
+    else:
+        write_scale_release(store, model_name, "r2", k=2.0, fail_init=True)
+        code = "triton_load_failed"
+    daemon = daemons(store, config=_config(model_name, retire_after=600))
+    assert daemon.deploy(model_name, "r1").status_code == 200
+
+    with LoadGenerator(triton.grpc_url, model_name, clients=4) as load:
+        load.wait_for_answers(10)
+        response = daemon.deploy(model_name, "r2")
+        load.wait_for_answers(10)
+
+    assert response.json()["error"]["code"] == code
+    assert [e for log in load.logs for e in log.errors] == []
+    assert all(set(log.answers) == {1.0} for log in load.logs)
+    green = f"{model_name}__green"
+    assert _index(triton).get(green, "UNAVAILABLE") == "UNAVAILABLE"
+    assert not (daemon.repository / green).exists()
+    assert daemon.get(f"/v1/models/{model_name}").json()["alias_target"] == f"{model_name}__blue"
+
+
+def test_after_triton_and_daemon_restart_the_alias_serves_the_active_release(
+    store: Path, model_name: str, tmp_path: Path, own_triton: Any, daemons: DaemonFactory
+) -> None:
+    root = tmp_path / "root"
+    (root / "repository").mkdir(parents=True)
+    first = own_triton(root / "repository")
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0)
+    workdir = root / "state"
+    workdir.mkdir()
+    config = _config(model_name, retire_after=600)
+    daemon: Daemon = daemons(store, triton=first, workdir=workdir, config=config)
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    assert daemon.deploy(model_name, "r2").status_code == 200
+    daemon.stop()
+    ports = first.ports
+    first.stop()
+
+    second = own_triton(root / "repository", ports=ports)  # the alias override is gone
+    restarted = daemons(
+        store, triton=second, workdir=workdir, config=config, log_name="daemon-restarted.log"
+    )
+
+    assert infer_once(second.grpc_url, model_name) == 2.0
+    model = restarted.get(f"/v1/models/{model_name}").json()
+    assert model["alias_target"] == f"{model_name}__green"
