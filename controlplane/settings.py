@@ -156,7 +156,7 @@ class ModelPolicy(_Group):
         "by natural sort of release names).",
     )
     strategy: Literal["blue-green", "inplace"] = Field(
-        "inplace",
+        "blue-green",
         description="blue-green: load beside the serving release, switch an ensemble alias; "
         "inplace: replace the model dir and reload (decoupled or sequence models need it).",
     )

@@ -39,6 +39,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_release": 422,
     "invalid_model_config": 422,
     "triton_load_failed": 422,
+    "preflight_failed": 422,
+    "strategy_unsupported": 422,
     "internal_error": 500,
     "interrupted": 500,
     "staging_failed": 500,

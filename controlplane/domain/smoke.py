@@ -15,6 +15,7 @@ dims as 1) and only checks that the inference succeeds.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from controlplane.domain.errors import PermanentError
@@ -45,6 +46,12 @@ class SmokeSample:
     notes: dict[str, str] = field(default_factory=dict)
 
 
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
+
+
 def parse_smoke(text: str) -> SmokeSample:
     try:
         raw = json.loads(text)
@@ -60,10 +67,16 @@ def parse_smoke(text: str) -> SmokeSample:
         if datatype not in DATATYPES:
             raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} has unknown datatype {datatype!r}")
         shape, data = tensor.get("shape"), tensor.get("data")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} needs a shape of whole numbers")
         if not isinstance(data, list):
             raise PreflightFailed(f"{SMOKE_NAME}: input {name!r} needs a flat 'data' list")
+        if len(data) != math.prod(shape):
+            raise PreflightFailed(
+                f"{SMOKE_NAME}: input {name!r} has {len(data)} values for shape {shape}"
+            )
         inputs[name] = SmokeTensor(datatype, tuple(shape), tuple(data))
     expected = raw.get("expected")
     if expected is not None:
@@ -71,6 +84,14 @@ def parse_smoke(text: str) -> SmokeSample:
             isinstance(v, list) for v in expected.values()
         ):
             raise PreflightFailed(f'{SMOKE_NAME}: "expected" maps output names to flat lists')
-        expected = {k: tuple(float(x) for x in v) for k, v in expected.items()}
-    tolerance = float(raw.get("tolerance", 1e-5))
+        try:
+            expected = {k: tuple(_number(x) for x in v) for k, v in expected.items()}
+        except (TypeError, ValueError):
+            raise PreflightFailed(f'{SMOKE_NAME}: "expected" values must be numbers') from None
+    try:
+        tolerance = _number(raw.get("tolerance", 1e-5))
+    except (TypeError, ValueError):
+        raise PreflightFailed(f'{SMOKE_NAME}: "tolerance" must be a number') from None
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise PreflightFailed(f'{SMOKE_NAME}: "tolerance" must be finite and at least 0')
     return SmokeSample(inputs=inputs, expected=expected, tolerance=tolerance)

@@ -64,10 +64,16 @@ class BlueGreenDeps:
 class BlueGreen:
     """The blue-green bodies of operations; :class:`DeployService` runs them under its lock."""
 
-    def __init__(self, deps: BlueGreenDeps, schedule_retire: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        deps: BlueGreenDeps,
+        schedule_retire: Callable[[str, str], None],
+        cancel_retire: Callable[[str], None],
+    ) -> None:
         self._d = deps
         self._slots = SlotBook(deps.repo, deps.clock)
         self._schedule_retire = schedule_retire
+        self._cancel_retire = cancel_retire
 
     # --- reading the model's slots ------------------------------------------------------
 
@@ -107,18 +113,21 @@ class BlueGreen:
             release=release,
             target=target.name,
         )
-        check_aliasable(
-            model,
-            decoupled=prepared.summary.decoupled,
-            sequence_batching=prepared.summary.sequence_batching,
-        )
-        smoke_path = prepared.path / SMOKE_NAME
-        sample = (
-            parse_smoke(await asyncio.to_thread(smoke_path.read_text, encoding="utf-8"))
-            if await asyncio.to_thread(smoke_path.is_file)
-            else None
-        )
-        if target.state is not SlotState.ABSENT:
+        async with tracker.step("check"):
+            check_aliasable(
+                model,
+                decoupled=prepared.summary.decoupled,
+                sequence_batching=prepared.summary.sequence_batching,
+            )
+            smoke_path = prepared.path / SMOKE_NAME
+            sample = (
+                parse_smoke(await asyncio.to_thread(smoke_path.read_text, encoding="utf-8"))
+                if await asyncio.to_thread(smoke_path.is_file)
+                else None
+            )
+            tracker.detail(slot=target.name, smoke=SMOKE_NAME if sample else "generated")
+        already_gone = target.state is SlotState.UNAVAILABLE and target.release is None
+        if target.state is not SlotState.ABSENT and not already_gone:
             async with tracker.step("free"):
                 tracker.detail(slot=target.name, release=target.release)
                 target = await self._take_down(model, target, op.trigger, f"room for {release}")
@@ -139,6 +148,8 @@ class BlueGreen:
                     reason = getattr(exc, "code", "interrupted")
                     slot = self._slots.move(slot, "FAILED", op.trigger, reason, model=model)
                     await asyncio.shield(self._take_down(model, slot, op.trigger, reason))
+                    if active is None:
+                        await asyncio.shield(self._remove_alias(model))
                     raise
                 slot = self._slots.move(slot, "READY", op.trigger, "loaded", model=model)
 
@@ -164,6 +175,8 @@ class BlueGreen:
         except BaseException as exc:
             reason = f"preflight or switch failed: {getattr(exc, 'code', 'interrupted')}"
             await asyncio.shield(self._take_down(model, slot, op.trigger, reason))
+            if active is None:  # a first deploy: no alias is left pointing at nothing
+                await asyncio.shield(self._remove_alias(model))
             raise
 
         async with tracker.step("record"):
@@ -203,6 +216,8 @@ class BlueGreen:
 
     async def unload(self, tracker: OperationTracker) -> None:
         model = tracker.operation.model
+        for slot in self.slots(model):
+            self._cancel_retire(slot.name)
         async with tracker.step("unload"):
             await self._d.triton.unload(model)
             await self._d.triton.wait_unavailable(model, self._d.unload_timeout)
@@ -230,6 +245,7 @@ class BlueGreen:
         if record and record.active_release and record.active_release != release:
             previous = record.active_release
         self._d.repo.set_serving(model, active=release, previous=previous, at=self._d.clock.now())
+        self._cancel_retire(new.name)  # back in service: its old retire timer must not fire
         self._slots.move(new, "ACTIVE", trigger, f"serving {release}", model=model)
         if old is not None:
             self._slots.move(
@@ -263,6 +279,14 @@ class BlueGreen:
             raise
         tracker.detail(target=str(slot_config.get("name")))
 
+    async def _remove_alias(self, model: str) -> None:
+        try:
+            await self._d.triton.unload(model)
+            await self._d.triton.wait_unavailable(model, self._d.unload_timeout)
+        except ControlPlaneError as exc:
+            log.warning("could not unload alias %s: %s", model, exc)
+        await asyncio.to_thread(self._d.staging.remove, model)
+
     async def _alias_config(self, model: str) -> dict[str, Any] | None:
         states = {e.name: e.state for e in await self._d.triton.index()}
         if states.get(model) != "READY":
@@ -276,6 +300,7 @@ class BlueGreen:
             return None
 
     async def _drain_and_remove(self, tracker: OperationTracker, model: str, slot: Slot) -> None:
+        # The deadline is on the injected clock; the pause between polls is real time.
         policy = self._d.policy_for(model)
         async with tracker.step("drain"):
             deadline = self._d.clock.monotonic() + policy.drain_timeout

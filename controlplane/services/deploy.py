@@ -121,6 +121,7 @@ class DeployService:
                 policy_for=self._traffic,
             ),
             schedule_retire=self._schedule_retire,
+            cancel_retire=self.cancel_retire,
         )
 
     # --- entry points -----------------------------------------------------------------
@@ -186,6 +187,9 @@ class DeployService:
         self._tasks.cancel(key)  # a newer switch restarts the slot's retire window
         delay = 0.0 if now else self._traffic(model).retire_after
         self._tasks.spawn(key, self._retire_later(model, slot_name, delay))
+
+    def cancel_retire(self, slot_name: str) -> None:
+        self._tasks.cancel(f"retire-{slot_name}")
 
     def _schedule_retire(self, model: str, slot_name: str) -> None:
         self.schedule_retire(model, slot_name)

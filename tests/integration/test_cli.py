@@ -45,7 +45,17 @@ def test_deploy_wait_prints_each_step_and_exits_0(
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     steps = [line.split()[1] for line in lines if line.startswith("  ok ")]
-    assert steps == ["resolve", "fetch", "verify", "place", "load", "record"]
+    assert steps == [  # blue-green, the default strategy
+        "resolve",
+        "fetch",
+        "verify",
+        "check",
+        "place",
+        "load",
+        "preflight",
+        "switch",
+        "record",
+    ]
     assert all(line.split()[2].replace(".", "").isdigit() for line in lines if "  ok " in line)
     assert lines[-1].startswith("succeeded in ")
     assert infer_once(triton.grpc_url, model_name) == 1.0

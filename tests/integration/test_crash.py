@@ -16,6 +16,8 @@ from tests.support.models import write_scale_release
 from tests.support.tree import snapshot
 
 pytestmark = pytest.mark.triton
+# These tests are about the inplace strategy; blue-green has its own in test_blue_green.py.
+INPLACE = "model_defaults:\n  strategy: inplace\n"
 
 
 def _wait_for_step(daemon: Daemon, operation_id: str, step: str) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def test_sigkill_during_a_load_then_restart_serves_a_complete_release(
     write_scale_release(store, model_name, "r2", k=2.0, init_sleep=4.0)
     workdir = tmp_path / "state"
     workdir.mkdir()
-    daemon = daemons(store, workdir=workdir)
+    daemon = daemons(store, workdir=workdir, config=INPLACE)
     assert daemon.deploy(model_name, "r1").status_code == 200
     started = daemon.deploy(model_name, "r2", wait=False)
     operation_id = started.json()["operation"]["id"]
@@ -62,7 +64,7 @@ def test_sigkill_during_a_load_then_restart_serves_a_complete_release(
     model_dir = daemon.repository / model_name
     assert _is_complete_release(model_dir, store, model_name) in ("r1", "r2")
 
-    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log", config=INPLACE)
 
     assert restarted.staging_leftovers() == []
     operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
@@ -85,13 +87,13 @@ def test_sigkill_during_a_first_deploy_leaves_no_unconfirmed_model(
     write_scale_release(store, model_name, "r1", k=1.0, init_sleep=3.0)
     workdir = tmp_path / "state"
     workdir.mkdir()
-    daemon = daemons(store, workdir=workdir)
+    daemon = daemons(store, workdir=workdir, config=INPLACE)
     started = daemon.deploy(model_name, "r1", wait=False)
     operation_id = started.json()["operation"]["id"]
     _wait_for_step(daemon, operation_id, "load")
 
     daemon.kill()
-    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log", config=INPLACE)
 
     assert restarted.staging_leftovers() == []
     assert not (restarted.repository / model_name).exists()
@@ -111,13 +113,13 @@ def test_restarted_triton_gets_the_desired_release_back(
     write_scale_release(store, model_name, "r1", k=1.0)
     workdir = root / "state"
     workdir.mkdir()
-    daemon = daemons(store, triton=first, workdir=workdir)
+    daemon = daemons(store, triton=first, workdir=workdir, config=INPLACE)
     assert daemon.deploy(model_name, "r1").status_code == 200
     daemon.stop()
     ports = first.ports
     first.stop()
 
     second = own_triton(root / "repository", ports=ports)  # EXPLICIT mode: loads nothing
-    daemons(store, triton=second, workdir=workdir, log_name="daemon-restarted.log")
+    daemons(store, triton=second, workdir=workdir, log_name="daemon-restarted.log", config=INPLACE)
 
     assert infer_once(second.grpc_url, model_name) == 1.0

@@ -21,6 +21,8 @@ from tests.support.models import (
 from tests.support.tree import snapshot
 
 pytestmark = pytest.mark.triton
+# These tests are about the inplace strategy; blue-green has its own in test_blue_green.py.
+INPLACE = "model_defaults:\n  strategy: inplace\n"
 
 
 def test_deploy_serves_the_release_and_swaps_without_a_failed_request(
@@ -28,7 +30,7 @@ def test_deploy_serves_the_release_and_swaps_without_a_failed_request(
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0)
     write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store)
+    daemon = daemons(store, config=INPLACE)
 
     first = daemon.deploy(model_name, "r1")
     assert first.status_code == 200, first.text
@@ -70,7 +72,7 @@ def serving(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> 
     model = f"refusals-{time.monotonic_ns()}"
     write_scale_release(store, model, "r1", k=1.0)
     write_scale_release(store, model, "r2", k=2.0)
-    daemon = start_daemon(triton=triton, store=store, workdir=workdir)
+    daemon = start_daemon(triton=triton, store=store, workdir=workdir, config=INPLACE)
     try:
         assert daemon.deploy(model, "r1").status_code == 200
         assert daemon.deploy(model, "r2").status_code == 200
@@ -141,7 +143,7 @@ def test_a_failed_first_deploy_leaves_no_model_behind(
     daemons: DaemonFactory, store: Path, model_name: str
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0, fail_init=True)
-    daemon = daemons(store)
+    daemon = daemons(store, config=INPLACE)
 
     response = daemon.deploy(model_name, "r1")
 
@@ -158,7 +160,7 @@ def test_a_second_deploy_of_the_same_model_is_refused_while_one_runs(
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0, init_sleep=3.0)
     write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store)
+    daemon = daemons(store, config=INPLACE)
 
     first = daemon.deploy(model_name, "r1", wait=False)
     second = daemon.deploy(model_name, "r2", wait=False)
@@ -180,7 +182,7 @@ def test_rollback_serves_the_previous_release_and_is_recorded(
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0)
     write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store)
+    daemon = daemons(store, config=INPLACE)
     refused = daemon.post(f"/v1/models/{model_name}/rollback", {"wait": True})
     assert refused.status_code == 404
     assert refused.json()["error"]["code"] == "model_not_found"
@@ -221,7 +223,7 @@ def test_unload_takes_the_model_out_of_triton_and_the_repository(
     daemons: DaemonFactory, store: Path, model_name: str
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0)
-    daemon = daemons(store)
+    daemon = daemons(store, config=INPLACE)
     assert daemon.deploy(model_name, "r1").status_code == 200
 
     response = daemon.post(f"/v1/models/{model_name}/unload", {"wait": True})

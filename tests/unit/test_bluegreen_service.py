@@ -37,7 +37,17 @@ from tests.support.service_views import publish, record
 MODEL = "scale"
 BLUE = "scale__blue"
 GREEN = "scale__green"
-DEPLOY_STEPS = ["resolve", "fetch", "verify", "place", "load", "preflight", "switch", "record"]
+DEPLOY_STEPS = [
+    "resolve",
+    "fetch",
+    "verify",
+    "check",
+    "place",
+    "load",
+    "preflight",
+    "switch",
+    "record",
+]
 BEFORE_PLACE = ["resolve", "fetch", "verify"]
 WARM = 3600.0  # retire window longer than any test: the old slot stays loaded
 SOON = 0.05  # retire window that ends while the test waits
@@ -143,13 +153,14 @@ def retires(service: DeployService) -> list[Operation]:
 
 async def finished_retire(service: DeployService, parts: Parts) -> Operation:
     """The first retire operation, once it has finished and let go of the model."""
-    await until(
-        lambda: any(op.status.finished for op in retires(service))
-        and parts.locks.holder(MODEL) is None,
-        "a retire operation finished",
-    )
-    (done,) = (op for op in retires(service) if op.status.finished)
-    return done
+
+    def done() -> bool:
+        finished = any(op.status.finished for op in retires(service))
+        return finished and parts.locks.holder(MODEL) is None
+
+    await until(done, "a retire operation finished")
+    (retired,) = (op for op in retires(service) if op.status.finished)
+    return retired
 
 
 def republish(parts: Parts, release: str, edit: Callable[[Path], None]) -> None:
@@ -303,7 +314,7 @@ def test_rollback_after_the_retire_window_deploys_again(tmp_path: Path) -> None:
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert op.kind is OperationKind.ROLLBACK
             assert step_names(op)[:3] == BEFORE_PLACE  # from the store again: no re-point
-            assert step_names(op)[-5:] == DEPLOY_STEPS[3:]
+            assert step_names(op)[-6:] == DEPLOY_STEPS[3:]
             assert parts.triton.called("load", BLUE) == 2
             assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
             assert alias_points_at(parts) == BLUE
@@ -387,7 +398,7 @@ def test_third_deploy_frees_the_retiring_slot_first(tmp_path: Path) -> None:
             op = await deploy_and_wait(service, "r3")
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
-            assert step_names(op) == [*BEFORE_PLACE, "free", *DEPLOY_STEPS[3:]]
+            assert step_names(op) == [*BEFORE_PLACE, "check", "free", *DEPLOY_STEPS[4:]]
             assert detail(op, "free") == {"slot": BLUE, "release": "r1"}
             assert parts.triton.called("unload", BLUE) == 1
             assert parts.triton.called("load", BLUE) == 2
@@ -437,7 +448,7 @@ def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
             failed_with(op, "preflight_failed")
             assert op.error is not None
             assert "wrong answer" in op.error.message
-            assert step_names(op) == DEPLOY_STEPS[:6]
+            assert step_names(op) == DEPLOY_STEPS[:7]
             assert step(op, "preflight").status is StepStatus.FAILED
             assert parts.triton.called("load", MODEL) == alias_loads  # never re-pointed
             assert parts.triton.called("unload", GREEN) == 1
@@ -462,7 +473,7 @@ def test_green_that_fails_to_load_is_removed(tmp_path: Path) -> None:
             op = await deploy_and_wait(service, "r2")
 
             failed_with(op, "triton_load_failed")
-            assert step_names(op) == DEPLOY_STEPS[:5]
+            assert step_names(op) == DEPLOY_STEPS[:6]
             assert step(op, "load").status is StepStatus.FAILED
             assert parts.triton.called("load", MODEL) == 1
             assert parts.triton.called("unload", GREEN) == 1
@@ -488,7 +499,7 @@ def test_failed_repoint_is_pointed_back_at_blue(tmp_path: Path) -> None:
             failed_with(op, "triton_load_failed")
             assert op.error is not None
             assert "ensemble broken" in op.error.message
-            assert step_names(op) == DEPLOY_STEPS[:7]
+            assert step_names(op) == DEPLOY_STEPS[:8]
             assert step(op, "switch").status is StepStatus.FAILED
             assert detail(op, "switch")["pointed_back_to"] == BLUE
             # First deploy, the failed re-point onto green, the point-back onto blue.
