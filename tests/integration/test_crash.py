@@ -123,3 +123,35 @@ def test_restarted_triton_gets_the_desired_release_back(
     daemons(store, triton=second, workdir=workdir, log_name="daemon-restarted.log", config=INPLACE)
 
     assert infer_once(second.grpc_url, model_name) == 1.0
+
+
+def test_sigkill_during_a_blue_green_load_leaves_the_alias_on_the_last_good_release(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, tmp_path: Path
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0, init_sleep=4.0)
+    workdir = tmp_path / "state"
+    workdir.mkdir()
+    daemon = daemons(store, workdir=workdir)  # blue-green, the default
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    started = daemon.deploy(model_name, "r2", wait=False)
+    operation_id = started.json()["operation"]["id"]
+    _wait_for_step(daemon, operation_id, "load")
+
+    daemon.kill()
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log")
+
+    assert restarted.staging_leftovers() == []
+    operation = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
+    assert operation["status"] == "interrupted"
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    model = restarted.get(f"/v1/models/{model_name}").json()
+    assert model["active_release"] == "r1"
+    assert model["alias_target"] == f"{model_name}__blue"
+    green = restarted.repository / f"{model_name}__green"
+    deadline = time.monotonic() + 60
+    while green.exists() and time.monotonic() < deadline:  # the unconfirmed slot is retired
+        time.sleep(0.1)
+    assert not green.exists()
+    assert restarted.deploy(model_name, "r2").status_code == 200
+    assert infer_once(triton.grpc_url, model_name) == 2.0
