@@ -64,11 +64,12 @@ def operation_json(op: Operation) -> dict[str, Any]:
 ROLES = {"ACTIVE": "active", "RETIRING": "retiring", "READY": "standby"}
 
 
-def slot_json(slot: Slot) -> dict[str, Any]:
+def slot_json(slot: Slot, triton_state: str | None = None) -> dict[str, Any]:
     return {
         "name": slot.name,
         "role": ROLES.get(slot.state.value, "idle"),
         "state": slot.state.value,
+        "triton_state": triton_state,
         "release": slot.release,
         "trigger": slot.trigger,
         "reason": slot.reason,
@@ -84,7 +85,7 @@ def model_json(view: ModelView) -> dict[str, Any]:
         "strategy": view.strategy,
         "alias_target": view.alias_target,
         "triton": {"state": view.triton_state, "reason": view.triton_reason},
-        "slots": [slot_json(slot) for slot in view.slots],
+        "slots": [slot_json(slot, view.slot_triton_states.get(slot.name)) for slot in view.slots],
         "releases": [{"name": r.name, "complete": r.complete} for r in view.releases],
         "store_error": view.store_error,
         "running_operation": view.running_operation,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.names import validate_model_name
@@ -38,6 +38,7 @@ class ModelView:
     last_operation: Operation | None
     strategy: str = "inplace"
     alias_target: str | None = None  # blue-green: the slot the alias points at
+    slot_triton_states: dict[str, str] = field(default_factory=dict)  # Triton's view of each
 
 
 class StatusService:
@@ -101,7 +102,18 @@ class StatusService:
         policy = self._traffic(model)
         slots = tuple(record.slots) if record else ()
         active = next((s.name for s in slots if s.state is SlotState.ACTIVE), None)
+        triton_states = {
+            slot.name: (
+                "unknown"
+                if index is None
+                else index[slot.name].state
+                if slot.name in index
+                else "UNAVAILABLE"
+            )
+            for slot in slots
+        }
         return ModelView(
+            slot_triton_states=triton_states,
             strategy=policy.strategy.value,
             alias_target=active if policy.strategy is Strategy.BLUE_GREEN else None,
             name=model,

@@ -73,8 +73,8 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
     assert steps[-3:] == ["preflight", "switch", "record"]
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert model["alias_target"] == green
-    roles = {s["name"]: s["role"] for s in model["slots"]}
-    assert roles == {blue: "retiring", green: "active"}
+    roles = {s["name"]: (s["role"], s["triton_state"]) for s in model["slots"]}
+    assert roles == {blue: ("retiring", "READY"), green: ("active", "READY")}
 
     # After the retire window the old slot is unloaded and its dir is gone. (Once its dir is
     # gone, Triton's index stops listing it at all.)
