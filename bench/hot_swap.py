@@ -346,7 +346,12 @@ def started(root: Path, args: argparse.Namespace) -> Iterator[Bench]:
         write_scale_release(root / "store", MODEL, f"r{i}", k=float(i + 1))
     triton = launch_triton(root / "repository", cache_dir=cache_dir(), log_path=root / "triton.log")
     try:
-        daemon = start_daemon(triton=triton, store=root / "store", workdir=root / "daemon")
+        daemon = start_daemon(  # this bench measures inplace swaps; blue_green.py the other
+            triton=triton,
+            store=root / "store",
+            workdir=root / "daemon",
+            config="model_defaults:\n  strategy: inplace\n",
+        )
         try:
             bench = Bench(
                 triton=triton,
