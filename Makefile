@@ -45,6 +45,7 @@ pytest:
 bench: install
 	$(BIN)/python bench/hot_swap.py
 	$(BIN)/python bench/s3_download.py
+	$(BIN)/python bench/blue_green.py
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache

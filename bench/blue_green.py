@@ -18,6 +18,11 @@ costs little on every request. This bench measures those against the real bundle
   in alternating batches from one client and then from N: p50, p99 and the ratios
   alias / direct, the baseline measured in the same run under the same load.
 
+The model's retire window (``--retire-after``, default 3600 s) is longer than a run: no retire
+(drain, unload) then runs beside a measured switch or competes for the model's lock, and every
+rollback is sure to land inside the window. Each deploy pays for that: its ``free`` step unloads
+the release the other slot still held.
+
 Machines are noisy, so the reported numbers are medians over runs of per-run values, with the
 spread across runs. Counts of bad requests are totals over all runs: their target is 0.
 
@@ -342,7 +347,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--batch", type=int, default=100, help="requests per batch, alias overhead (default 100)"
     )
     parser.add_argument(
-        "--batches", type=int, default=10, help="batch pairs per client, alias overhead"
+        "--batches",
+        type=int,
+        default=20,
+        help="batch pairs per client, alias overhead (default 20)",
     )
     parser.add_argument(
         "--retire-after", type=float, default=RETIRE_AFTER, help="the model's retire window (s)"
