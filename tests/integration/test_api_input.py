@@ -35,9 +35,14 @@ def daemon(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture
 def unchanged(daemon: Daemon, triton: RunningTriton) -> Iterator[None]:
     """Whatever the test sends, the repository and what serves stay as they were."""
-    before = snapshot(daemon.repository / MODEL)
+
+    def model_dirs() -> dict[str, dict[str, str]]:  # the alias and its slots
+        return {p.name: snapshot(p) for p in sorted(daemon.repository.glob(f"{MODEL}*"))}
+
+    before = model_dirs()
+    assert len(before) >= 2  # blue-green: the alias dir and the active slot
     yield
-    assert snapshot(daemon.repository / MODEL) == before
+    assert model_dirs() == before
     assert daemon.staging_leftovers() == []
     assert infer_once(triton.grpc_url, MODEL) == 1.0
     assert daemon.get(f"/v1/models/{MODEL}").json()["active_release"] == "r1"

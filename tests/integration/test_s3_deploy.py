@@ -123,6 +123,11 @@ def test_auto_deploy_follows_the_bucket(
     assert operation["release"] == "r2"
 
 
+def _model_dirs(daemon: Daemon, model: str) -> dict[str, dict[str, str]]:
+    """Everything the model has in the repository: its alias and slots, or its inplace dir."""
+    return {path.name: snapshot(path) for path in sorted(daemon.repository.glob(f"{model}*"))}
+
+
 def _listings(proxy: FaultProxy, model: str) -> int:
     """ListObjectsV2 calls over one model's keys: the watcher's scans."""
     return sum(
@@ -156,14 +161,14 @@ def test_a_mismatching_object_is_refused_and_the_serving_release_keeps_serving(
     )
     daemon = _s3_daemon(daemons, tmp_path, moto_endpoint, bucket)
     assert daemon.deploy(model_name, "r2").status_code == 200
-    before = snapshot(daemon.repository / model_name)
+    before = _model_dirs(daemon, model_name)
 
     response = daemon.deploy(model_name, "r3")
 
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "checksum_mismatch"
     assert "1/model.py" in response.json()["error"]["message"]
-    assert snapshot(daemon.repository / model_name) == before
+    assert _model_dirs(daemon, model_name) == before
     assert infer_once(triton.grpc_url, model_name) == 2.0
 
 
@@ -191,7 +196,7 @@ def test_download_faults_are_retried_and_persistent_ones_fail_cleanly(
     assert fault_proxy.gets(model_key) == 5  # four faults, then the good answer
     assert infer_once(triton.grpc_url, model_name) == 1.0
 
-    before = snapshot(daemon.repository / model_name)
+    before = _model_dirs(daemon, model_name)
     fault_proxy.fail_always("503", key=f"{model_name}/r2/1/model.py")
     persistent = daemon.deploy(model_name, "r2")
 
@@ -200,7 +205,7 @@ def test_download_faults_are_retried_and_persistent_ones_fail_cleanly(
     assert error["code"] == "store_unavailable"
     assert "r2/1/model.py" in error["message"]
     assert "attempt" in error["message"]
-    assert snapshot(daemon.repository / model_name) == before
+    assert _model_dirs(daemon, model_name) == before
     assert daemon.staging_leftovers() == []
     assert infer_once(triton.grpc_url, model_name) == 1.0
 
@@ -223,7 +228,7 @@ def test_keys_that_spell_paths_are_refused(
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_release"
     assert ".." in response.json()["error"]["message"]
-    assert not (daemon.repository / model_name).exists()
+    assert _model_dirs(daemon, model_name) == {}
     assert not (daemon.staging.parent / "escape").exists()
 
 

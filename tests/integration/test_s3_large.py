@@ -81,6 +81,6 @@ def test_a_1_gb_release_downloads_in_bounded_memory(
     fetch = next(s for s in response.json()["operation"]["steps"] if s["name"] == "fetch")
     assert fetch["detail"]["bytes"] > GIB
     assert fetch["detail"]["bytes_fetched"] > GIB
-    placed = daemon.repository / model_name / "1" / "weights.bin"
+    placed = daemon.repository / f"{model_name}__blue" / "1" / "weights.bin"  # blue-green
     assert placed.stat().st_size == GIB
     assert infer_once(triton.grpc_url, model_name) == 1.0
