@@ -1,0 +1,68 @@
+"""A tiny HTTP exporter that serves GPU metrics text on loopback.
+
+GPUs cannot exist on these machines, so this is the one fake the project allows: it serves the
+same text format Triton's ``/metrics`` does, with values the test sets.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class GpuExporter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._utilization: dict[str, float] = {}
+        self.failing = False
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if exporter.failing:
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                body = exporter.text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/metrics"
+
+    def set(self, **per_gpu: float) -> None:
+        with self._lock:
+            self._utilization = dict(per_gpu)
+
+    def text(self) -> str:
+        with self._lock:
+            rows = [
+                f'nv_gpu_utilization{{gpu_uuid="{uuid}"}} {value}'
+                for uuid, value in self._utilization.items()
+            ]
+        header = [
+            "# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)",
+            "# TYPE nv_gpu_utilization gauge",
+        ]
+        return "\n".join(header + rows) + "\n"
+
+    def __enter__(self) -> GpuExporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
