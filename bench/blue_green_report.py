@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bench.report import README
+from bench.report import README, replace_section
 
 BEGIN, END = "<!-- blue_green:begin -->", "<!-- blue_green:end -->"
 SLOW_REPOINT_MS = 100.0  # above this a re-point reloaded a composing slot (Triton: ~1.3 s)
@@ -175,10 +175,5 @@ def _with_intro_row(text: str) -> str:
 
 def write_readme(text: str) -> None:
     """Replace the blue_green section of bench/README.md, or append it; and its intro row."""
-    current = README.read_text(encoding="utf-8")
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
+    current = replace_section(README.read_text(encoding="utf-8"), BEGIN, END, text)
     README.write_text(_with_intro_row(current), encoding="utf-8")

@@ -97,11 +97,19 @@ def verdict(runs: list[dict[str, float]]) -> str:
     )
 
 
-def machine(triton: RunningTriton) -> str:
+def host() -> str:
+    """CPUs (and their model), OS and Python: the part of a machine summary every bench shares."""
     cpu = ""
     with contextlib.suppress(OSError):
         found = re.search(r"(?m)^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text())
         cpu = f" ({found.group(1).strip()})" if found else ""
+    return (
+        f"{os.cpu_count()} CPUs{cpu}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def machine(triton: RunningTriton) -> str:
     try:
         client = grpcclient.InferenceServerClient(triton.grpc_url)
         version = client.get_server_metadata(as_json=True, client_timeout=10)["version"]
@@ -110,10 +118,7 @@ def machine(triton: RunningTriton) -> str:
         server = f"Triton {version} bundled in nvidia-pytriton {wheel}, CPU only"
     except Exception:  # a summary line is no reason to fail a bench
         server = "bundled Triton from nvidia-pytriton 0.7.0, CPU only"
-    return (
-        f"{os.cpu_count()} CPUs{cpu}, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, {server}"
-    )
+    return f"{host()}, {server}"
 
 
 def section(args: argparse.Namespace, summary: str, runs: list[dict[str, float]]) -> str:
@@ -136,11 +141,14 @@ def section(args: argparse.Namespace, summary: str, runs: list[dict[str, float]]
 {END}"""
 
 
+def replace_section(current: str, begin: str, end: str, text: str) -> str:
+    """``current`` with the part from ``begin`` to ``end`` replaced by ``text`` (or appended)."""
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        return head + text + rest.split(end, 1)[1]
+    return current.rstrip("\n") + "\n\n" + text + "\n"
+
+
 def write_readme(text: str) -> None:
     current = README.read_text(encoding="utf-8") if README.exists() else INTRO
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
-    README.write_text(current, encoding="utf-8")
+    README.write_text(replace_section(current, BEGIN, END, text), encoding="utf-8")

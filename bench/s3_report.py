@@ -6,17 +6,15 @@ it is judged can be read (and changed) separately. It writes only between its ow
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
-import os
-import platform
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.report import host, replace_section
 
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- s3_download:begin -->", "<!-- s3_download:end -->"
@@ -129,17 +127,10 @@ def verdict(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def machine() -> str:
-    cpu = ""
-    with contextlib.suppress(OSError):
-        found = re.search(r"(?m)^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text())
-        cpu = f" ({found.group(1).strip()})" if found else ""
     versions = ", ".join(
         f"{name} {importlib.metadata.version(name)}" for name in ("boto3", "botocore", "moto")
     )
-    return (
-        f"{os.cpu_count()} CPUs{cpu}, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, {versions}"
-    )
+    return f"{host()}, {versions}"
 
 
 def section(params: Params, summary: str, runs: Sequence[dict[str, Any]]) -> str:
@@ -189,10 +180,5 @@ No Triton and no daemon here: the S3 store adapter against moto's S3 server (not
 
 def write_readme(text: str) -> None:
     """Replace the s3_download section of bench/README.md, or append it; nothing else."""
-    current = README.read_text(encoding="utf-8")
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        current = head + text + rest.split(END, 1)[1]
-    else:
-        current = current.rstrip("\n") + "\n\n" + text + "\n"
+    current = replace_section(README.read_text(encoding="utf-8"), BEGIN, END, text)
     README.write_text(current, encoding="utf-8")

@@ -279,6 +279,11 @@ def load_settings(config_file: Path | None = None) -> Settings:
         raise SettingsError(f"cannot read {config_file}: {exc}") from None
 
 
+def env_name(*path: str) -> str:
+    """The environment variable of a setting: ``CONTROLPLANE_TRITON__GRPC_URL``."""
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
+
+
 def _describe(exc: ValidationError) -> str:
     lines = ["invalid settings:"]
     for error in exc.errors():
@@ -289,13 +294,11 @@ def _describe(exc: ValidationError) -> str:
             # A whole group is missing: name the fields in it that have no default.
             for name, field in group.model_fields.items():
                 if field.is_required():
-                    env = f"{ENV_PREFIX}{loc[0].upper()}__{name.upper()}"
-                    lines.append(f"  {loc[0]}.{name} ({env}): {message}")
+                    lines.append(f"  {loc[0]}.{name} ({env_name(loc[0], name)}): {message}")
             continue
         if loc:
             dotted = ".".join(loc)
-            env = ENV_PREFIX + "__".join(part.upper() for part in loc)
-            lines.append(f"  {dotted} ({env}): {message}")
+            lines.append(f"  {dotted} ({env_name(*loc)}): {message}")
         else:
             lines.append(f"  {message}")
     return "\n".join(lines)
@@ -312,8 +315,7 @@ def render_defaults() -> str:
         out.append("")
         out.append(f"{group_name}:")
         for name, field in group_type.model_fields.items():
-            env = f"{ENV_PREFIX}{group_name.upper()}__{name.upper()}"
-            out.append(f"  # {field.description} [{env}]")
+            out.append(f"  # {field.description} [{env_name(group_name, name)}]")
             if field.is_required():
                 out.append(f"  {name}:  # required")
             else:
@@ -349,9 +351,7 @@ def settings_help() -> str:
     for group_name, group_type in _groups():
         for name, field in group_type.model_fields.items():
             default = "required" if field.is_required() else f"default {_yaml_value(field.default)}"
-            lines.append(
-                f"{ENV_PREFIX}{group_name.upper()}__{name.upper()}: {field.description} ({default})"
-            )
+            lines.append(f"{env_name(group_name, name)}: {field.description} ({default})")
             lines.append("")
     return "\n".join(lines)
 

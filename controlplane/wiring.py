@@ -93,7 +93,7 @@ def build(settings: Settings) -> Container:
         clock=clock,
         locks=locks,
         tasks=tasks,
-        load_slots=asyncio.Semaphore(_load_concurrency(settings, store)),
+        load_slots=asyncio.Semaphore(_load_concurrency(settings, repo)),
         policy=DeployPolicy(
             require_checksums=settings.store.require_checksums,
             unload_timeout=settings.triton.unload_timeout_seconds,
@@ -143,8 +143,10 @@ def build(settings: Settings) -> Container:
     )
 
 
-def _load_concurrency(settings: Settings, store: ModelStore) -> int:
+def _load_concurrency(settings: Settings, repo: SqliteStateRepo) -> int:
+    """min(CPU cores, 2 x managed models): the models the database knows, so start-up needs
+    no listing of a store that may be remote (or down)."""
     if settings.triton.max_concurrent_loads is not None:
         return settings.triton.max_concurrent_loads
-    models = max(1, len(store.list_models()))
+    models = max(1, len(repo.list_models()))
     return max(1, min(os.cpu_count() or 1, 2 * models))

@@ -19,6 +19,8 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── OperationNotFound      operation_not_found
     │   ├── NoPreviousRelease      no_previous_release
     │   ├── InvalidTransition      invalid_transition
+    │   ├── PreflightFailed        preflight_failed  (smoke inference failed or answered wrong)
+    │   ├── UnsupportedByAlias     strategy_unsupported (blue-green cannot front the model)
     │   ├── StagingFailed          staging_failed
     │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
@@ -111,6 +113,14 @@ class NoPreviousRelease(PermanentError):
 
 class InvalidTransition(PermanentError):
     code = "invalid_transition"
+
+
+class PreflightFailed(PermanentError):
+    code = "preflight_failed"
+
+
+class UnsupportedByAlias(PermanentError):
+    code = "strategy_unsupported"
 
 
 class StagingFailed(PermanentError):

@@ -18,17 +18,13 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from controlplane.domain.errors import PermanentError
+from controlplane.domain.errors import PreflightFailed
 
 SMOKE_NAME = "smoke.json"
 DATATYPES = frozenset(
     {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
     | {"FP16", "FP32", "FP64", "BYTES"}
 )
-
-
-class PreflightFailed(PermanentError):
-    code = "preflight_failed"
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from controlplane.domain.errors import PermanentError
+from controlplane.domain.errors import UnsupportedByAlias
 
 
 class Strategy(StrEnum):
     BLUE_GREEN = "blue-green"
     INPLACE = "inplace"
-
-
-class UnsupportedByAlias(PermanentError):
-    code = "strategy_unsupported"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from controlplane.ports import (
     Triton,
 )
 from controlplane.services.prepare import prepare_release
-from controlplane.services.slots import SlotBook
+from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -280,11 +280,7 @@ class BlueGreen:
         tracker.detail(target=str(slot_config.get("name")))
 
     async def _remove_alias(self, model: str) -> None:
-        try:
-            await self._d.triton.unload(model)
-            await self._d.triton.wait_unavailable(model, self._d.unload_timeout)
-        except ControlPlaneError as exc:
-            log.warning("could not unload alias %s: %s", model, exc)
+        await unload_best_effort(self._d.triton, model, self._d.unload_timeout)
         await asyncio.to_thread(self._d.staging.remove, model)
 
     async def _alias_config(self, model: str) -> dict[str, Any] | None:
@@ -316,11 +312,7 @@ class BlueGreen:
         """Unload a slot (best effort), wait for UNAVAILABLE, remove its dir."""
         if slot.state in (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING):
             slot = self._slots.move(slot, "UNLOADING", trigger, reason, model=model)
-        try:
-            await self._d.triton.unload(slot.name)
-            await self._d.triton.wait_unavailable(slot.name, self._d.unload_timeout)
-        except ControlPlaneError as exc:
-            log.warning("could not unload slot %s: %s", slot.name, exc)
+        await unload_best_effort(self._d.triton, slot.name, self._d.unload_timeout)
         await asyncio.to_thread(self._d.staging.remove, slot.name)
         return self._slots.observe(
             model, SlotState.UNAVAILABLE, None, f"{reason}; unloaded", slot_name=slot.name

@@ -44,7 +44,7 @@ from controlplane.ports import (
 from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.prepare import prepare_release
-from controlplane.services.slots import SlotBook
+from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -378,7 +378,7 @@ class DeployService:
                         self._slots.move(slot, "ACTIVE", op.trigger, f"reload failed: {exc.code}")
                     else:
                         self._slots.move(slot, "FAILED", op.trigger, exc.message[:500])
-                        await self._forget_failed(model)
+                        await unload_best_effort(self._triton, model, self._policy.unload_timeout)
                         self._slots.move(self._slots.get(model), "ABSENT", op.trigger, exc.code)
                     if exc is raised:
                         raise
@@ -400,14 +400,6 @@ class DeployService:
                 self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}")
             await asyncio.to_thread(self._staging.discard, context.placement)
             tracker.detail(active=release, previous=previous)
-
-    async def _forget_failed(self, model: str) -> None:
-        """After a first load failed: make Triton drop the model (best effort)."""
-        try:
-            await self._triton.unload(model)
-            await self._triton.wait_unavailable(model, self._policy.unload_timeout)
-        except ControlPlaneError as exc:
-            log.warning("could not unload failed model %s: %s", model, exc)
 
     # --- unload -----------------------------------------------------------------------
 

@@ -115,7 +115,7 @@ class Reconciler:
     ) -> None:
         if self._blue_green is not None and self._staging.is_alias_dir(model):
             outcome = await self._blue_green.converge(model, desired, index)
-            if outcome in ("redeployed",):
+            if outcome == "redeployed":
                 report.redeployed.append(model)
             elif outcome == "re-pointed":
                 report.loaded.append(model)

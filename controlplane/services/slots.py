@@ -6,9 +6,13 @@ Under the ``inplace`` strategy a model has one slot, named after the model itsel
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.slots import Slot, SlotState, absent, observe, transition
-from controlplane.ports import Clock, StateRepo
+from controlplane.ports import Clock, StateRepo, Triton
+
+log = logging.getLogger(__name__)
 
 
 class SlotBook:
@@ -73,3 +77,14 @@ class SlotBook:
         seen = observe(slot, state, release=release, at=self._clock.now(), reason=reason)
         self._repo.save_slot(model, seen)
         return seen
+
+
+async def unload_best_effort(triton: Triton, name: str, timeout: float) -> bool:
+    """Unload ``name`` and wait for UNAVAILABLE; log instead of raising (clean-up paths)."""
+    try:
+        await triton.unload(name)
+        await triton.wait_unavailable(name, timeout)
+    except ControlPlaneError as exc:
+        log.warning("could not unload %s: %s", name, exc)
+        return False
+    return True

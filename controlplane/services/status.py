@@ -92,26 +92,17 @@ class StatusService:
             releases = ()
         except ControlPlaneError as exc:
             store_error = str(exc)
+        triton_state = _seen_by_triton(index, model)
         if index is None:
-            triton_state, reason = "unknown", "Triton is unreachable"
+            reason = "Triton is unreachable"
         else:
             entry = index.get(model)
-            triton_state = entry.state if entry else "UNAVAILABLE"
             reason = entry.reason if entry else "not in Triton's repository index"
         operations = self._repo.list_operations(model, limit=1)
         policy = self._traffic(model)
         slots = tuple(record.slots) if record else ()
         active = next((s.name for s in slots if s.state is SlotState.ACTIVE), None)
-        triton_states = {
-            slot.name: (
-                "unknown"
-                if index is None
-                else index[slot.name].state
-                if slot.name in index
-                else "UNAVAILABLE"
-            )
-            for slot in slots
-        }
+        triton_states = {slot.name: _seen_by_triton(index, slot.name) for slot in slots}
         return ModelView(
             slot_triton_states=triton_states,
             strategy=policy.strategy.value,
@@ -127,3 +118,11 @@ class StatusService:
             running_operation=self._locks.holder(model),
             last_operation=operations[0] if operations else None,
         )
+
+
+def _seen_by_triton(index: dict[str, IndexEntry] | None, name: str) -> str:
+    """Triton's state of ``name``: "unknown" when Triton is unreachable."""
+    if index is None:
+        return "unknown"
+    entry = index.get(name)
+    return entry.state if entry else "UNAVAILABLE"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions
 from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
 
@@ -29,15 +29,6 @@ def _config(model: str, retire_after: float) -> str:
 def _index(triton: RunningTriton) -> dict[str, str]:
     rows = httpx.post(f"{triton.http_url}/v2/repository/index", timeout=10).json()
     return {row["name"]: row["state"] for row in rows}
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def _with_smoke(release_dir: Path, expected: float) -> None:
@@ -78,7 +69,7 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
 
     # After the retire window the old slot is unloaded and its dir is gone. (Once its dir is
     # gone, Triton's index stops listing it at all.)
-    _wait(lambda: not (daemon.repository / blue).exists(), 60, "blue's dir removed")
+    eventually(lambda: not (daemon.repository / blue).exists(), 60, "blue's dir removed")
     assert _index(triton).get(blue, "UNAVAILABLE") == "UNAVAILABLE"
     slots = {s["name"]: s["state"] for s in daemon.get(f"/v1/models/{model_name}").json()["slots"]}
     assert slots[blue] == "UNAVAILABLE"

@@ -13,6 +13,7 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
+from tests.support.polling import eventually
 from tests.support.tree import snapshot
 
 pytestmark = pytest.mark.triton
@@ -149,9 +150,6 @@ def test_sigkill_during_a_blue_green_load_leaves_the_alias_on_the_last_good_rele
     assert model["active_release"] == "r1"
     assert model["alias_target"] == f"{model_name}__blue"
     green = restarted.repository / f"{model_name}__green"
-    deadline = time.monotonic() + 60
-    while green.exists() and time.monotonic() < deadline:  # the unconfirmed slot is retired
-        time.sleep(0.1)
-    assert not green.exists()
+    eventually(lambda: not green.exists(), 60, "the unconfirmed slot retired")
     assert restarted.deploy(model_name, "r2").status_code == 200
     assert infer_once(triton.grpc_url, model_name) == 2.0

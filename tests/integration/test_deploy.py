@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,9 +117,8 @@ def _no_checksums(store: Path, model: str) -> str:
     ids=["checksum-mismatch", "broken-config", "fails-initialize", "missing", "no-checksums"],
 )
 def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
-    serving: Serving, make_release: object, status: int, code: str, says: str
+    serving: Serving, make_release: Callable[[Path, str], str], status: int, code: str, says: str
 ) -> None:
-    assert callable(make_release)
     release = make_release(serving.store, serving.model)
     model_dir = serving.daemon.repository / serving.model
     before = snapshot(model_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,13 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
-from tests.support.s3 import FaultProxy, upload_release, upload_release_dir
+from tests.support.polling import eventually
+from tests.support.s3 import FaultProxy, aws_env, upload_release, upload_release_dir
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
 from tests.support.tree import snapshot
 
 pytestmark = pytest.mark.triton
 PREFIX = "models"
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 def _s3_daemon(
@@ -39,19 +34,9 @@ def _s3_daemon(
     return daemons(
         tmp_path,  # unused local store path; the URI below replaces it
         store_uri=f"s3://{bucket}/{PREFIX}",
-        extra_env={**AWS, "AWS_ENDPOINT_URL_S3": endpoint},
+        extra_env=aws_env(endpoint),
         config=config,
     )
-
-
-def _eventually(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll `check` until it holds; return how long that took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if check():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def _answers(triton: RunningTriton, model: str, expected: float) -> Callable[[], bool]:
@@ -86,7 +71,7 @@ def test_auto_deploy_follows_the_bucket(
 
     r1 = write_scale_release(releases, model_name, "r1", k=1.0)
     upload_release_dir(client, bucket, PREFIX, r1)  # files, then SHA256SUMS last
-    waited = _eventually(_answers(triton, model_name, 1.0), 60, "r1 serving")
+    waited = eventually(_answers(triton, model_name, 1.0), 60, "r1 serving")
     # Within a poll interval plus the load (about 1.5 s here), with slack for a 2-core CI box.
     assert waited < poll + 15
 
@@ -95,7 +80,7 @@ def test_auto_deploy_follows_the_bucket(
         key = f"{PREFIX}/{model_name}/r2/{path.relative_to(r2).as_posix()}"
         client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
     # Several scans later, the incomplete r2 is known but nothing was deployed.
-    _eventually(
+    eventually(
         lambda: any(
             r["name"] == "r2" and not r["complete"]
             for r in daemon.get(f"/v1/models/{model_name}").json()["releases"]
@@ -104,7 +89,7 @@ def test_auto_deploy_follows_the_bucket(
         "r2 listed as incomplete",
     )
     scans_before = _listings(fault_proxy, model_name)
-    _eventually(
+    eventually(
         lambda: _listings(fault_proxy, model_name) >= scans_before + 3,
         30,
         "three more scans",
@@ -117,7 +102,7 @@ def test_auto_deploy_follows_the_bucket(
         Key=f"{PREFIX}/{model_name}/r2/SHA256SUMS",
         Body=(r2 / "SHA256SUMS").read_bytes(),
     )
-    _eventually(_answers(triton, model_name, 2.0), 60, "r2 serving")
+    eventually(_answers(triton, model_name, 2.0), 60, "r2 serving")
     operation = daemon.get(f"/v1/operations?model={model_name}&limit=1").json()["operations"][0]
     assert operation["trigger"] == "watcher"
     assert operation["release"] == "r2"

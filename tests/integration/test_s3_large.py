@@ -13,7 +13,7 @@ from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release, write_sha256sums
-from tests.support.s3 import s3_client
+from tests.support.s3 import aws_env, s3_client
 from tests.support.s3_fixtures import moto_endpoint, s3_bucket  # noqa: F401
 
 pytestmark = pytest.mark.triton
@@ -61,13 +61,7 @@ def test_a_1_gb_release_downloads_in_bounded_memory(
     daemon = daemons(
         tmp_path,
         store_uri=f"s3://{bucket}/models",
-        extra_env={
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL_S3": moto_endpoint,
-            "CONTROLPLANE_TRITON__LOAD_TIMEOUT_SECONDS": "600",
-        },
+        extra_env={**aws_env(moto_endpoint), "CONTROLPLANE_TRITON__LOAD_TIMEOUT_SECONDS": "600"},
     )
     pid = daemon.process.pid
     before_kib = _status_kib(pid, "VmRSS")

@@ -33,6 +33,7 @@ from tests.support.s3 import (
     FaultKind,
     FaultProxy,
     SeenRequest,
+    aws_env,
     s3_client,
     sha256sums,
     upload_release,
@@ -424,10 +425,8 @@ def test_the_store_builds_its_client_from_the_environment(
     direct: Any, bucket: str, endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     upload_release(direct, bucket, PREFIX, "m", "v1", {"a": b"1"})
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in aws_env(endpoint).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.delenv("AWS_PROFILE", raising=False)

@@ -30,12 +30,13 @@ from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.domain.errors import (
     ControlPlaneError,
+    PreflightFailed,
     TritonError,
     TritonLoadFailed,
     TritonTimeout,
     TritonUnavailable,
 )
-from controlplane.domain.smoke import PreflightFailed, SmokeSample
+from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import TrafficPolicy
 from controlplane.ports import Clock, IndexEntry, MetricsSource, Triton
 from controlplane.services.coordination import ModelLocks, TaskOwner

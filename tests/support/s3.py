@@ -60,6 +60,16 @@ def _session() -> Any:
     )
 
 
+def aws_env(endpoint: str) -> dict[str, str]:
+    """The environment a process needs to reach ``endpoint`` through boto3's own chain."""
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+    }
+
+
 def s3_client(endpoint: str, *, max_pool_connections: int = 16, read_timeout: float = 10.0) -> Any:
     """A boto3 S3 client for ``endpoint`` with dummy credentials and botocore retries off.
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.filesystems import other_filesystem  # noqa: F401  (a fixture)
+
 _INET = (socket.AF_INET, socket.AF_INET6)
 
 

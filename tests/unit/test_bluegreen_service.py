@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,11 @@ def blue_green(retire_after: float = WARM, drain_timeout: float = 1.0) -> Traffi
     return TrafficPolicy(
         strategy=Strategy.BLUE_GREEN, retire_after=retire_after, drain_timeout=drain_timeout
     )
+
+
+def bg_service(tmp_path: Path) -> AbstractAsyncContextManager[tuple[DeployService, Parts]]:
+    """A blue-green DeployService with the default test policy and metrics nobody set."""
+    return deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics())
 
 
 class SmokeRecordingTriton(FakeTriton):
@@ -190,10 +196,7 @@ def ship_smoke(text: str) -> Callable[[Path], None]:
 
 def test_first_deploy_loads_blue_and_points_the_alias_at_it(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             write_scale_release(parts.store_path, MODEL, "r1", k=1.0, config_name="renamed-me")
 
             op = await deploy_and_wait(service, "r1")
@@ -238,10 +241,7 @@ def test_first_deploy_loads_blue_and_points_the_alias_at_it(tmp_path: Path) -> N
 
 def test_second_deploy_goes_to_green_and_keeps_blue_warm(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
 
@@ -269,10 +269,7 @@ def test_second_deploy_goes_to_green_and_keeps_blue_warm(tmp_path: Path) -> None
 
 def test_rollback_inside_the_retire_window_is_one_repoint(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1", "r2")
             loads_before = slot_loads(parts)
@@ -387,10 +384,7 @@ def test_drain_gives_up_at_its_timeout_and_unloads_anyway(tmp_path: Path) -> Non
 
 def test_third_deploy_frees_the_retiring_slot_first(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2", "r3")
             await deployed(service, "r1", "r2")
             assert slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
@@ -434,10 +428,7 @@ def assert_blue_serves_r1(parts: Parts) -> None:
 
 def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
             alias_loads = parts.triton.called("load", MODEL)
@@ -462,10 +453,7 @@ def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
 
 def test_green_that_fails_to_load_is_removed(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
             parts.triton.script_load(GREEN, LoadFails("initialize failed on purpose"))
@@ -486,10 +474,7 @@ def test_green_that_fails_to_load_is_removed(tmp_path: Path) -> None:
 
 def test_failed_repoint_is_pointed_back_at_blue(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
             parts.triton.script_load(MODEL, LoadFails("ensemble broken"))
@@ -514,10 +499,7 @@ def test_failed_repoint_is_pointed_back_at_blue(tmp_path: Path) -> None:
 
 def test_wrong_answer_through_the_alias_is_pointed_back(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
             parts.triton.smoke_failures[MODEL] = "alias answers wrong"
@@ -549,10 +531,7 @@ def test_release_an_alias_cannot_front_is_refused_before_placing(
     tmp_path: Path, addition: str, kind: str
 ) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             republish(parts, "r1", append_to_config(addition))
 
             op = await deploy_and_wait(service, "r1")
@@ -601,10 +580,7 @@ def test_shipped_smoke_sample_is_used_for_the_preflight(tmp_path: Path) -> None:
 
 def test_malformed_smoke_sample_fails_the_deploy(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1")
             republish(parts, "r2", ship_smoke('{"inputs": {"INPUT0": {"datatype": "FP32"'))
             await deployed(service, "r1")
@@ -628,10 +604,7 @@ def test_malformed_smoke_sample_fails_the_deploy(tmp_path: Path) -> None:
 
 def test_unload_takes_down_the_alias_and_both_slots(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with deploy_service(tmp_path, traffic=blue_green(), metrics=FakeMetrics()) as (
-            service,
-            parts,
-        ):
+        async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1", "r2")
 

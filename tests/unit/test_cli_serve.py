@@ -7,10 +7,8 @@ happens before the daemon binds a port or reaches Triton, so nothing is left run
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,18 +33,6 @@ def serve(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
-
-
-@pytest.fixture
-def shm_staging(tmp_path: Path) -> Iterator[Path]:
-    shm = Path("/dev/shm")
-    if os.environ.get("CI"):
-        assert shm.is_dir(), "CI must provide /dev/shm to test the different-filesystem check"
-    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
-        pytest.skip("no second filesystem (/dev/shm) beside tmp_path")
-    path = shm / f"controlplane-unit-{os.getpid()}-{tmp_path.name}" / "staging"
-    yield path
-    shutil.rmtree(path.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +74,11 @@ def test_an_invalid_port(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_staging_on_another_filesystem(tmp_path: Path, shm_staging: Path) -> None:
+def test_staging_on_another_filesystem(
+    tmp_path: Path,
+    other_filesystem: Path,
+) -> None:
+    shm_staging = other_filesystem / "staging"
     env = clean_env(
         CONTROLPLANE_REPOSITORY__PATH=str(tmp_path / "root" / "repository"),
         CONTROLPLANE_STAGING__PATH=str(shm_staging),

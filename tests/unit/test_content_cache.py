@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 from controlplane.adapters.staging.cache import ContentCache
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.domain.checksums import FileDigest
-from controlplane.domain.operations import Trigger
+from controlplane.domain.operations import Operation, Trigger
 from tests.support.fakes import deploy_service
 from tests.support.models import write_scale_release
 
 
-def _fetch_detail(operation_steps: object) -> dict[str, object]:
-    assert isinstance(operation_steps, tuple)
-    fetch = next(step for step in operation_steps if step.name == "fetch")
+def _fetch_detail(operation: Operation) -> dict[str, object]:
+    fetch = next(step for step in operation.steps if step.name == "fetch")
     return dict(fetch.detail)
 
 
@@ -27,7 +27,7 @@ def test_files_two_releases_share_are_linked_from_the_cache(tmp_path: Path) -> N
             write_scale_release(parts.store_path, "m", "r2", k=1.0)
             first = await service.wait((await service.deploy("m", "r1", trigger=Trigger.API)).id)
             second = await service.wait((await service.deploy("m", "r2", trigger=Trigger.API)).id)
-            one, two = _fetch_detail(first.steps), _fetch_detail(second.steps)
+            one, two = _fetch_detail(first), _fetch_detail(second)
             assert one["files_cached"] == 0
             assert one["bytes_fetched"] == one["bytes"]
             assert two["files_cached"] == 2  # config.pbtxt and 1/model.py
@@ -76,6 +76,4 @@ def test_start_up_clean_keeps_the_cache(tmp_path: Path) -> None:
 
 
 def _sha(path: Path) -> str:
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest()

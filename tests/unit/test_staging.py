@@ -6,9 +6,6 @@ import errno
 import hashlib
 import importlib.util
 import logging
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,25 +66,6 @@ def staged(area: StagingArea, operation_id: str, files: dict[str, bytes]) -> Pat
     return write_tree(area.release_dir(area.create(operation_id)), files)
 
 
-def other_filesystem(tmp_path: Path) -> Path | None:
-    shm = Path("/dev/shm")
-    if os.environ.get("CI"):
-        assert shm.is_dir(), "CI must provide /dev/shm to test the different-filesystem check"
-    if shm.is_dir() and os.access(shm, os.W_OK) and shm.stat().st_dev != tmp_path.stat().st_dev:
-        return shm
-    return None
-
-
-@pytest.fixture
-def shm_dir(tmp_path: Path) -> Iterator[Path]:
-    shm = other_filesystem(tmp_path)
-    if shm is None:
-        pytest.skip("no second filesystem (/dev/shm) beside tmp_path")
-    path = shm / f"controlplane-unit-{os.getpid()}-{tmp_path.name}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 # --- check --------------------------------------------------------------------------------
 
 
@@ -113,8 +91,10 @@ def test_check_refuses_staging_equal_to_the_repository(tmp_path: Path) -> None:
         StagingArea(tmp_path / "repository", tmp_path / "repository").check()
 
 
-def test_check_refuses_staging_on_another_filesystem(tmp_path: Path, shm_dir: Path) -> None:
-    area = StagingArea(tmp_path / "repository", shm_dir)
+def test_check_refuses_staging_on_another_filesystem(
+    tmp_path: Path, other_filesystem: Path
+) -> None:
+    area = StagingArea(tmp_path / "repository", other_filesystem)
     with pytest.raises(StagingFailed) as caught:
         area.check()
     assert caught.value.code == "staging_failed"

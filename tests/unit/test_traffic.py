@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from controlplane.domain.errors import PermanentError
-from controlplane.domain.smoke import SMOKE_NAME, PreflightFailed, SmokeTensor, parse_smoke
+from controlplane.domain.errors import PermanentError, PreflightFailed, UnsupportedByAlias
+from controlplane.domain.smoke import SMOKE_NAME, SmokeTensor, parse_smoke
 from controlplane.domain.traffic import (
     Strategy,
     TrafficPolicy,
-    UnsupportedByAlias,
     alias_config,
     alias_target,
     check_aliasable,

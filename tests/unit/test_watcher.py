@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controlplane.domain.operations import OperationStatus, Trigger
+from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fakes import LoadFails, Parts, deploy_service
 from tests.support.models import write_scale_release, write_sha256sums
@@ -14,10 +15,7 @@ from tests.support.models import write_scale_release, write_sha256sums
 Policy = Callable[[str], bool]
 
 
-def _watcher(service: object, parts: Parts, auto_deploy: Policy) -> ReleaseWatcher:
-    from controlplane.services.deploy import DeployService
-
-    assert isinstance(service, DeployService)
+def _watcher(service: DeployService, parts: Parts, auto_deploy: Policy) -> ReleaseWatcher:
     return ReleaseWatcher(
         store=parts.store,
         deploy=service,
@@ -30,11 +28,8 @@ def _watcher(service: object, parts: Parts, auto_deploy: Policy) -> ReleaseWatch
     )
 
 
-async def _settle(watcher_result_ops: list[str], service: object) -> list[OperationStatus]:
-    from controlplane.services.deploy import DeployService
-
-    assert isinstance(service, DeployService)
-    return [(await service.wait(op)).status for op in watcher_result_ops]
+async def _settle(operation_ids: list[str], service: DeployService) -> list[OperationStatus]:
+    return [(await service.wait(op)).status for op in operation_ids]
 
 
 def test_without_auto_deploy_new_releases_are_only_recorded(tmp_path: Path) -> None:

@@ -26,13 +26,14 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from controlplane.adapters.triton.preflight import check_outputs, generated_inputs, sample_inputs
 from controlplane.domain.errors import (
     ControlPlaneError,
+    PreflightFailed,
     TransientError,
     TritonError,
     TritonLoadFailed,
     TritonTimeout,
     TritonUnavailable,
 )
-from controlplane.domain.smoke import PreflightFailed, SmokeSample
+from controlplane.domain.smoke import SmokeSample
 from controlplane.ports import IndexEntry
 
 T = TypeVar("T")

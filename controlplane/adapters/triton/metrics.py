@@ -20,37 +20,34 @@ class TritonMetrics:
         self._client = httpx.AsyncClient(timeout=timeout, trust_env=False)
 
     async def pending_requests(self, model: str) -> int | None:
-        try:
-            response = await self._client.get(self._url)
-            response.raise_for_status()
-        except httpx.HTTPError:
+        samples = await self._scrape(PENDING)
+        if samples is None:
             return None
-        total = 0.0
-        for family in text_string_to_metric_families(response.text):
-            if family.name != PENDING:
-                continue
-            for sample in family.samples:
-                if sample.labels.get("model") == model:
-                    total += sample.value
-        return int(total)
+        return int(sum(value for labels, value in samples if labels.get("model") == model))
 
     async def gpu_utilization(self) -> dict[str, float] | None:
         """Utilisation per GPU (``gpu_uuid`` -> ratio); None when the scrape failed.
 
         An empty dict means Triton answered but exports no GPU (no NVML, or CPU only).
         """
+        samples = await self._scrape(GPU_UTILIZATION)
+        if samples is None:
+            return None
+        return {labels.get("gpu_uuid", ""): value for labels, value in samples}
+
+    async def _scrape(self, metric: str) -> list[tuple[dict[str, str], float]] | None:
+        """(labels, value) of every sample of ``metric``; None when the scrape failed."""
         try:
             response = await self._client.get(self._url)
             response.raise_for_status()
         except httpx.HTTPError:
             return None
-        per_gpu: dict[str, float] = {}
-        for family in text_string_to_metric_families(response.text):
-            if family.name != GPU_UTILIZATION:
-                continue
-            for sample in family.samples:
-                per_gpu[sample.labels.get("gpu_uuid", "")] = float(sample.value)
-        return per_gpu
+        return [
+            (dict(sample.labels), float(sample.value))
+            for family in text_string_to_metric_families(response.text)
+            if family.name == metric
+            for sample in family.samples
+        ]
 
     async def close(self) -> None:
         await self._client.aclose()

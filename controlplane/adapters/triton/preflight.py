@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.domain.smoke import PreflightFailed, SmokeSample
+from controlplane.domain.errors import PreflightFailed
+from controlplane.domain.smoke import SmokeSample
 
 _NUMPY = {
     "BOOL": np.bool_,

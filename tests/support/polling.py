@@ -1,0 +1,16 @@
+"""Waiting for what a test caused to become true: poll with a deadline, never sleep-and-hope."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def eventually(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> float:
+    """Poll ``check`` until it holds; return how long that took, or fail naming ``what``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        time.sleep(every)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
