@@ -13,9 +13,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.operations import Operation
 from controlplane.domain.releases import ReleaseInfo
+from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.domain.smoke import SmokeSample
 
@@ -222,6 +224,17 @@ class MetricsSource(Protocol):
     async def close(self) -> None: ...
 
 
+class UtilizationSource(Protocol):
+    """GPU utilisation for the overload watcher: Triton's /metrics or a Prometheus query."""
+
+    async def gpu_utilization(self) -> dict[str, float] | None:
+        """Utilisation per GPU (or per series); ``{}`` when there is none, None when the
+        source could not be read (the watcher then holds: unknown)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 # --- persistence --------------------------------------------------------------------------
 
 
@@ -260,6 +273,26 @@ class StateRepo(Protocol):
     def list_operations(self, model: str | None = None, limit: int = 20) -> list[Operation]: ...
 
     def unfinished_operations(self) -> list[Operation]: ...
+
+    def save_rollback(self, record: RollbackRecord) -> None: ...
+
+    def last_rollback(self, model: str) -> RollbackRecord | None: ...
+
+    def count_suppressed(self, rollback_id: str) -> None:
+        """One more trigger was held back by the cooldown after this rollback."""
+        ...
+
+    def mark_degraded(self, latch: DegradedRelease) -> None: ...
+
+    def clear_degraded(self, model: str, release: str) -> bool: ...
+
+    def degraded(self, model: str) -> list[DegradedRelease]: ...
+
+    def record_alert(self, alert: Alert, at: datetime) -> Receipt:
+        """Store one receipt of an alert, deduped on (fingerprint, startsAt)."""
+        ...
+
+    def list_alerts(self, limit: int = 50) -> list[AlertRecord]: ...
 
 
 # --- time ---------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from pydantic_settings import (
 )
 
 from controlplane.domain.errors import InvalidName
-from controlplane.domain.names import validate_model_name
+from controlplane.domain.evaluator import check_threshold
+from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -172,6 +173,97 @@ class ModelPolicy(_Group):
     fallback_release: str | None = Field(
         None, description="Release to go back to on trouble; default: the previous good one."
     )
+    auto_rollback: bool = Field(
+        True,
+        description="Roll back by itself on GPU overload (watcher or alert); the runbook route "
+        "POST /api/v1/model/reload acts either way.",
+    )
+
+    @field_validator("fallback_release")
+    @classmethod
+    def _release_name(cls, release: str | None) -> str | None:
+        if release is not None:
+            try:
+                validate_release_name(release)
+            except InvalidName as exc:
+                raise ValueError(exc.message) from None
+        return release
+
+
+class RollbackSettings(_Group):
+    source: Literal["triton", "prometheus", "none"] = Field(
+        "triton",
+        description="Where the overload watcher reads GPU utilisation: triton (its /metrics, "
+        "no Prometheus needed), prometheus (an instant query) or none (alerts only).",
+    )
+    metrics_url: str | None = Field(
+        None, description="source triton: the /metrics to scrape. Default: triton.metrics_url."
+    )
+    prometheus_url: str | None = Field(
+        None, description="source prometheus: base URL of Prometheus, e.g. http://prometheus:9090."
+    )
+    query: str = Field(
+        "nv_gpu_utilization",
+        description="source prometheus: PromQL giving GPU utilisation, one series per GPU.",
+    )
+    unit: Literal["ratio", "percent"] = Field(
+        "ratio",
+        description="Unit of the samples and of the threshold: ratio in [0, 1] (Triton's "
+        "nv_gpu_utilization) or percent (e.g. DCGM_FI_DEV_GPU_UTIL).",
+    )
+    threshold: float = Field(
+        0.95, gt=0, description="Overload: every sample in the window above this (in unit)."
+    )
+    window_seconds: float = Field(
+        10.0, gt=0, description="How long utilisation must stay above the threshold."
+    )
+    interval_seconds: float = Field(
+        1.0, gt=0, description="How often the watcher samples; gaps over 2x this hold (unknown)."
+    )
+    aggregate: Literal["any", "all", "mean"] = Field(
+        "any",
+        description="Several GPUs: any (the hottest breaches), all (every one must), or mean.",
+    )
+    cooldown_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="After an automatic rollback, further triggers on that model "
+        "are counted, not acted on, for this long.",
+    )
+    fallback_budget_seconds: float = Field(
+        3.0, gt=0, description="Time for the fallback release to serve before the CPU step."
+    )
+    cpu_budget_seconds: float = Field(
+        2.0, gt=0, description="Time for the CPU-only reload before the rollback is failed."
+    )
+    alert_label: str = Field(
+        "model",
+        pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="Alert label naming the model to roll back; alerts without it act on every "
+        "model that has a fallback.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RollbackSettings:
+        try:
+            check_threshold(self.threshold, unit=self.unit)
+        except ValueError as exc:
+            raise ValueError(f"rollback.threshold: {exc}") from None
+        if self.source == "triton" and self.unit != "ratio":
+            raise ValueError(
+                "rollback.unit is percent, but Triton exports nv_gpu_utilization as a ratio in "
+                "[0, 1]: use unit ratio (threshold 0.95 for 95 %), or source prometheus"
+            )
+        if self.source == "prometheus" and not self.prometheus_url:
+            raise ValueError(
+                "rollback.source is prometheus but rollback.prometheus_url is not set "
+                "(CONTROLPLANE_ROLLBACK__PROMETHEUS_URL, e.g. http://prometheus:9090)"
+            )
+        return self
+
+    @property
+    def threshold_ratio(self) -> float:
+        return self.threshold / 100 if self.unit == "percent" else self.threshold
 
 
 class LogSettings(_Group):
@@ -189,6 +281,7 @@ class Settings(BaseSettings):
     store: StoreSettings
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    rollback: RollbackSettings = Field(default_factory=RollbackSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
     models: dict[str, ModelPolicy] = Field(

@@ -16,10 +16,14 @@ from controlplane.adapters.stores.local_watch import watch_local_store
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
-from controlplane.ports import ModelStore
+from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
+from controlplane.ports import ModelStore, UtilizationSource
+from controlplane.services.alerts import AlertReceiver
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployPolicy, DeployService
+from controlplane.services.overload import OverloadWatcher
 from controlplane.services.reconcile import Reconciler
+from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from controlplane.services.status import StatusService
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
@@ -40,12 +44,18 @@ class Container:
     watcher: ReleaseWatcher
     store: ModelStore
     metrics: TritonMetrics
+    rollback: AutoRollback
+    alerts: AlertReceiver
+    overload: OverloadWatcher | None
+    utilization: UtilizationSource | None
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
     async def close(self) -> None:
         await self.tasks.close()
         await self.triton.close()
         await self.metrics.close()
+        if self.utilization is not None:
+            await self.utilization.close()
         self.store.close()
         self.repo.close()
 
@@ -110,8 +120,46 @@ def build(settings: Settings) -> Container:
         unload_timeout=settings.triton.unload_timeout_seconds,
         traffic=settings.traffic,
     )
+    rollback = AutoRollback(
+        deploy=deploy,
+        repo=repo,
+        clock=clock,
+        budgets=RollbackBudgets(
+            fallback=settings.rollback.fallback_budget_seconds,
+            cpu=settings.rollback.cpu_budget_seconds,
+            cooldown=settings.rollback.cooldown_seconds,
+        ),
+        configured_fallback=lambda model: settings.policy(model).fallback_release,
+        enabled=lambda model: settings.policy(model).auto_rollback,
+    )
+    utilization = build_utilization_source(settings)
+    overload = (
+        None
+        if utilization is None
+        else OverloadWatcher(
+            source=utilization,
+            source_name=settings.rollback.source,
+            rollback=rollback,
+            clock=clock,
+            tasks=tasks,
+            config=EvaluatorConfig(
+                threshold=settings.rollback.threshold_ratio,
+                window=settings.rollback.window_seconds,
+                interval=settings.rollback.interval_seconds,
+            ),
+            aggregate=Aggregate(settings.rollback.aggregate),
+            scale=0.01 if settings.rollback.unit == "percent" else 1.0,
+        )
+    )
     status = StatusService(
-        repo=repo, store=store, triton=triton, locks=locks, traffic=settings.traffic
+        repo=repo,
+        store=store,
+        triton=triton,
+        locks=locks,
+        traffic=settings.traffic,
+        overload=(lambda: overload.view) if overload is not None else None,
+        fallback=rollback.fallback,
+        cooldown_until=rollback.cooldown_until,
     )
     watcher = ReleaseWatcher(
         store=store,
@@ -124,6 +172,8 @@ def build(settings: Settings) -> Container:
         interval=settings.store.poll_interval_seconds,
     )
     background: list[Callable[[], Coroutine[Any, Any, None]]] = [watcher.run]
+    if overload is not None:
+        background.append(overload.run)
     if isinstance(store, LocalStore):
         root = settings.store.local_path
         background.append(lambda: watch_local_store(root, watcher.wake))
@@ -139,8 +189,31 @@ def build(settings: Settings) -> Container:
         watcher=watcher,
         store=store,
         metrics=metrics,
+        rollback=rollback,
+        alerts=AlertReceiver(
+            repo=repo,
+            rollback=rollback,
+            clock=clock,
+            tasks=tasks,
+            model_label=settings.rollback.alert_label,
+        ),
+        overload=overload,
+        utilization=utilization,
         background=background,
     )
+
+
+def build_utilization_source(settings: Settings) -> UtilizationSource | None:
+    """The overload watcher's source of GPU utilisation; None when it is off."""
+    rollback = settings.rollback
+    if rollback.source == "triton":
+        return TritonMetrics(rollback.metrics_url or settings.triton.metrics_url)
+    if rollback.source == "prometheus":
+        from controlplane.adapters.prometheus import PrometheusQuery
+
+        assert rollback.prometheus_url is not None  # checked by the settings
+        return PrometheusQuery(rollback.prometheus_url, rollback.query)
+    return None
 
 
 def _load_concurrency(settings: Settings, repo: SqliteStateRepo) -> int:

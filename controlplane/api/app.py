@@ -22,14 +22,22 @@ from controlplane import __version__
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
 from controlplane.api.schemas import (
+    AlertmanagerNotification,
     DeployRequest,
     RollbackRequest,
     UnloadRequest,
+    alert_json,
     model_json,
     operation_json,
+    rollback_result_json,
 )
 from controlplane.api.security import check_token
-from controlplane.domain.errors import OperationNotFound, TransientError
+from controlplane.domain.errors import (
+    InvalidRequest,
+    NoFallback,
+    OperationNotFound,
+    TransientError,
+)
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
 from controlplane.services.reconcile import reconcile_until_done
 from controlplane.settings import Settings
@@ -170,6 +178,62 @@ def create_app(settings: Settings) -> FastAPI:
         """Recent operations, newest first, optionally for one model."""
         operations = c.deploy.list_operations(model, limit)
         return {"operations": [operation_json(op) for op in operations]}
+
+    @app.post("/v1/alerts", tags=["alerts"])
+    async def receive_alerts(body: AlertmanagerNotification, c: Writer) -> dict[str, Any]:
+        """Alertmanager's webhook (version 4): each alert stored, deduped on
+        (fingerprint, startsAt); a new firing alert rolls back the model its label names,
+        or every model with a fallback."""
+        answers = c.alerts.receive([alert.to_domain() for alert in body.alerts])
+        return {
+            "alerts": [
+                {
+                    "fingerprint": a.fingerprint,
+                    "status": a.status,
+                    "receipt": a.receipt.value,
+                    "action": a.action,
+                }
+                for a in answers
+            ]
+        }
+
+    @app.get("/v1/alerts", tags=["alerts"])
+    async def list_alerts(
+        c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    ) -> dict[str, Any]:
+        """Alerts received, newest first, with how often Alertmanager sent each."""
+        return {"alerts": [alert_json(record) for record in c.repo.list_alerts(limit)]}
+
+    @app.post("/api/v1/model/reload", tags=["operations"])
+    async def reload_fallback(
+        request: Request,
+        c: Writer,
+        target: str,
+        model: str | None = None,
+    ) -> JSONResponse:
+        """Runbook action: serve the fallback now (``target=fallback``), for ``model`` or for
+        every model with a fallback; the CPU-only reload if the fallback fails. Not held back
+        by the cooldown: a person asked."""
+        if target != "fallback":
+            raise InvalidRequest(f"target {target[:64]!r} is not supported; use target=fallback")
+        models = [model] if model is not None else c.rollback.candidates(automatic=False)
+        if not models:
+            raise NoFallback(
+                "no model serving here has a fallback release; name one with ?model=NAME "
+                "(the CPU-only reload is tried when it has none)"
+            )
+        reason = f"requested through POST /api/v1/model/reload ({trigger_of(request).value})"
+        results = [
+            await c.rollback.act(name, trigger=trigger_of(request), reason=reason)
+            for name in models
+        ]
+        body = {"rollbacks": [rollback_result_json(result) for result in results]}
+        if all(result.acted for result in results):
+            return JSONResponse(body, status_code=200)
+        return JSONResponse(
+            error_body("rollback_failed", "the fallback and the CPU-only reload failed", **body),
+            status_code=status_for("rollback_failed"),
+        )
 
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     return app

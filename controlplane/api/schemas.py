@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
 from controlplane.domain.operations import Operation
+from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
+from controlplane.services.overload import OverloadView
+from controlplane.services.rollback import RollbackResult
 from controlplane.services.status import ModelView
 
 
@@ -27,6 +31,43 @@ class RollbackRequest(_Body):
 
 class UnloadRequest(_Body):
     wait: bool = Field(False, description="Answer only when the operation has finished.")
+
+
+class AlertmanagerAlert(BaseModel):
+    """One alert of Alertmanager's webhook (version 4); fields not used here are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str] = Field(max_length=64)
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+    startsAt: AwareDatetime  # noqa: N815 (Alertmanager's field name)
+    fingerprint: str = Field(pattern=r"^[A-Za-z0-9]{1,64}$")
+
+    def to_domain(self) -> Alert:
+        return Alert(
+            fingerprint=self.fingerprint,
+            starts_at=self.startsAt,
+            status=AlertStatus(self.status),
+            labels=self.labels,
+            annotations=self.annotations,
+        )
+
+
+class AlertmanagerNotification(BaseModel):
+    """Alertmanager's webhook body, version 4."""
+
+    model_config = ConfigDict(extra="ignore")
+    version: str
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    alerts: list[AlertmanagerAlert] = Field(min_length=1, max_length=1000)
+
+    @field_validator("version")
+    @classmethod
+    def _version_4(cls, version: str) -> str:
+        if version != "4":
+            raise ValueError(f"Alertmanager webhook version {version!r}; only '4' is understood")
+        return version
 
 
 def _time(value: Any) -> str | None:
@@ -77,6 +118,62 @@ def slot_json(slot: Slot, triton_state: str | None = None) -> dict[str, Any]:
     }
 
 
+def rollback_json(record: RollbackRecord | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "id": record.id,
+        "at": _time(record.at),
+        "trigger": record.trigger.value,
+        "reason": record.reason,
+        "from_release": record.from_release,
+        "to_release": record.to_release,
+        "outcome": record.outcome.value,
+        "operations": list(record.operation_ids),
+        "detail": dict(record.detail),
+        "suppressed_in_cooldown": record.suppressed,
+    }
+
+
+def rollback_result_json(result: RollbackResult) -> dict[str, Any]:
+    return {
+        "model": result.model,
+        "acted": result.acted,
+        "note": result.note,
+        "rollback": rollback_json(result.record),
+    }
+
+
+def overload_json(view: OverloadView | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    evaluation = view.evaluation
+    return {
+        "source": view.source,
+        "verdict": evaluation.verdict.value,
+        "reason": evaluation.reason,
+        "covered_seconds": round(evaluation.covered_seconds, 3),
+        "samples": evaluation.samples,
+        "last_value": view.last_value,
+        "note": view.note or None,
+        "at": _time(view.at),
+    }
+
+
+def alert_json(record: AlertRecord) -> dict[str, Any]:
+    alert = record.alert
+    return {
+        "fingerprint": alert.fingerprint,
+        "starts_at": _time(alert.starts_at),
+        "status": alert.status.value,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "first_received": _time(record.first_received),
+        "last_received": _time(record.last_received),
+        "receipts": record.receipts,
+    }
+
+
 def model_json(view: ModelView) -> dict[str, Any]:
     return {
         "name": view.name,
@@ -92,4 +189,13 @@ def model_json(view: ModelView) -> dict[str, Any]:
         "last_operation": None
         if view.last_operation is None
         else operation_json(view.last_operation),
+        "overload": overload_json(view.overload),
+        "rollback": {
+            "fallback": view.fallback,
+            "last": rollback_json(view.last_rollback),
+            "degraded": [
+                {"release": d.release, "at": _time(d.at), "reason": d.reason} for d in view.degraded
+            ],
+            "cooldown_until": _time(view.cooldown_until),
+        },
     }

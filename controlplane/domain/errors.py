@@ -145,3 +145,11 @@ class StoreUnavailable(TransientError):
 
 class ReleaseChanged(TransientError):
     code = "release_changed"
+
+
+class InvalidRequest(PermanentError):
+    code = "invalid_request"
+
+
+class NoFallback(PermanentError):
+    code = "no_fallback"

@@ -66,6 +66,13 @@ class Evaluation:
 
 def check_threshold(threshold: float, *, unit: str = "ratio") -> float:
     """Refuse a threshold that cannot mean what it says for the metric's unit."""
+    if unit == "percent":
+        if not 1.0 < threshold <= 100.0:
+            raise ValueError(
+                f"threshold {threshold:g} is outside (1, 100], but the unit is percent; "
+                f"for 95 % use 95 (or unit ratio with {threshold:g})"
+            )
+        return threshold
     if unit == "ratio" and not 0.0 < threshold <= 1.0:
         hint = (
             f" ({threshold:g} looks like a percentage: use {threshold / 100:g})"

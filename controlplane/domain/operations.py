@@ -19,6 +19,7 @@ class OperationKind(StrEnum):
     ROLLBACK = "rollback"
     UNLOAD = "unload"
     RETIRE = "retire"
+    CPU_FALLBACK = "cpu-fallback"  # the serving release reloaded on CPU-only instances
 
 
 class Trigger(StrEnum):

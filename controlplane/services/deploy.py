@@ -43,6 +43,7 @@ from controlplane.ports import (
 )
 from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
 from controlplane.services.coordination import ModelLocks, TaskOwner
+from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
@@ -179,6 +180,37 @@ class DeployService:
         body = self._bg.unload if blue_green else self._unload
         return await self._submit(OperationKind.UNLOAD, model, None, trigger, body)
 
+    async def serve_on_cpu(self, model: str, *, trigger: Trigger) -> Operation:
+        """Reload the serving release with CPU-only instances (the rollback chain's last step)."""
+        validate_model_name(model)
+        record = self._repo.get_model(model)
+        if record is None or record.active_release is None:
+            raise ModelNotFound(f"model {model!r} is not serving here; nothing to move to CPU")
+        slot_name = model
+        if self._traffic(model).strategy is Strategy.BLUE_GREEN:
+            active = self._bg.active(model)
+            if active is None:
+                raise ModelNotFound(f"model {model!r} has no active slot to move to CPU")
+            slot_name = active.name
+        return await self._submit(
+            OperationKind.CPU_FALLBACK,
+            model,
+            record.active_release,
+            trigger,
+            lambda tracker: reload_on_cpu(
+                tracker, triton=self._triton, slots=self._slots, slot_name=slot_name
+            ),
+            resolve=False,
+        )
+
+    async def cancel(self, operation_id: str) -> Operation:
+        """Cut a running operation short (its own cleanup runs) and wait until it has ended."""
+        task = self._tasks.get(operation_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        return self.get_operation(operation_id)
+
     # --- retiring old blue-green slots ------------------------------------------------
 
     def schedule_retire(self, model: str, slot_name: str, *, now: bool = False) -> None:
@@ -301,6 +333,10 @@ class DeployService:
         try:
             await body(tracker)
             tracker.succeed()
+            chosen = operation.trigger in (Trigger.API, Trigger.CLI) and operation.release
+            # A person or CI chose this release: it is no longer latched degraded.
+            if chosen and self._repo.clear_degraded(operation.model, operation.release or ""):
+                log.info("%s %s is no longer degraded", operation.model, operation.release)
         except ControlPlaneError as exc:
             tracker.fail(exc)
         except asyncio.CancelledError:

@@ -11,15 +11,18 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation
 from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import IndexEntry, ModelStore, StateRepo, Triton
 from controlplane.services.coordination import ModelLocks
+from controlplane.services.overload import OverloadView
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,11 @@ class ModelView:
     strategy: str = "inplace"
     alias_target: str | None = None  # blue-green: the slot the alias points at
     slot_triton_states: dict[str, str] = field(default_factory=dict)  # Triton's view of each
+    overload: OverloadView | None = None  # the watcher's latest verdict (one per Triton)
+    fallback: str | None = None
+    last_rollback: RollbackRecord | None = None
+    degraded: tuple[DegradedRelease, ...] = ()
+    cooldown_until: datetime | None = None
 
 
 class StatusService:
@@ -50,7 +58,13 @@ class StatusService:
         triton: Triton,
         locks: ModelLocks,
         traffic: Callable[[str], TrafficPolicy] | None = None,
+        overload: Callable[[], OverloadView | None] | None = None,
+        fallback: Callable[[str], str | None] | None = None,
+        cooldown_until: Callable[[str], datetime | None] | None = None,
     ) -> None:
+        self._overload = overload or (lambda: None)
+        self._fallback = fallback or (lambda _model: None)
+        self._cooldown = cooldown_until or (lambda _model: None)
         self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
         self._repo = repo
         self._store = store
@@ -117,6 +131,11 @@ class StatusService:
             store_error=store_error,
             running_operation=self._locks.holder(model),
             last_operation=operations[0] if operations else None,
+            overload=self._overload(),
+            fallback=self._fallback(model),
+            last_rollback=self._repo.last_rollback(model),
+            degraded=tuple(self._repo.degraded(model)),
+            cooldown_until=self._cooldown(model),
         )
 
 

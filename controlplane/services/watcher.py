@@ -5,7 +5,8 @@ releases, a listing and never a download, and compares them with what it recorde
 A release is *new* when it became complete (its ``SHA256SUMS`` appeared) or was republished
 (the marker's revision changed). New releases are recorded and shown as available; when the
 model's policy says ``auto_deploy``, the newest complete release (natural sort) is deployed,
-but only if it is itself new: a release a person rolled back from is not pushed again.
+but only if it is itself new: a release a person rolled back from is not pushed again, and
+one latched degraded by an automatic rollback is not pushed even when republished.
 
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
@@ -115,6 +116,17 @@ class ReleaseWatcher:
         known = {r.name for r in recorded if r.complete}
         if record and record.active_release == newest.name and newest.name not in known:
             return  # already serving it; first sight of it is no reason to load it again
+        latched = {d.release: d for d in self._repo.degraded(model)}
+        if newest.name in latched:
+            log.warning(
+                "not auto-deploying %s %s: it was rolled back from (%s); deploy it by hand to "
+                "clear that",
+                model,
+                newest.name,
+                latched[newest.name].reason,
+                extra={"model": model, "release": newest.name},
+            )
+            return
         if self._locks.holder(model) is not None:
             self._retry.add(key)  # busy now: try again at the next scan
             return

@@ -15,6 +15,8 @@ class GpuExporter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._utilization: dict[str, float] = {}
+        self._dips: list[dict[str, float]] = []
+        self.scrapes = 0
         self.failing = False
         exporter = self
 
@@ -46,11 +48,17 @@ class GpuExporter:
         with self._lock:
             self._utilization = dict(per_gpu)
 
+    def dip(self, scrapes: int = 1, **per_gpu: float) -> None:
+        """Serve ``per_gpu`` to the next ``scrapes`` scrapes only, then the set values again."""
+        with self._lock:
+            self._dips.extend(dict(per_gpu) for _ in range(scrapes))
+
     def text(self) -> str:
         with self._lock:
+            self.scrapes += 1
+            values = self._dips.pop(0) if self._dips else self._utilization
             rows = [
-                f'nv_gpu_utilization{{gpu_uuid="{uuid}"}} {value}'
-                for uuid, value in self._utilization.items()
+                f'nv_gpu_utilization{{gpu_uuid="{uuid}"}} {value}' for uuid, value in values.items()
             ]
         header = [
             "# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)",

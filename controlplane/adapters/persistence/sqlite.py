@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus, Receipt
 from controlplane.domain.operations import (
     Operation,
     OperationError,
@@ -25,10 +26,11 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.releases import ReleaseInfo
+from controlplane.domain.rollback import DegradedRelease, RollbackOutcome, RollbackRecord
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.ports import ModelRecord
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     name TEXT PRIMARY KEY,
@@ -72,6 +74,38 @@ CREATE TABLE IF NOT EXISTS operations (
 );
 CREATE INDEX IF NOT EXISTS operations_by_model ON operations (model, created_at);
 CREATE INDEX IF NOT EXISTS operations_by_status ON operations (status);
+CREATE TABLE IF NOT EXISTS rollbacks (
+    id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    at TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    from_release TEXT,
+    to_release TEXT,
+    outcome TEXT NOT NULL,
+    operations TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    suppressed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS rollbacks_by_model ON rollbacks (model, at);
+CREATE TABLE IF NOT EXISTS degraded (
+    model TEXT NOT NULL,
+    release TEXT NOT NULL,
+    at TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (model, release)
+);
+CREATE TABLE IF NOT EXISTS alerts (
+    fingerprint TEXT NOT NULL,
+    starts_at TEXT NOT NULL,
+    status TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    first_received TEXT NOT NULL,
+    last_received TEXT NOT NULL,
+    receipts INTEGER NOT NULL,
+    PRIMARY KEY (fingerprint, starts_at)
+);
 """
 
 
@@ -209,6 +243,119 @@ class SqliteStateRepo:
         )
         return [_operation_from_row(row) for row in rows]
 
+    # --- automatic rollback -----------------------------------------------------------
+
+    def save_rollback(self, record: RollbackRecord) -> None:
+        self._execute(
+            "INSERT INTO rollbacks (id, model, at, trigger, reason, from_release, to_release, "
+            "outcome, operations, detail, suppressed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET outcome = excluded.outcome, "
+            "to_release = excluded.to_release, operations = excluded.operations, "
+            "detail = excluded.detail",
+            (
+                record.id,
+                record.model,
+                record.at.isoformat(),
+                record.trigger.value,
+                record.reason,
+                record.from_release,
+                record.to_release,
+                record.outcome.value,
+                json.dumps(list(record.operation_ids)),
+                json.dumps(dict(record.detail)),
+                record.suppressed,
+            ),
+        )
+
+    def last_rollback(self, model: str) -> RollbackRecord | None:
+        row = self._one(
+            "SELECT * FROM rollbacks WHERE model = ? ORDER BY at DESC, rowid DESC LIMIT 1",
+            (model,),
+        )
+        return None if row is None else _rollback_from_row(row)
+
+    def count_suppressed(self, rollback_id: str) -> None:
+        self._execute(
+            "UPDATE rollbacks SET suppressed = suppressed + 1 WHERE id = ?", (rollback_id,)
+        )
+
+    def mark_degraded(self, latch: DegradedRelease) -> None:
+        self._execute(
+            "INSERT INTO degraded (model, release, at, reason) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(model, release) DO UPDATE SET at = excluded.at, reason = excluded.reason",
+            (latch.model, latch.release, latch.at.isoformat(), latch.reason),
+        )
+
+    def clear_degraded(self, model: str, release: str) -> bool:
+        with self._lock:
+            cursor = self._db.execute(
+                "DELETE FROM degraded WHERE model = ? AND release = ?", (model, release)
+            )
+            return cursor.rowcount > 0
+
+    def degraded(self, model: str) -> list[DegradedRelease]:
+        rows = self._all("SELECT * FROM degraded WHERE model = ? ORDER BY at", (model,))
+        return [
+            DegradedRelease(
+                row["model"], row["release"], datetime.fromisoformat(row["at"]), row["reason"]
+            )
+            for row in rows
+        ]
+
+    def record_alert(self, alert: Alert, at: datetime) -> Receipt:
+        """Store one receipt of ``alert`` (before the webhook answers) and say what it is."""
+        key = (alert.fingerprint, alert.starts_at.isoformat())
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT status FROM alerts WHERE fingerprint = ? AND starts_at = ?", key
+                ).fetchone()
+                if row is None:
+                    self._db.execute(
+                        "INSERT INTO alerts (fingerprint, starts_at, status, labels, annotations, "
+                        "first_received, last_received, receipts) VALUES (?, ?, ?, ?, ?, ?, ?, 1)",
+                        (
+                            *key,
+                            alert.status.value,
+                            json.dumps(dict(alert.labels)),
+                            json.dumps(dict(alert.annotations)),
+                            at.isoformat(),
+                            at.isoformat(),
+                        ),
+                    )
+                else:
+                    self._db.execute(
+                        "UPDATE alerts SET status = ?, last_received = ?, receipts = receipts + 1 "
+                        "WHERE fingerprint = ? AND starts_at = ?",
+                        (alert.status.value, at.isoformat(), *key),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if alert.status is AlertStatus.RESOLVED:
+            return Receipt.RESOLVED
+        return Receipt.NEW if row is None else Receipt.DUPLICATE
+
+    def list_alerts(self, limit: int = 50) -> list[AlertRecord]:
+        rows = self._all("SELECT * FROM alerts ORDER BY last_received DESC LIMIT ?", (limit,))
+        return [
+            AlertRecord(
+                alert=Alert(
+                    fingerprint=row["fingerprint"],
+                    starts_at=datetime.fromisoformat(row["starts_at"]),
+                    status=AlertStatus(row["status"]),
+                    labels=json.loads(row["labels"]),
+                    annotations=json.loads(row["annotations"]),
+                ),
+                first_received=datetime.fromisoformat(row["first_received"]),
+                last_received=datetime.fromisoformat(row["last_received"]),
+                receipts=int(row["receipts"]),
+            )
+            for row in rows
+        ]
+
     # --- plumbing ---------------------------------------------------------------------
 
     def _model_from_row(self, row: sqlite3.Row) -> ModelRecord:
@@ -278,6 +425,22 @@ def _operation_to_row(op: Operation) -> tuple[Any, ...]:
         op.error.message if op.error else None,
         json.dumps(steps),
         json.dumps(dict(op.detail)),
+    )
+
+
+def _rollback_from_row(row: sqlite3.Row) -> RollbackRecord:
+    return RollbackRecord(
+        id=row["id"],
+        model=row["model"],
+        at=datetime.fromisoformat(row["at"]),
+        trigger=Trigger(row["trigger"]),
+        reason=row["reason"],
+        from_release=row["from_release"],
+        to_release=row["to_release"],
+        outcome=RollbackOutcome(row["outcome"]),
+        operation_ids=tuple(json.loads(row["operations"])),
+        detail=json.loads(row["detail"]),
+        suppressed=int(row["suppressed"]),
     )
 
 

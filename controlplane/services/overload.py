@@ -1,0 +1,116 @@
+"""The overload watcher: samples GPU utilisation, asks the evaluator, rolls back on breach.
+
+Every ``interval`` it reads the source (Triton's /metrics or a Prometheus query), combines the
+GPUs into one value and keeps the samples of the last window. A breach hands every model that
+has a fallback to :class:`AutoRollback` (the cooldown there stops repeats); ``unknown`` holds
+and is reported, never acted on. The latest evaluation is what ``GET /v1/models/{name}``
+shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+
+from controlplane.domain.evaluator import (
+    Aggregate,
+    Evaluation,
+    EvaluatorConfig,
+    Sample,
+    Verdict,
+    combine,
+    evaluate,
+)
+from controlplane.domain.operations import Trigger
+from controlplane.ports import Clock, UtilizationSource
+from controlplane.services.coordination import TaskOwner
+from controlplane.services.rollback import AutoRollback
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OverloadView:
+    """What the watcher thinks now, for status."""
+
+    source: str
+    evaluation: Evaluation
+    at: datetime
+    last_value: float | None
+    note: str  # why the last sample is missing, if it is
+
+
+class OverloadWatcher:
+    def __init__(
+        self,
+        *,
+        source: UtilizationSource,
+        source_name: str,
+        rollback: AutoRollback,
+        clock: Clock,
+        tasks: TaskOwner,
+        config: EvaluatorConfig,
+        aggregate: Aggregate,
+        scale: float = 1.0,
+    ) -> None:
+        self._source = source
+        self._source_name = source_name
+        self._rollback = rollback
+        self._clock = clock
+        self._tasks = tasks
+        self._config = config
+        self._aggregate = aggregate
+        self._scale = scale
+        self._samples: deque[Sample] = deque()
+        self._view: OverloadView | None = None
+
+    @property
+    def view(self) -> OverloadView | None:
+        return self._view
+
+    async def run(self) -> None:
+        """Sample on a fixed beat until cancelled (shutdown)."""
+        loop = asyncio.get_running_loop()
+        beat = loop.time()
+        while True:
+            await self.tick()
+            beat += self._config.interval
+            beat = max(beat, loop.time())  # after a stall, resume the beat rather than rush
+            await asyncio.sleep(beat - loop.time())
+
+    async def tick(self) -> Evaluation:
+        per_gpu = await self._source.gpu_utilization()
+        value = combine(per_gpu, self._aggregate) if per_gpu else None
+        if value is not None:
+            value *= self._scale
+        note = "" if value is not None else _missing(per_gpu)
+        now = self._clock.monotonic()
+        self._samples.append(Sample(now, value))
+        horizon = now - self._config.window - 2 * self._config.max_gap
+        while self._samples and self._samples[0].at < horizon:
+            self._samples.popleft()
+        evaluation = evaluate(self._samples, now, self._config)
+        previous = self._view.evaluation.verdict if self._view else None
+        self._view = OverloadView(self._source_name, evaluation, self._clock.now(), value, note)
+        if evaluation.verdict is not previous:
+            level = logging.WARNING if evaluation.verdict is Verdict.BREACH else logging.INFO
+            log.log(level, "GPU overload verdict: %s (%s)", evaluation.verdict, evaluation.reason)
+        if evaluation.verdict is Verdict.BREACH and self._tasks.get("overload-action") is None:
+            reason = (
+                f"GPU utilisation above {self._config.threshold:g} for "
+                f"{self._config.window:g} s ({self._source_name})"
+            )
+            self._tasks.spawn(
+                "overload-action",
+                self._rollback.on_overload(None, trigger=Trigger.WATCHER, reason=reason),
+            )
+        return evaluation
+
+
+def _missing(per_gpu: dict[str, float] | None) -> str:
+    if per_gpu is None:
+        return "the source could not be read"
+    return "the source reports no GPU (no nv_gpu_utilization series)"

@@ -1,0 +1,254 @@
+"""Automatic rollback: the chain from an overloaded release back to something that serves.
+
+For one model: the fallback release (a re-point when its slot is still warm, else a load)
+within the fallback budget; if that fails or runs out of time, the serving release reloaded
+on CPU-only instances within the CPU budget; if that fails too, an error in the log and in the
+record. The release rolled back from is latched degraded first, so that nothing automatic
+(the release watcher, a retried alert) promotes it while the chain runs, or after.
+
+Automatic triggers (the overload watcher, an alert) are held back by the cooldown after the
+model's last automatic rollback and counted on it; a person (the runbook route) is not.
+Actions on one model are serialized here, so a watcher breach and an alert arriving together
+make one rollback and one counted trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controlplane.domain.errors import ControlPlaneError, ModelNotFound, OperationInProgress
+from controlplane.domain.names import validate_model_name
+from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.rollback import (
+    AUTOMATIC,
+    DegradedRelease,
+    RollbackOutcome,
+    RollbackRecord,
+    choose_fallback,
+    cooldown_until,
+    in_cooldown,
+)
+from controlplane.ports import Clock, StateRepo
+from controlplane.services.deploy import DeployService
+
+log = logging.getLogger(__name__)
+LOCK_POLL = 0.05
+
+
+@dataclass(frozen=True)
+class RollbackBudgets:
+    fallback: float = 3.0
+    cpu: float = 2.0
+    cooldown: float = 300.0
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    model: str
+    acted: bool
+    record: RollbackRecord | None
+    note: str
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    operation: Operation | None
+    error: str | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.operation is not None and self.operation.status is OperationStatus.SUCCEEDED
+
+
+class AutoRollback:
+    def __init__(
+        self,
+        *,
+        deploy: DeployService,
+        repo: StateRepo,
+        clock: Clock,
+        budgets: RollbackBudgets,
+        configured_fallback: Callable[[str], str | None],
+        enabled: Callable[[str], bool],
+    ) -> None:
+        self._deploy = deploy
+        self._repo = repo
+        self._clock = clock
+        self._budgets = budgets
+        self._configured_fallback = configured_fallback
+        self._enabled = enabled
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def cooldown(self) -> float:
+        return self._budgets.cooldown
+
+    def fallback(self, model: str) -> str | None:
+        record = self._repo.get_model(model)
+        if record is None:
+            return None
+        return choose_fallback(
+            configured=self._configured_fallback(model),
+            active=record.active_release,
+            previous=record.previous_release,
+            degraded={d.release for d in self._repo.degraded(model)},
+        )
+
+    def candidates(self, *, automatic: bool = True) -> list[str]:
+        """Models serving here that have a fallback (and, for automatic triggers, have
+        automatic rollback on)."""
+        return [
+            record.name
+            for record in self._repo.list_models()
+            if record.active_release is not None
+            and (self._enabled(record.name) or not automatic)
+            and self.fallback(record.name) is not None
+        ]
+
+    def cooldown_until(self, model: str) -> datetime | None:
+        """When the cooldown after the last automatic rollback of ``model`` ends; None if over."""
+        until = cooldown_until(self._repo.last_rollback(model), self.cooldown)
+        return until if until is not None and until > self._clock.now() else None
+
+    async def on_overload(
+        self, models: Sequence[str] | None, *, trigger: Trigger, reason: str
+    ) -> list[RollbackResult]:
+        """Act on each named model, or on every candidate when none is named."""
+        targets = list(models) if models is not None else self.candidates()
+        results = []
+        for model in targets:
+            if trigger in AUTOMATIC and not self._enabled(model):
+                log.info("automatic rollback is off for %s (auto_rollback: false)", model)
+                results.append(RollbackResult(model, False, None, "auto_rollback is off"))
+                continue
+            try:
+                results.append(await self.act(model, trigger=trigger, reason=reason))
+            except ControlPlaneError as exc:
+                log.warning("automatic rollback of %s refused: %s", model, exc)
+                results.append(RollbackResult(model, False, None, str(exc)))
+        return results
+
+    async def act(self, model: str, *, trigger: Trigger, reason: str) -> RollbackResult:
+        validate_model_name(model)
+        async with self._locks.setdefault(model, asyncio.Lock()):
+            record = self._repo.get_model(model)
+            if record is None or record.active_release is None:
+                raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
+            last = self._repo.last_rollback(model)
+            if trigger in AUTOMATIC and in_cooldown(last, self.cooldown, self._clock.now()):
+                assert last is not None
+                self._repo.count_suppressed(last.id)
+                until = cooldown_until(last, self.cooldown)
+                note = f"in cooldown until {until.isoformat() if until else '?'}; counted"
+                log.info("rollback trigger for %s held back: %s", model, note)
+                return RollbackResult(model, False, last, note)
+            done = await self._chain(model, record.active_release, trigger=trigger, reason=reason)
+            return RollbackResult(model, done.outcome.acted, done, done.outcome.value)
+
+    async def _chain(
+        self, model: str, active: str, *, trigger: Trigger, reason: str
+    ) -> RollbackRecord:
+        started = self._clock.now()
+        fallback = self.fallback(model)
+        self._repo.mark_degraded(DegradedRelease(model, active, started, reason))
+        log.warning("rolling back %s from %s: %s", model, active, reason, extra={"model": model})
+        detail: dict[str, Any] = {}
+        operations: list[str] = []
+        outcome, target = RollbackOutcome.FAILED, None
+
+        def note(step: str, attempt: _Attempt) -> None:
+            if attempt.operation is not None:
+                operations.append(attempt.operation.id)
+            detail[step] = "succeeded" if attempt.succeeded else attempt.error
+
+        if fallback is None:
+            detail["fallback"] = "none: no configured or previous good release"
+        else:
+            attempt = await self._attempt(
+                lambda: self._deploy.rollback(model, to=fallback, trigger=trigger),
+                self._budgets.fallback,
+                f"the fallback {fallback}",
+            )
+            note("fallback", attempt)
+            if attempt.succeeded:
+                outcome, target = RollbackOutcome.FALLBACK, fallback
+        if not outcome.acted:
+            attempt = await self._attempt(
+                lambda: self._deploy.serve_on_cpu(model, trigger=trigger),
+                self._budgets.cpu,
+                "the CPU-only reload",
+            )
+            note("cpu", attempt)
+            if attempt.succeeded:
+                outcome, target = RollbackOutcome.CPU, active
+        elapsed = (self._clock.now() - started).total_seconds()
+        detail["seconds"] = round(elapsed, 3)
+        done = RollbackRecord(
+            id=uuid.uuid4().hex[:16],
+            model=model,
+            at=started,
+            trigger=trigger,
+            reason=reason,
+            from_release=active,
+            to_release=target,
+            outcome=outcome,
+            operation_ids=tuple(operations),
+            detail=detail,
+        )
+        self._repo.save_rollback(done)
+        if outcome is RollbackOutcome.FAILED:
+            log.error(
+                "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload both "
+                "failed; %s %s still serves as it was. Act by hand: "
+                "controlplane rollback %s --to <release>",
+                model,
+                detail.get("fallback"),
+                model,
+                active,
+                model,
+                extra={"model": model},
+            )
+        else:
+            log.warning(
+                "rolled back %s: %s now serves (%s) in %.2f s",
+                model,
+                f"{target} on CPU" if outcome is RollbackOutcome.CPU else target,
+                outcome.value,
+                elapsed,
+                extra={"model": model},
+            )
+        return done
+
+    async def _attempt(
+        self, start: Callable[[], Awaitable[Operation]], budget: float, what: str
+    ) -> _Attempt:
+        """Start an operation (waiting for the model's lock) and see it end within budget."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            try:
+                operation = await start()
+                break
+            except OperationInProgress:
+                if loop.time() >= deadline:
+                    return _Attempt(None, f"another operation held the model past {budget:g} s")
+                await asyncio.sleep(LOCK_POLL)
+            except ControlPlaneError as exc:
+                return _Attempt(None, f"{exc.code}: {exc.message}")
+        try:
+            finished = await asyncio.wait_for(
+                self._deploy.wait(operation.id), max(0.0, deadline - loop.time())
+            )
+        except TimeoutError:
+            cut = await self._deploy.cancel(operation.id)
+            return _Attempt(cut, f"{what} did not finish within {budget:g} s; cut short")
+        if finished.status is OperationStatus.SUCCEEDED:
+            return _Attempt(finished, None)
+        error = finished.error
+        return _Attempt(finished, f"{error.code}: {error.message}" if error else "failed")
