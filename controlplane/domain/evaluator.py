@@ -1,7 +1,8 @@
 """The overload evaluator: pure logic from timed samples to a verdict.
 
 ``breach``  every sample in the last ``window`` seconds is above ``threshold`` and the samples
-            cover the window (no gap longer than twice the scrape interval);
+            cover the window: one at or before its start, and no gap longer than twice the
+            scrape interval;
 ``healthy`` a sample in the window is at or below the threshold;
 ``unknown`` no data, stale data, scrape errors, or a gap with nothing but high samples: hold,
             report, never act.
@@ -121,6 +122,9 @@ def evaluate(samples: Sequence[Sample], now: float, config: EvaluatorConfig) -> 
         return found(Verdict.HEALTHY, f"a sample at {low:.3f} <= {config.threshold}")
     times = [s.at for s in relevant]
     gaps = [b - a for a, b in zip([start, *times], [*times, now], strict=True)]
-    if first > start + config.max_gap or max(gaps) > config.max_gap:
+    if max(gaps) > config.max_gap:
         return found(Verdict.UNKNOWN, f"a gap of {max(gaps):.1f} s in the data; holding")
+    if first > start:
+        # Above the line so far, but not yet for the whole window: no breach before it is.
+        return found(Verdict.UNKNOWN, f"above {config.threshold} for {now - first:.1f} s so far")
     return found(Verdict.BREACH, f"every sample above {config.threshold} for {config.window:g} s")

@@ -128,10 +128,10 @@ def test_the_watcher_reading_a_prometheus_query_rolls_back(
         config = _config(model_name, "prometheus", prometheus.url)
         daemon = _serving_r2(daemons, store, model_name, config)
         eventually(
-            lambda: (daemon.get(f"/v1/models/{model_name}").json()["overload"] or {}).get(
-                "verdict"
-            )
-            == "healthy",
+            lambda: (
+                (daemon.get(f"/v1/models/{model_name}").json()["overload"] or {}).get("verdict")
+                == "healthy"
+            ),
             20,
             "a healthy verdict from the query",
         )

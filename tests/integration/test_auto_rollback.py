@@ -114,7 +114,7 @@ def test_held_overload_brings_the_fallback_back_within_the_budget(
     assert "GPU utilisation above 0.95" in last["reason"]
     assert [d["release"] for d in model["rollback"]["degraded"]] == ["r2"]
     assert model["rollback"]["cooldown_until"] is not None
-    assert took >= WINDOW - 2 * INTERVAL  # it waited for the window, not one high sample
+    assert took >= WINDOW - INTERVAL  # it waited for the whole window, not one high sample
 
     # Still overloaded: the degraded r2 is never a fallback, so nothing more happens.
     _wait_scrapes(exporter, 3)
@@ -185,9 +185,7 @@ def test_a_fallback_that_fails_to_load_leads_to_the_cpu_only_reload(
     assert last["to_release"] == "r1"
     assert last["detail"]["fallback"].startswith("triton_load_failed")
     assert last["detail"]["cpu"] == "succeeded"
-    kinds = {
-        op["id"]: (op["kind"], op["status"]) for op in _operations(daemon, model_name)
-    }
+    kinds = {op["id"]: (op["kind"], op["status"]) for op in _operations(daemon, model_name)}
     assert [kinds[i] for i in last["operations"]] == [
         ("rollback", "failed"),
         ("cpu-fallback", "succeeded"),

@@ -366,3 +366,49 @@ def test_a_model_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     settings = load_settings()
     assert settings.policy("resnet").auto_deploy is True
     assert settings.policy("other").auto_deploy is False
+
+
+# --- automatic rollback -------------------------------------------------------------------
+
+
+def test_a_percent_threshold_for_a_ratio_metric_is_refused(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__THRESHOLD", "95")
+    message = settings_error()
+    assert "CONTROLPLANE_ROLLBACK__THRESHOLD" not in message or "rollback" in message
+    assert "looks like a percentage: use 0.95" in message
+
+
+def test_a_percent_source_takes_percent_thresholds(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__SOURCE", "prometheus")
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__PROMETHEUS_URL", "http://prometheus:9090")
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__UNIT", "percent")
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__THRESHOLD", "95")
+    assert load_settings().rollback.threshold_ratio == pytest.approx(0.95)
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__THRESHOLD", "0.95")
+    assert "unit is percent; for 95 % use 95" in settings_error()
+
+
+def test_triton_exports_a_ratio_so_percent_is_refused_for_it(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__UNIT", "percent")
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__THRESHOLD", "95")
+    assert "Triton exports nv_gpu_utilization as a ratio" in settings_error()
+
+
+def test_the_prometheus_source_needs_its_url(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_ROLLBACK__SOURCE", "prometheus")
+    assert "CONTROLPLANE_ROLLBACK__PROMETHEUS_URL" in settings_error()
+
+
+def test_rollback_defaults_follow_the_grey_release_rule(required: Path) -> None:
+    rollback = load_settings().rollback
+    assert (rollback.source, rollback.threshold, rollback.window_seconds) == ("triton", 0.95, 10)
+    assert (rollback.fallback_budget_seconds, rollback.cpu_budget_seconds) == (3.0, 2.0)
+    assert rollback.cooldown_seconds == 300

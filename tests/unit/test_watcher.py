@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controlplane.domain.operations import OperationStatus, Trigger
+from controlplane.domain.rollback import DegradedRelease
 from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fakes import LoadFails, Parts, deploy_service
@@ -115,5 +116,26 @@ def test_a_release_that_fails_is_not_retried_until_republished(tmp_path: Path) -
             assert await _settle([op.id for op in retried.deploys], service) == [
                 OperationStatus.SUCCEEDED
             ]
+
+    asyncio.run(scenario())
+
+
+def test_a_release_latched_degraded_is_not_pushed_even_when_republished(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            watcher = _watcher(service, parts, lambda _model: True)
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            first = await watcher.scan()
+            await _settle([op.id for op in first.deploys], service)
+            parts.repo.mark_degraded(DegradedRelease("m", "r2", parts.clock.now(), "GPU overload"))
+            release_dir = write_scale_release(parts.store_path, "m", "r2", k=2.0)
+
+            assert (await watcher.scan()).deploys == []
+            marker = release_dir / "SHA256SUMS"
+            marker.write_text(marker.read_text() + "\n")  # republished
+            assert (await watcher.scan()).deploys == []
+            record = parts.repo.get_model("m")
+            assert record is not None
+            assert record.active_release == "r1"
 
     asyncio.run(scenario())

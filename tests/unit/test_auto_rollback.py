@@ -1,0 +1,271 @@
+"""AutoRollback on a fake Triton: the chain (fallback, CPU-only reload, failure), the degraded
+latch and the cooldown.
+
+The real store, staging and SQLite run on ``tmp_path``; only Triton is a fake, so these reach
+what the real server will not do on cue (a fallback that hangs past its budget, a CPU reload
+that fails). Each test asserts what an operator would read: the rollback record, the
+operations it ran, what serves, and what is latched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane.domain.operations import OperationKind, OperationStatus, Trigger
+from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
+from controlplane.services.deploy import DeployService
+from controlplane.services.rollback import AutoRollback, RollbackBudgets
+from tests.support.fakes import (
+    FakeMetrics,
+    FakeTriton,
+    LoadBlocks,
+    LoadFails,
+    Parts,
+    deploy_service,
+)
+from tests.support.service_views import publish, record
+from tests.unit.test_bluegreen_service import BLUE, GREEN, MODEL, blue_green
+
+OVERLOAD = "GPU utilisation above 0.95 for 10 s"
+
+
+@dataclass
+class Rig:
+    service: DeployService
+    parts: Parts
+    rollback: AutoRollback
+
+    async def deploy(self, release: str) -> None:
+        operation = await self.service.deploy(MODEL, release, trigger=Trigger.API)
+        done = await self.service.wait(operation.id)
+        assert done.status is OperationStatus.SUCCEEDED, done.error
+
+    def last(self) -> RollbackRecord:
+        found = self.parts.repo.last_rollback(MODEL)
+        assert found is not None
+        return found
+
+    def operations(self, record: RollbackRecord) -> list[tuple[OperationKind, OperationStatus]]:
+        found = [self.parts.repo.get_operation(i) for i in record.operation_ids]
+        return [(op.kind, op.status) for op in found if op is not None]
+
+    def degraded(self) -> list[str]:
+        return [d.release for d in self.parts.repo.degraded(MODEL)]
+
+
+@asynccontextmanager
+async def rig(
+    tmp_path: Path,
+    *,
+    fallback: Mapping[str, str] | None = None,
+    budgets: RollbackBudgets | None = None,
+    triton: FakeTriton | None = None,
+) -> AsyncIterator[Rig]:
+    async with deploy_service(
+        tmp_path, triton or FakeTriton(), traffic=blue_green(), metrics=FakeMetrics()
+    ) as (service, parts):
+        configured = dict(fallback or {})
+        rollback = AutoRollback(
+            deploy=service,
+            repo=parts.repo,
+            clock=parts.clock,
+            budgets=budgets or RollbackBudgets(fallback=2.0, cpu=2.0, cooldown=300.0),
+            configured_fallback=configured.get,
+            enabled=lambda _model: True,
+        )
+        yield Rig(service, parts, rollback)
+
+
+def test_a_warm_fallback_is_one_re_point_and_the_old_release_is_latched(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            publish(r.parts, "r1", "r2")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            loads_before = r.parts.triton.called("load", BLUE)
+
+            result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            assert result.acted
+            last = r.last()
+            assert (last.outcome, last.from_release, last.to_release) == (
+                RollbackOutcome.FALLBACK,
+                "r2",
+                "r1",
+            )
+            assert (last.trigger, last.reason) == (Trigger.WATCHER, OVERLOAD)
+            assert r.operations(last) == [(OperationKind.ROLLBACK, OperationStatus.SUCCEEDED)]
+            assert r.parts.triton.called("load", BLUE) == loads_before  # no load: a re-point
+            assert record(r.parts).active_release == "r1"
+            assert r.degraded() == ["r2"]
+            assert r.rollback.fallback(MODEL) is None  # r2 is no fallback any more
+            assert r.rollback.candidates() == []
+
+    asyncio.run(scenario())
+
+
+def test_triggers_in_the_cooldown_are_counted_and_a_person_is_not_held_back(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            publish(r.parts, "r1", "r2")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+            first = r.last()
+
+            held = [
+                await r.rollback.act(MODEL, trigger=trigger, reason="again")
+                for trigger in (Trigger.WATCHER, Trigger.ALERT, Trigger.WATCHER)
+            ]
+
+            assert [h.acted for h in held] == [False, False, False]
+            assert "cooldown" in held[0].note
+            assert r.last().id == first.id
+            assert r.last().suppressed == 3
+            assert r.rollback.cooldown_until(MODEL) is not None
+
+            # A person acts at once: no fallback is left, so the CPU-only reload.
+            by_hand = await r.rollback.act(MODEL, trigger=Trigger.API, reason="runbook")
+            assert by_hand.acted
+            assert r.last().outcome is RollbackOutcome.CPU
+            assert r.last().to_release == "r1"
+
+    asyncio.run(scenario())
+
+
+def test_after_the_cooldown_an_automatic_trigger_acts_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            publish(r.parts, "r1", "r2")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            r.parts.clock.advance(301)
+            again = await r.rollback.act(MODEL, trigger=Trigger.ALERT, reason=OVERLOAD)
+
+            assert again.acted
+            assert (r.last().trigger, r.last().outcome) == (Trigger.ALERT, RollbackOutcome.CPU)
+            assert r.rollback.cooldown_until(MODEL) is not None
+
+    asyncio.run(scenario())
+
+
+def test_a_fallback_that_fails_to_load_leads_to_the_cpu_only_reload(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with rig(tmp_path, fallback={MODEL: "r3"}, triton=triton) as r:
+            publish(r.parts, "r1", "r2", "r3")
+            await r.deploy("r1")  # blue
+            await r.deploy("r2")  # green, active
+            triton.script_load(BLUE, LoadFails("r3 does not initialize"))
+
+            result = await r.rollback.act(MODEL, trigger=Trigger.ALERT, reason=OVERLOAD)
+
+            assert result.acted
+            last = r.last()
+            assert (last.outcome, last.to_release) == (RollbackOutcome.CPU, "r2")
+            assert str(last.detail["fallback"]).startswith("triton_load_failed")
+            assert last.detail["cpu"] == "succeeded"
+            assert r.operations(last) == [
+                (OperationKind.ROLLBACK, OperationStatus.FAILED),
+                (OperationKind.CPU_FALLBACK, OperationStatus.SUCCEEDED),
+            ]
+            assert triton.configs[GREEN]["instance_group"] == [{"kind": "KIND_CPU", "count": 1}]
+            assert triton.configs[GREEN]["name"] == GREEN
+            assert record(r.parts).active_release == "r2"
+            slots = {s.name: s.state.value for s in record(r.parts).slots}
+            assert slots[GREEN] == "ACTIVE"
+            assert r.degraded() == ["r2"]
+
+    asyncio.run(scenario())
+
+
+def test_a_fallback_past_its_budget_is_cut_short_for_the_cpu_only_reload(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        budgets = RollbackBudgets(fallback=0.2, cpu=2.0, cooldown=300.0)
+        async with rig(tmp_path, fallback={MODEL: "r3"}, budgets=budgets, triton=triton) as r:
+            publish(r.parts, "r1", "r2", "r3")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            hang = LoadBlocks()
+            triton.script_load(BLUE, hang)
+
+            await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            last = r.last()
+            assert last.outcome is RollbackOutcome.CPU
+            assert "did not finish within 0.2 s" in str(last.detail["fallback"])
+            assert r.operations(last)[0] == (OperationKind.ROLLBACK, OperationStatus.INTERRUPTED)
+            assert hang.entered.is_set()
+            assert r.parts.locks.holder(MODEL) is None
+
+    asyncio.run(scenario())
+
+
+def test_when_every_step_fails_the_serving_release_stays_and_it_says_so(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with rig(tmp_path, fallback={MODEL: "r3"}, triton=triton) as r:
+            publish(r.parts, "r1", "r2", "r3")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            triton.script_load(BLUE, LoadFails("r3 does not initialize"))
+            triton.script_load(GREEN, LoadFails("no CPU build of this model"))
+
+            result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            assert not result.acted
+            last = r.last()
+            assert (last.outcome, last.to_release) == (RollbackOutcome.FAILED, None)
+            assert str(last.detail["cpu"]).startswith("triton_load_failed")
+            assert record(r.parts).active_release == "r2"
+            slots = {s.name: s.state.value for s in record(r.parts).slots}
+            assert slots[GREEN] == "ACTIVE"
+            # A failed chain is not retried every second either.
+            held = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+            assert not held.acted
+            assert "cooldown" in held.note
+
+    asyncio.run(scenario())
+
+
+def test_a_model_that_is_not_serving_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            results = await r.rollback.on_overload(
+                ["ghost"], trigger=Trigger.ALERT, reason=OVERLOAD
+            )
+            assert [(x.model, x.acted) for x in results] == [("ghost", False)]
+            assert "not serving here" in results[0].note
+            assert r.parts.repo.last_rollback("ghost") is None
+
+    asyncio.run(scenario())
+
+
+def test_a_deploy_by_a_person_clears_the_latch(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            publish(r.parts, "r1", "r2")
+            await r.deploy("r1")
+            await r.deploy("r2")
+            await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+            assert r.degraded() == ["r2"]
+
+            await r.deploy("r2")
+
+            assert r.degraded() == []
+            assert r.rollback.fallback(MODEL) == "r1"
+
+    asyncio.run(scenario())

@@ -1,0 +1,198 @@
+"""The overload watcher from samples to action, and the alert receiver from receipts to action.
+
+The source is a scripted :class:`UtilizationSource` and time a :class:`FakeClock`, so each
+scenario states exactly which sample arrived when; the rollback underneath is the real
+:class:`AutoRollback` over a fake Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from controlplane.domain.alerts import Alert, AlertStatus, Receipt
+from controlplane.domain.evaluator import Aggregate, EvaluatorConfig, Verdict
+from controlplane.domain.operations import Trigger
+from controlplane.domain.rollback import RollbackOutcome
+from controlplane.services.alerts import AlertReceiver
+from controlplane.services.overload import OverloadWatcher
+from tests.support.service_views import publish
+from tests.unit.test_auto_rollback import Rig, rig
+from tests.unit.test_bluegreen_service import MODEL
+
+
+class ScriptedSource:
+    """Answers the queued readings in order; the last one repeats."""
+
+    def __init__(self, *readings: dict[str, float] | None) -> None:
+        self._readings: deque[dict[str, float] | None] = deque(readings)
+
+    def then(self, *readings: dict[str, float] | None) -> None:
+        self._readings.extend(readings)
+
+    async def gpu_utilization(self) -> dict[str, float] | None:
+        if len(self._readings) > 1:
+            return self._readings.popleft()
+        return self._readings[0]
+
+    async def close(self) -> None:
+        return None
+
+
+def _watcher(r: Rig, source: ScriptedSource) -> OverloadWatcher:
+    return OverloadWatcher(
+        source=source,
+        source_name="triton",
+        rollback=r.rollback,
+        clock=r.parts.clock,
+        tasks=r.parts.tasks,
+        config=EvaluatorConfig(threshold=0.95, window=10.0, interval=1.0),
+        aggregate=Aggregate.ANY,
+    )
+
+
+async def _ticks(r: Rig, watcher: OverloadWatcher, seconds: int) -> list[Verdict]:
+    verdicts = []
+    for _ in range(seconds):
+        verdicts.append((await watcher.tick()).verdict)
+        r.parts.clock.advance(1.0)
+    return verdicts
+
+
+async def _serving_r2(r: Rig) -> None:
+    publish(r.parts, "r1", "r2")
+    await r.deploy("r1")
+    await r.deploy("r2")
+
+
+async def _settled(r: Rig) -> None:
+    task = r.parts.tasks.get("overload-action")
+    if task is not None:
+        await task
+
+
+def test_ten_seconds_above_the_line_rolls_back_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            await _serving_r2(r)
+            watcher = _watcher(r, ScriptedSource({"gpu0": 0.99, "gpu1": 0.10}))
+
+            verdicts = await _ticks(r, watcher, 11)
+            await _settled(r)
+            verdicts += await _ticks(r, watcher, 5)
+            await _settled(r)
+
+            assert Verdict.BREACH in verdicts
+            assert verdicts.index(Verdict.BREACH) == 10  # the 11th sample covers 10 s
+            last = r.last()
+            assert (last.trigger, last.outcome, last.to_release) == (
+                Trigger.WATCHER,
+                RollbackOutcome.FALLBACK,
+                "r1",
+            )
+            assert "above 0.95 for 10 s" in last.reason
+            assert len(r.parts.repo.list_operations(MODEL, 50)) == 3  # 2 deploys, 1 rollback
+
+    asyncio.run(scenario())
+
+
+def test_a_dip_at_second_nine_or_a_missing_reading_never_acts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            await _serving_r2(r)
+            high = {"gpu0": 0.99}
+            source = ScriptedSource(*([high] * 9), {"gpu0": 0.50}, *([high] * 9), None, high)
+            watcher = _watcher(r, source)
+
+            verdicts = await _ticks(r, watcher, 21)
+            await _settled(r)
+
+            assert Verdict.BREACH not in verdicts
+            assert verdicts[19] is Verdict.UNKNOWN  # the failed read holds
+            view = watcher.view
+            assert view is not None
+            assert view.note == ""
+            assert r.parts.repo.last_rollback(MODEL) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_source_without_gpus_is_unknown_and_says_why(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            watcher = _watcher(r, ScriptedSource({}))
+            verdicts = await _ticks(r, watcher, 12)
+            assert set(verdicts) == {Verdict.UNKNOWN}
+            assert watcher.view is not None
+            assert "no GPU" in watcher.view.note
+
+    asyncio.run(scenario())
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def _alert(status: AlertStatus, **labels: str) -> Alert:
+    return Alert(
+        fingerprint="ab12",
+        starts_at=datetime(2026, 11, 29, 10, 0, tzinfo=UTC),
+        status=status,
+        labels={"alertname": "GpuOverload", **labels},
+    )
+
+
+def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            await _serving_r2(r)
+            receiver = AlertReceiver(
+                repo=r.parts.repo,
+                rollback=r.rollback,
+                clock=r.parts.clock,
+                tasks=r.parts.tasks,
+                model_label="model",
+            )
+
+            answers = receiver.receive([_alert(AlertStatus.FIRING, model=MODEL)] * 3)
+            answers += receiver.receive([_alert(AlertStatus.RESOLVED, model=MODEL)])
+            await _until(lambda: r.parts.repo.last_rollback(MODEL) is not None)
+
+            assert [a.receipt for a in answers] == [
+                Receipt.NEW,
+                Receipt.DUPLICATE,
+                Receipt.DUPLICATE,
+                Receipt.RESOLVED,
+            ]
+            assert (r.last().trigger, r.last().to_release) == (Trigger.ALERT, "r1")
+            kinds = [op.kind.value for op in r.parts.repo.list_operations(MODEL, 50)]
+            assert kinds.count("rollback") == 1
+            [stored] = r.parts.repo.list_alerts()
+            assert (stored.alert.status, stored.receipts) == (AlertStatus.RESOLVED, 4)
+
+    asyncio.run(scenario())
+
+
+def test_an_alert_naming_an_invalid_model_is_recorded_and_does_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            receiver = AlertReceiver(
+                repo=r.parts.repo,
+                rollback=r.rollback,
+                clock=r.parts.clock,
+                tasks=r.parts.tasks,
+                model_label="model",
+            )
+            [answer] = receiver.receive([_alert(AlertStatus.FIRING, model="../etc")])
+            assert answer.receipt is Receipt.NEW
+            assert "nothing done" in answer.action
+            assert r.parts.repo.list_operations(None, 50) == []
+            assert len(r.parts.repo.list_alerts()) == 1
+
+    asyncio.run(scenario())
