@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
+from tests.support.models import write_scale_release
 
 _names = itertools.count()
 
@@ -43,3 +44,24 @@ def daemons(triton: RunningTriton, tmp_path: Path) -> Iterator[DaemonFactory]:
     yield start
     for daemon in started:
         daemon.stop()
+
+
+def serving_r2(
+    daemons: DaemonFactory, store: Path, model: str, *, config: str, token: str | None = None
+) -> Daemon:
+    """A daemon serving r2 (answers 2x) with r1 (1x) as the previous, warm release."""
+    write_scale_release(store, model, "r1", k=1.0)
+    write_scale_release(store, model, "r2", k=2.0)
+    daemon = daemons(store, config=config, token=token)
+    if token is not None:
+        daemon.headers["authorization"] = f"Bearer {token}"
+    for release in ("r1", "r2"):
+        response = daemon.deploy(model, release)
+        assert response.status_code == 200, response.text
+    return daemon
+
+
+def rollback_operations(daemon: Daemon, model: str) -> list[tuple[str, str]]:
+    """(trigger, status) of the model's rollback operations, newest first."""
+    operations = daemon.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
+    return [(op["trigger"], op["status"]) for op in operations if op["kind"] == "rollback"]

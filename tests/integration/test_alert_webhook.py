@@ -14,10 +14,8 @@ import httpx
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory
-from tests.support.daemon import Daemon
+from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
 from tests.support.inference import infer_once
-from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
@@ -59,25 +57,10 @@ def notification(
     }
 
 
-def _serving_r2(daemons: DaemonFactory, store: Path, model: str) -> Daemon:
-    write_scale_release(store, model, "r1", k=1.0)
-    write_scale_release(store, model, "r2", k=2.0)
-    daemon = daemons(store, config=_config(model), token=TOKEN)
-    daemon.headers["authorization"] = f"Bearer {TOKEN}"
-    assert daemon.deploy(model, "r1").status_code == 200
-    assert daemon.deploy(model, "r2").status_code == 200
-    return daemon
-
-
-def _rollback_operations(daemon: Daemon, model: str) -> list[tuple[str, str]]:
-    operations = daemon.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
-    return [(op["trigger"], op["status"]) for op in operations if op["kind"] == "rollback"]
-
-
 def test_a_firing_alert_rolls_back_once_and_resolved_changes_nothing(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    daemon = _serving_r2(daemons, store, model_name)
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name), token=TOKEN)
 
     first = daemon.post("/v1/alerts", notification(model=model_name))
 
@@ -101,7 +84,7 @@ def test_a_firing_alert_rolls_back_once_and_resolved_changes_nothing(
     assert [(a["fingerprint"], a["status"], a["receipts"]) for a in stored] == [
         ("6f1c2b3a4d5e6f70", "resolved", 3)
     ]
-    assert _rollback_operations(daemon, model_name) == [("alert", "succeeded")]
+    assert rollback_operations(daemon, model_name) == [("alert", "succeeded")]
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert model["active_release"] == "r1"
     last = model["rollback"]["last"]
@@ -120,7 +103,7 @@ def test_a_firing_alert_rolls_back_once_and_resolved_changes_nothing(
 def test_bad_webhook_input_is_refused_and_changes_nothing(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    daemon = _serving_r2(daemons, store, model_name)
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name), token=TOKEN)
     good = notification(model=model_name)
     missing = json.loads(json.dumps(good))
     del missing["alerts"][0]["fingerprint"]
@@ -144,7 +127,7 @@ def test_bad_webhook_input_is_refused_and_changes_nothing(
         assert mentions in response.json()["error"]["message"], (name, response.text[:300])
 
     assert daemon.get("/v1/alerts").json()["alerts"] == []
-    assert _rollback_operations(daemon, model_name) == []
+    assert rollback_operations(daemon, model_name) == []
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert (model["active_release"], model["rollback"]["last"]) == ("r2", None)
     assert infer_once(triton.grpc_url, model_name) == 2.0
@@ -153,7 +136,7 @@ def test_bad_webhook_input_is_refused_and_changes_nothing(
 def test_the_runbook_route_serves_the_fallback_now(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    daemon = _serving_r2(daemons, store, model_name)
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name), token=TOKEN)
 
     wrong = daemon.http.post("/api/v1/model/reload", params={"target": "previous"})
     assert wrong.status_code == 400
@@ -171,7 +154,7 @@ def test_the_runbook_route_serves_the_fallback_now(
         "r1",
     )
     assert infer_once(triton.grpc_url, model_name) == 1.0
-    assert _rollback_operations(daemon, model_name) == [("api", "succeeded")]
+    assert rollback_operations(daemon, model_name) == [("api", "succeeded")]
 
     # Nothing left to fall back to (r2 is degraded): without a model name, a clear 409.
     none_left = daemon.http.post("/api/v1/model/reload", params={"target": "fallback"})

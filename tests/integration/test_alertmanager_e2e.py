@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory
+from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
 from tests.support.daemon import Daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import infer_once
-from tests.support.models import write_scale_release
 from tests.support.monitoring import Alertmanager, Prometheus, overload_rule
 from tests.support.polling import eventually
 
@@ -35,24 +34,9 @@ def _config(model: str, source: str, prometheus_url: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _serving_r2(daemons: DaemonFactory, store: Path, model: str, config: str) -> Daemon:
-    write_scale_release(store, model, "r1", k=1.0)
-    write_scale_release(store, model, "r2", k=2.0)
-    daemon = daemons(store, config=config, token=TOKEN)
-    daemon.headers["authorization"] = f"Bearer {TOKEN}"
-    assert daemon.deploy(model, "r1").status_code == 200
-    assert daemon.deploy(model, "r2").status_code == 200
-    return daemon
-
-
 def _stored_alerts(daemon: Daemon) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = daemon.get("/v1/alerts").json()["alerts"]
     return found
-
-
-def _rollbacks(daemon: Daemon, model: str) -> list[tuple[str, str]]:
-    operations = daemon.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
-    return [(op["trigger"], op["status"]) for op in operations if op["kind"] == "rollback"]
 
 
 def test_an_alert_through_prometheus_and_alertmanager_rolls_back_once(
@@ -62,7 +46,7 @@ def test_an_alert_through_prometheus_and_alertmanager_rolls_back_once(
     triton: RunningTriton,
     tmp_path: Path,
 ) -> None:
-    daemon = _serving_r2(daemons, store, model_name, _config(model_name, "none"))
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name, "none"), token=TOKEN)
     with (
         GpuExporter() as exporter,
         Alertmanager(
@@ -92,7 +76,7 @@ def test_an_alert_through_prometheus_and_alertmanager_rolls_back_once(
             "three receipts of the firing alert",
             every=0.2,
         )
-        assert _rollbacks(daemon, model_name) == [("alert", "succeeded")]
+        assert rollback_operations(daemon, model_name) == [("alert", "succeeded")]
 
         exporter.set(gpu0=0.10)
         eventually(
@@ -105,7 +89,7 @@ def test_an_alert_through_prometheus_and_alertmanager_rolls_back_once(
     [alert] = _stored_alerts(daemon)
     assert alert["labels"]["alertname"] == "GpuOverload"
     assert alert["labels"]["model"] == model_name
-    assert _rollbacks(daemon, model_name) == [("alert", "succeeded")]
+    assert rollback_operations(daemon, model_name) == [("alert", "succeeded")]
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert (model["active_release"], model["rollback"]["last"]["trigger"]) == ("r1", "alert")
     assert [d["release"] for d in model["rollback"]["degraded"]] == ["r2"]
@@ -126,7 +110,7 @@ def test_the_watcher_reading_a_prometheus_query_rolls_back(
         exporter.set(gpu0=0.30, gpu1=0.20)
         prometheus.wait_for_scrape()
         config = _config(model_name, "prometheus", prometheus.url)
-        daemon = _serving_r2(daemons, store, model_name, config)
+        daemon = serving_r2(daemons, store, model_name, config=config, token=TOKEN)
         eventually(
             lambda: (
                 (daemon.get(f"/v1/models/{model_name}").json()["overload"] or {}).get("verdict")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory
+from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
 from tests.support.daemon import Daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator, infer_once
@@ -78,11 +78,7 @@ def test_held_overload_brings_the_fallback_back_within_the_budget(
     triton: RunningTriton,
     exporter: GpuExporter,
 ) -> None:
-    write_scale_release(store, model_name, "r1", k=1.0)
-    write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store, config=_config(exporter, model_name))
-    assert daemon.deploy(model_name, "r1").status_code == 200
-    assert daemon.deploy(model_name, "r2").status_code == 200
+    daemon = serving_r2(daemons, store, model_name, config=_config(exporter, model_name))
     _wait_scrapes(exporter, 2)
     assert _model(daemon, model_name)["overload"]["verdict"] == "healthy"
 
@@ -118,8 +114,7 @@ def test_held_overload_brings_the_fallback_back_within_the_budget(
 
     # Still overloaded: the degraded r2 is never a fallback, so nothing more happens.
     _wait_scrapes(exporter, 3)
-    rollbacks = [op for op in _operations(daemon, model_name) if op["kind"] == "rollback"]
-    assert [(op["trigger"], op["status"]) for op in rollbacks] == [("watcher", "succeeded")]
+    assert rollback_operations(daemon, model_name) == [("watcher", "succeeded")]
     assert infer_once(triton.grpc_url, model_name) == 1.0
 
 
@@ -130,11 +125,7 @@ def test_a_one_sample_dip_in_the_window_is_no_breach(
     triton: RunningTriton,
     exporter: GpuExporter,
 ) -> None:
-    write_scale_release(store, model_name, "r1", k=1.0)
-    write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store, config=_config(exporter, model_name))
-    assert daemon.deploy(model_name, "r1").status_code == 200
-    assert daemon.deploy(model_name, "r2").status_code == 200
+    daemon = serving_r2(daemons, store, model_name, config=_config(exporter, model_name))
 
     # 0.99 for 7 scrapes, one scrape at 0.50, 0.99 for 8 more: never 10 s above the line.
     exporter.set(gpu0=0.99)

@@ -44,6 +44,12 @@ class Rig:
         done = await self.service.wait(operation.id)
         assert done.status is OperationStatus.SUCCEEDED, done.error
 
+    async def serving_r2(self, *also: str) -> None:
+        """r1 on blue (warm, previous), r2 on green (active); ``also`` only published."""
+        publish(self.parts, "r1", "r2", *also)
+        await self.deploy("r1")
+        await self.deploy("r2")
+
     def last(self) -> RollbackRecord:
         found = self.parts.repo.last_rollback(MODEL)
         assert found is not None
@@ -83,9 +89,7 @@ async def rig(
 def test_a_warm_fallback_is_one_re_point_and_the_old_release_is_latched(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            publish(r.parts, "r1", "r2")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2()
             loads_before = r.parts.triton.called("load", BLUE)
 
             result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
@@ -113,9 +117,7 @@ def test_triggers_in_the_cooldown_are_counted_and_a_person_is_not_held_back(
 ) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            publish(r.parts, "r1", "r2")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2()
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
             first = r.last()
 
@@ -142,9 +144,7 @@ def test_triggers_in_the_cooldown_are_counted_and_a_person_is_not_held_back(
 def test_after_the_cooldown_an_automatic_trigger_acts_again(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            publish(r.parts, "r1", "r2")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2()
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
 
             r.parts.clock.advance(301)
@@ -161,9 +161,7 @@ def test_a_fallback_that_fails_to_load_leads_to_the_cpu_only_reload(tmp_path: Pa
     async def scenario() -> None:
         triton = FakeTriton()
         async with rig(tmp_path, fallback={MODEL: "r3"}, triton=triton) as r:
-            publish(r.parts, "r1", "r2", "r3")
-            await r.deploy("r1")  # blue
-            await r.deploy("r2")  # green, active
+            await r.serving_r2("r3")
             triton.script_load(BLUE, LoadFails("r3 does not initialize"))
 
             result = await r.rollback.act(MODEL, trigger=Trigger.ALERT, reason=OVERLOAD)
@@ -194,9 +192,7 @@ def test_a_fallback_past_its_budget_is_cut_short_for_the_cpu_only_reload(
         triton = FakeTriton()
         budgets = RollbackBudgets(fallback=0.2, cpu=2.0, cooldown=300.0)
         async with rig(tmp_path, fallback={MODEL: "r3"}, budgets=budgets, triton=triton) as r:
-            publish(r.parts, "r1", "r2", "r3")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2("r3")
             hang = LoadBlocks()
             triton.script_load(BLUE, hang)
 
@@ -218,9 +214,7 @@ def test_when_every_step_fails_the_serving_release_stays_and_it_says_so(
     async def scenario() -> None:
         triton = FakeTriton()
         async with rig(tmp_path, fallback={MODEL: "r3"}, triton=triton) as r:
-            publish(r.parts, "r1", "r2", "r3")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2("r3")
             triton.script_load(BLUE, LoadFails("r3 does not initialize"))
             triton.script_load(GREEN, LoadFails("no CPU build of this model"))
 
@@ -257,9 +251,7 @@ def test_a_model_that_is_not_serving_is_refused(tmp_path: Path) -> None:
 def test_a_deploy_by_a_person_clears_the_latch(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            publish(r.parts, "r1", "r2")
-            await r.deploy("r1")
-            await r.deploy("r2")
+            await r.serving_r2()
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
             assert r.degraded() == ["r2"]
 

@@ -19,7 +19,6 @@ from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import RollbackOutcome
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.overload import OverloadWatcher
-from tests.support.service_views import publish
 from tests.unit.test_auto_rollback import Rig, rig
 from tests.unit.test_bluegreen_service import MODEL
 
@@ -62,12 +61,6 @@ async def _ticks(r: Rig, watcher: OverloadWatcher, seconds: int) -> list[Verdict
     return verdicts
 
 
-async def _serving_r2(r: Rig) -> None:
-    publish(r.parts, "r1", "r2")
-    await r.deploy("r1")
-    await r.deploy("r2")
-
-
 async def _settled(r: Rig) -> None:
     task = r.parts.tasks.get("overload-action")
     if task is not None:
@@ -77,7 +70,7 @@ async def _settled(r: Rig) -> None:
 def test_ten_seconds_above_the_line_rolls_back_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            await _serving_r2(r)
+            await r.serving_r2()
             watcher = _watcher(r, ScriptedSource({"gpu0": 0.99, "gpu1": 0.10}))
 
             verdicts = await _ticks(r, watcher, 11)
@@ -102,7 +95,7 @@ def test_ten_seconds_above_the_line_rolls_back_once(tmp_path: Path) -> None:
 def test_a_dip_at_second_nine_or_a_missing_reading_never_acts(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            await _serving_r2(r)
+            await r.serving_r2()
             high = {"gpu0": 0.99}
             source = ScriptedSource(*([high] * 9), {"gpu0": 0.50}, *([high] * 9), None, high)
             watcher = _watcher(r, source)
@@ -132,6 +125,16 @@ def test_a_source_without_gpus_is_unknown_and_says_why(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def _receiver(r: Rig) -> AlertReceiver:
+    return AlertReceiver(
+        repo=r.parts.repo,
+        rollback=r.rollback,
+        clock=r.parts.clock,
+        tasks=r.parts.tasks,
+        model_label="model",
+    )
+
+
 async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
@@ -151,14 +154,8 @@ def _alert(status: AlertStatus, **labels: str) -> Alert:
 def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            await _serving_r2(r)
-            receiver = AlertReceiver(
-                repo=r.parts.repo,
-                rollback=r.rollback,
-                clock=r.parts.clock,
-                tasks=r.parts.tasks,
-                model_label="model",
-            )
+            await r.serving_r2()
+            receiver = _receiver(r)
 
             answers = receiver.receive([_alert(AlertStatus.FIRING, model=MODEL)] * 3)
             answers += receiver.receive([_alert(AlertStatus.RESOLVED, model=MODEL)])
@@ -182,13 +179,7 @@ def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
 def test_an_alert_naming_an_invalid_model_is_recorded_and_does_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
-            receiver = AlertReceiver(
-                repo=r.parts.repo,
-                rollback=r.rollback,
-                clock=r.parts.clock,
-                tasks=r.parts.tasks,
-                model_label="model",
-            )
+            receiver = _receiver(r)
             [answer] = receiver.receive([_alert(AlertStatus.FIRING, model="../etc")])
             assert answer.receipt is Receipt.NEW
             assert "nothing done" in answer.action
