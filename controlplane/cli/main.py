@@ -196,6 +196,32 @@ def _print_model(view: dict[str, Any]) -> None:
         )
     if view.get("running_operation"):
         typer.echo(f"  running:   {view['running_operation']}")
+    _print_rollback(view)
+
+
+def _print_rollback(view: dict[str, Any]) -> None:
+    overload = view.get("overload")
+    if overload:
+        typer.echo(
+            f"  overload:  {overload['verdict']} ({overload['reason']}) "
+            f"[{overload['source']}, {overload['covered_seconds']:.1f} s covered]"
+        )
+    rollback = view.get("rollback") or {}
+    typer.echo(f"  fallback:  {rollback.get('fallback') or '-'}")
+    last = rollback.get("last")
+    if last:
+        target = last.get("to_release") or "-"
+        typer.echo(
+            f"  rollback:  {last['outcome']} {last.get('from_release')} -> {target} "
+            f"by {last['trigger']} at {last['at']}: {last['reason']}"
+        )
+        if last.get("suppressed_in_cooldown"):
+            typer.echo(f"             {last['suppressed_in_cooldown']} later trigger(s) held back")
+    if rollback.get("cooldown_until"):
+        typer.echo(f"  cooldown:  until {rollback['cooldown_until']}")
+    degraded = ", ".join(d["release"] for d in rollback.get("degraded", []))
+    if degraded:
+        typer.echo(f"  degraded:  {degraded} (not re-promoted automatically)")
 
 
 def _call(fn: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
+from tests.integration.test_cli import cli
 from tests.support.inference import infer_once
 from tests.support.polling import eventually
 
@@ -91,6 +92,9 @@ def test_a_firing_alert_rolls_back_once_and_resolved_changes_nothing(
     assert (last["trigger"], last["outcome"], last["to_release"]) == ("alert", "fallback", "r1")
     assert last["reason"] == "GpuOverload: GPU utilisation above 95 % for 10 s"
     assert infer_once(triton.grpc_url, model_name) == 1.0
+    status = cli(daemon.url, "status", model_name).stdout
+    assert "rollback:  fallback r2 -> r1 by alert" in status
+    assert "degraded:  r2 (not re-promoted automatically)" in status
 
     # A new alert without a model label acts on every model with a fallback: none is left,
     # since r2 is latched degraded.
