@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
-from controlplane.domain.operations import Operation
+from controlplane.domain.operations import Operation, Step
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
@@ -293,6 +293,26 @@ class StateRepo(Protocol):
         ...
 
     def list_alerts(self, limit: int = 50) -> list[AlertRecord]: ...
+
+
+# --- telemetry ----------------------------------------------------------------------------
+
+
+class Telemetry(Protocol):
+    """What the use cases report as it happens, for ``/metrics``. Every method is cheap and
+    never raises: telemetry must not fail an operation."""
+
+    def operation_finished(self, operation: Operation) -> None: ...
+
+    def step_finished(self, operation: Operation, step: Step) -> None: ...
+
+    def rollback_recorded(self, record: RollbackRecord) -> None: ...
+
+    def rollback_suppressed(self, model: str) -> None: ...
+
+    def alert_received(self, receipt: Receipt) -> None: ...
+
+    def overload_evaluated(self, verdict: str, value: float | None) -> None: ...
 
 
 # --- time ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from controlplane.adapters.persistence.sqlite import SqliteStateRepo
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import watch_local_store
+from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
@@ -48,6 +49,7 @@ class Container:
     alerts: AlertReceiver
     overload: OverloadWatcher | None
     utilization: UtilizationSource | None
+    telemetry: PrometheusTelemetry
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
     async def close(self) -> None:
@@ -85,6 +87,7 @@ def build(settings: Settings) -> Container:
     store = build_store(settings)
     clock = SystemClock()
     repo = SqliteStateRepo(settings.database_path)
+    telemetry = PrometheusTelemetry(repo)
     triton = TritonDriver(
         settings.triton.grpc_url,
         call_timeout=settings.triton.call_timeout_seconds,
@@ -110,6 +113,7 @@ def build(settings: Settings) -> Container:
         ),
         traffic=settings.traffic,
         metrics=metrics,
+        telemetry=telemetry,
     )
     reconciler = Reconciler(
         deploy=deploy,
@@ -131,6 +135,7 @@ def build(settings: Settings) -> Container:
         ),
         configured_fallback=lambda model: settings.policy(model).fallback_release,
         enabled=lambda model: settings.policy(model).auto_rollback,
+        telemetry=telemetry,
     )
     utilization = build_utilization_source(settings)
     overload = (
@@ -149,6 +154,7 @@ def build(settings: Settings) -> Container:
             ),
             aggregate=Aggregate(settings.rollback.aggregate),
             scale=0.01 if settings.rollback.unit == "percent" else 1.0,
+            telemetry=telemetry,
         )
     )
     status = StatusService(
@@ -196,7 +202,9 @@ def build(settings: Settings) -> Container:
             clock=clock,
             tasks=tasks,
             model_label=settings.rollback.alert_label,
+            telemetry=telemetry,
         ),
+        telemetry=telemetry,
         overload=overload,
         utilization=utilization,
         background=background,

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from controlplane import __version__
 from controlplane.api.errors import error_body, install_handlers, status_for
@@ -45,6 +45,7 @@ from controlplane.wiring import Container, build
 
 log = logging.getLogger(__name__)
 CLIENT_HEADER = "x-controlplane-client"
+METRICS_LIVENESS_TIMEOUT = 2.0
 
 
 class NotReady(TransientError):
@@ -131,6 +132,17 @@ def create_app(settings: Settings) -> FastAPI:
                 status_code=503,
             )
         return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", tags=["probes"])
+    async def metrics(c: Reader) -> Response:
+        """Prometheus metrics: operations, step durations, rollbacks, alerts, what serves."""
+        try:  # a scrape must not hang on a Triton that does not answer
+            live = await asyncio.wait_for(c.triton.is_live(), METRICS_LIVENESS_TIMEOUT)
+        except TimeoutError:
+            live = False
+        c.telemetry.triton_up(live)
+        body, content_type = c.telemetry.render()
+        return Response(content=body, media_type=content_type)
 
     @app.get("/v1/models", tags=["models"])
     async def list_models(c: Reader) -> dict[str, Any]:

@@ -17,9 +17,10 @@ from controlplane.domain.alerts import Alert, Receipt
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Trigger
-from controlplane.ports import Clock, StateRepo
+from controlplane.ports import Clock, StateRepo, Telemetry
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ class AlertReceiver:
         clock: Clock,
         tasks: TaskOwner,
         model_label: str,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        self._telemetry = telemetry
         self._repo = repo
         self._rollback = rollback
         self._clock = clock
@@ -53,6 +56,7 @@ class AlertReceiver:
 
     def _one(self, alert: Alert) -> AlertAnswer:
         receipt = self._repo.record_alert(alert, self._clock.now())
+        self._telemetry.alert_received(receipt)
         answer = AlertAnswer(alert.fingerprint, alert.status.value, receipt, "")
         if receipt is Receipt.RESOLVED:
             log.info("alert %s resolved; nothing is re-promoted", alert.describe())

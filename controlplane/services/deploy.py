@@ -39,6 +39,7 @@ from controlplane.ports import (
     Placement,
     Staging,
     StateRepo,
+    Telemetry,
     Triton,
 )
 from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
@@ -46,6 +47,7 @@ from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
+from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,9 @@ class DeployService:
         policy: DeployPolicy,
         traffic: Callable[[str], TrafficPolicy] | None = None,
         metrics: MetricsSource | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        self._telemetry = telemetry
         self._store = store
         self._staging = staging
         self._editor = editor
@@ -294,6 +298,7 @@ class DeployService:
                 ),
                 self._repo,
                 self._clock,
+                self._telemetry,
             )
         except BaseException:
             self._locks.release(model, operation_id)

@@ -25,9 +25,10 @@ from controlplane.domain.evaluator import (
     evaluate,
 )
 from controlplane.domain.operations import Trigger
-from controlplane.ports import Clock, UtilizationSource
+from controlplane.ports import Clock, Telemetry, UtilizationSource
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ class OverloadWatcher:
         config: EvaluatorConfig,
         aggregate: Aggregate,
         scale: float = 1.0,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        self._telemetry = telemetry
         self._source = source
         self._source_name = source_name
         self._rollback = rollback
@@ -95,6 +98,7 @@ class OverloadWatcher:
         evaluation = evaluate(self._samples, now, self._config)
         previous = self._view.evaluation.verdict if self._view else None
         self._view = OverloadView(self._source_name, evaluation, self._clock.now(), value, note)
+        self._telemetry.overload_evaluated(evaluation.verdict.value, value)
         if evaluation.verdict is not previous:
             level = logging.WARNING if evaluation.verdict is Verdict.BREACH else logging.INFO
             log.log(level, "GPU overload verdict: %s (%s)", evaluation.verdict, evaluation.reason)

@@ -34,8 +34,9 @@ from controlplane.domain.rollback import (
     cooldown_until,
     in_cooldown,
 )
-from controlplane.ports import Clock, StateRepo
+from controlplane.ports import Clock, StateRepo, Telemetry
 from controlplane.services.deploy import DeployService
+from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
 LOCK_POLL = 0.05
@@ -76,7 +77,9 @@ class AutoRollback:
         budgets: RollbackBudgets,
         configured_fallback: Callable[[str], str | None],
         enabled: Callable[[str], bool],
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
+        self._telemetry = telemetry
         self._deploy = deploy
         self._repo = repo
         self._clock = clock
@@ -144,6 +147,7 @@ class AutoRollback:
             if trigger in AUTOMATIC and in_cooldown(last, self.cooldown, self._clock.now()):
                 assert last is not None
                 self._repo.count_suppressed(last.id)
+                self._telemetry.rollback_suppressed(model)
                 until = cooldown_until(last, self.cooldown)
                 note = f"in cooldown until {until.isoformat() if until else '?'}; counted"
                 log.info("rollback trigger for %s held back: %s", model, note)
@@ -202,6 +206,7 @@ class AutoRollback:
             detail=detail,
         )
         self._repo.save_rollback(done)
+        self._telemetry.rollback_recorded(done)
         if outcome is RollbackOutcome.FAILED:
             log.error(
                 "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload both "

@@ -14,17 +14,25 @@ from contextlib import asynccontextmanager
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.operations import Operation
-from controlplane.ports import Clock, FetchProgress, StateRepo
+from controlplane.ports import Clock, FetchProgress, StateRepo, Telemetry
+from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
 PROGRESS_SAVE_INTERVAL = 0.5
 
 
 class OperationTracker:
-    def __init__(self, operation: Operation, repo: StateRepo, clock: Clock) -> None:
+    def __init__(
+        self,
+        operation: Operation,
+        repo: StateRepo,
+        clock: Clock,
+        telemetry: Telemetry = NO_TELEMETRY,
+    ) -> None:
         self._op = operation
         self._repo = repo
         self._clock = clock
+        self._telemetry = telemetry
         self._lock = threading.Lock()
         self._last_progress_save = 0.0
         self._save()
@@ -41,9 +49,11 @@ class OperationTracker:
             yield
         except BaseException:
             self._apply(lambda op: op.finish_step(self._clock.now(), ok=False))
+            self._telemetry.step_finished(self._op, self._op.steps[-1])
             raise
         self._apply(lambda op: op.finish_step(self._clock.now(), ok=True))
         step = self._op.steps[-1]
+        self._telemetry.step_finished(self._op, step)
         log.info(
             "step %s done in %.3f s",
             name,
@@ -76,16 +86,19 @@ class OperationTracker:
     def succeed(self) -> Operation:
         self._apply(lambda op: op.succeed(self._clock.now()))
         log.info("operation succeeded", extra={"operation_id": self._op.id})
+        self._telemetry.operation_finished(self._op)
         return self._op
 
     def fail(self, error: ControlPlaneError) -> Operation:
         self._apply(lambda op: op.fail(self._clock.now(), error.code, error.message))
         log.warning("operation failed: %s", error, extra={"operation_id": self._op.id})
+        self._telemetry.operation_finished(self._op)
         return self._op
 
     def interrupt(self) -> Operation:
         self._apply(lambda op: op.interrupt(self._clock.now()))
         log.warning("operation interrupted", extra={"operation_id": self._op.id})
+        self._telemetry.operation_finished(self._op)
         return self._op
 
     def _apply(self, change: Callable[[Operation], Operation]) -> None:

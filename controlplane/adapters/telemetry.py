@@ -1,0 +1,180 @@
+"""``/metrics``: what the daemon did and what it holds, in Prometheus's text format.
+
+Owns every use of ``prometheus_client`` for export (the Triton metrics reader only parses).
+Events reported by the services (:class:`~controlplane.ports.Telemetry`) update counters,
+histograms and gauges as they happen; what serving looks like now (the active release of each
+model, the state of each slot) is read from the state repository at scrape time, so it is never
+stale and survives a restart. The registry is this object's own, not the process-wide default,
+so two daemons in one process (tests) do not share series.
+
+Names follow Prometheus conventions: a ``controlplane_`` prefix, ``_seconds`` and ``_bytes``
+units, ``_total`` counters. Labels have bounded values only (kinds, outcomes, triggers, step
+names, model and slot names, verdicts); free text such as a rollback's reason is never a label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from controlplane.domain.alerts import Receipt
+from controlplane.domain.operations import Operation, Step, Trigger
+from controlplane.domain.rollback import RollbackRecord
+from controlplane.ports import StateRepo
+
+# From a cached re-point (ms) to a big model's load (minutes).
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+VERDICTS = ("breach", "healthy", "unknown")
+ROLLBACK_REASONS = {
+    Trigger.WATCHER: "gpu_overload",
+    Trigger.ALERT: "alert",
+    Trigger.API: "manual",
+    Trigger.CLI: "manual",
+}
+
+
+class PrometheusTelemetry:
+    def __init__(self, repo: StateRepo) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._operations = Counter(
+            "controlplane_operations",
+            "Operations finished, by kind, outcome (succeeded, failed, interrupted) and trigger.",
+            ["kind", "outcome", "trigger"],
+            registry=r,
+        )
+        self._operation_seconds = Histogram(
+            "controlplane_operation_duration_seconds",
+            "Wall time of finished operations, by kind.",
+            ["kind"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self._step_seconds = Histogram(
+            "controlplane_step_duration_seconds",
+            "Wall time of operation steps (fetch, verify, place, load, preflight, switch, "
+            "drain, unload, ...), by step.",
+            ["step"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self._downloaded = Counter(
+            "controlplane_downloaded_bytes",
+            "Bytes downloaded from the store (bytes found in the content cache not counted).",
+            registry=r,
+        )
+        self._rollbacks = Counter(
+            "controlplane_rollbacks",
+            "Rollbacks by model, trigger, outcome (fallback, cpu, failed) and reason "
+            "(gpu_overload, alert, manual).",
+            ["model", "trigger", "outcome", "reason"],
+            registry=r,
+        )
+        self._suppressed = Counter(
+            "controlplane_rollback_triggers_suppressed",
+            "Automatic rollback triggers held back by the cooldown, by model.",
+            ["model"],
+            registry=r,
+        )
+        self._alerts = Counter(
+            "controlplane_alerts_received",
+            "Alertmanager alerts received, by receipt (new, duplicate, resolved).",
+            ["receipt"],
+            registry=r,
+        )
+        self._verdict = Gauge(
+            "controlplane_overload_verdict",
+            "The overload watcher's current verdict: 1 on the current one, 0 on the others.",
+            ["verdict"],
+            registry=r,
+        )
+        self._utilization = Gauge(
+            "controlplane_gpu_utilization",
+            "GPU utilisation the overload watcher last sampled (ratio; NaN when unknown).",
+            registry=r,
+        )
+        self._triton_up = Gauge(
+            "controlplane_triton_up", "1 when Triton answered the last liveness check.", registry=r
+        )
+        for receipt in Receipt:
+            self._alerts.labels(receipt=receipt.value)
+        for verdict in VERDICTS:
+            self._verdict.labels(verdict=verdict).set(0)
+        self._utilization.set(float("nan"))
+        r.register(_ServingCollector(repo))
+
+    # --- Telemetry ----------------------------------------------------------------------
+
+    def operation_finished(self, operation: Operation) -> None:
+        kind = operation.kind.value
+        self._operations.labels(
+            kind=kind, outcome=operation.status.value, trigger=operation.trigger.value
+        ).inc()
+        if operation.duration_seconds is not None:
+            self._operation_seconds.labels(kind=kind).observe(operation.duration_seconds)
+
+    def step_finished(self, operation: Operation, step: Step) -> None:
+        if step.duration_seconds is not None:
+            self._step_seconds.labels(step=step.name).observe(step.duration_seconds)
+        fetched = step.detail.get("bytes_fetched")
+        if step.name == "fetch" and isinstance(fetched, int) and fetched > 0:
+            self._downloaded.inc(fetched)
+
+    def rollback_recorded(self, record: RollbackRecord) -> None:
+        self._rollbacks.labels(
+            model=record.model,
+            trigger=record.trigger.value,
+            outcome=record.outcome.value,
+            reason=ROLLBACK_REASONS.get(record.trigger, "other"),
+        ).inc()
+
+    def rollback_suppressed(self, model: str) -> None:
+        self._suppressed.labels(model=model).inc()
+
+    def alert_received(self, receipt: Receipt) -> None:
+        self._alerts.labels(receipt=receipt.value).inc()
+
+    def overload_evaluated(self, verdict: str, value: float | None) -> None:
+        for known in VERDICTS:
+            self._verdict.labels(verdict=known).set(1 if known == verdict else 0)
+        self._utilization.set(float("nan") if value is None else value)
+
+    # --- for the API ----------------------------------------------------------------------
+
+    def triton_up(self, up: bool) -> None:
+        self._triton_up.set(1 if up else 0)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ServingCollector(Collector):
+    """What serves now, read from the state repository at every scrape."""
+
+    def __init__(self, repo: StateRepo) -> None:
+        self._repo = repo
+
+    def collect(self) -> Iterator[Metric]:
+        active = InfoMetricFamily(
+            "controlplane_active_release",
+            "The release each model serves (desired state).",
+            labels=["model"],
+        )
+        slots = GaugeMetricFamily(
+            "controlplane_slot_state",
+            "Each slot's state (ABSENT, LOADING, READY, ACTIVE, RETIRING, ...): 1 on the "
+            "current one.",
+            labels=["model", "slot", "state"],
+        )
+        for record in self._repo.list_models():
+            if record.active_release is not None:
+                active.add_metric([record.name], {"release": record.active_release})
+            for slot in record.slots:
+                slots.add_metric([record.name, slot.name, slot.state.value], 1)
+        yield active
+        yield slots

@@ -1,0 +1,34 @@
+"""The telemetry a service gets when nobody listens: every report is dropped.
+
+Services take a :class:`~controlplane.ports.Telemetry`; unit tests and tools that do not
+export metrics use :data:`NO_TELEMETRY`.
+"""
+
+from __future__ import annotations
+
+from controlplane.domain.alerts import Receipt
+from controlplane.domain.operations import Operation, Step
+from controlplane.domain.rollback import RollbackRecord
+
+
+class NoTelemetry:
+    def operation_finished(self, operation: Operation) -> None:
+        return None
+
+    def step_finished(self, operation: Operation, step: Step) -> None:
+        return None
+
+    def rollback_recorded(self, record: RollbackRecord) -> None:
+        return None
+
+    def rollback_suppressed(self, model: str) -> None:
+        return None
+
+    def alert_received(self, receipt: Receipt) -> None:
+        return None
+
+    def overload_evaluated(self, verdict: str, value: float | None) -> None:
+        return None
+
+
+NO_TELEMETRY = NoTelemetry()
