@@ -175,6 +175,12 @@ class ModelSummary:
     decoupled: bool = False
     sequence_batching: bool = False
     instance_kinds: tuple[str, ...] = ()
+    memory_hint: int | None = None  # bytes the release says its load needs
+
+    @property
+    def may_use_gpu(self) -> bool:
+        """KIND_GPU, or KIND_AUTO (Triton's default: a GPU when there is one)."""
+        return not self.instance_kinds or any(k != "KIND_CPU" for k in self.instance_kinds)
 
 
 # --- Triton -------------------------------------------------------------------------------
@@ -222,6 +228,28 @@ class MetricsSource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    total: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+
+class MemoryFigures(Protocol):
+    """Free memory where a load would put the model, for the headroom check."""
+
+    async def gpu_memory(self) -> dict[str, GpuMemory] | None:
+        """Per GPU (``gpu_uuid``); ``{}`` when Triton reports none, None when unreadable."""
+        ...
+
+    def host_available(self) -> int | None:
+        """Bytes the host can still give (MemAvailable); None when unreadable."""
+        ...
 
 
 class UtilizationSource(Protocol):

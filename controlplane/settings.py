@@ -266,6 +266,25 @@ class RollbackSettings(_Group):
         return self.threshold / 100 if self.unit == "percent" else self.threshold
 
 
+class MemorySettings(_Group):
+    headroom_check: bool = Field(
+        True,
+        description="Before a load, compare the release's estimated need with free GPU and "
+        "host memory; refuse with insufficient_memory unless the deploy says force.",
+    )
+    load_factor: float = Field(
+        1.5,
+        gt=0,
+        description="Estimated need = release size on disk x this, unless the release's "
+        "config.pbtxt gives parameters 'controlplane.memory_hint_bytes'.",
+    )
+    gpu_metrics_url: str | None = Field(
+        None,
+        description="Where GPU memory figures (nv_gpu_memory_*) are read. "
+        "Default: triton.metrics_url.",
+    )
+
+
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -282,6 +301,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     rollback: RollbackSettings = Field(default_factory=RollbackSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
     log: LogSettings = Field(default_factory=LogSettings)
     model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
     models: dict[str, ModelPolicy] = Field(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.adapters.clock import SystemClock
+from controlplane.adapters.host import HostAndGpuMemory
 from controlplane.adapters.persistence.sqlite import SqliteStateRepo
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
@@ -22,6 +23,7 @@ from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployPolicy, DeployService
+from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
@@ -49,6 +51,7 @@ class Container:
     alerts: AlertReceiver
     overload: OverloadWatcher | None
     utilization: UtilizationSource | None
+    gpu_metrics: TritonMetrics
     telemetry: PrometheusTelemetry
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
@@ -56,6 +59,7 @@ class Container:
         await self.tasks.close()
         await self.triton.close()
         await self.metrics.close()
+        await self.gpu_metrics.close()
         if self.utilization is not None:
             await self.utilization.close()
         self.store.close()
@@ -97,6 +101,8 @@ def build(settings: Settings) -> Container:
     locks = ModelLocks()
     tasks = TaskOwner()
     metrics = TritonMetrics(settings.triton.metrics_url)
+    gpu_metrics = TritonMetrics(settings.memory.gpu_metrics_url or settings.triton.metrics_url)
+    memory = HostAndGpuMemory(gpu_metrics)
     deploy = DeployService(
         store=store,
         staging=staging,
@@ -114,6 +120,10 @@ def build(settings: Settings) -> Container:
         traffic=settings.traffic,
         metrics=metrics,
         telemetry=telemetry,
+        headroom=HeadroomPolicy(
+            figures=memory if settings.memory.headroom_check else None,
+            factor=settings.memory.load_factor,
+        ),
     )
     reconciler = Reconciler(
         deploy=deploy,
@@ -207,6 +217,7 @@ def build(settings: Settings) -> Container:
         telemetry=telemetry,
         overload=overload,
         utilization=utilization,
+        gpu_metrics=gpu_metrics,
         background=background,
     )
 

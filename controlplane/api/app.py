@@ -157,7 +157,9 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/models/{name}/deploy", tags=["operations"], status_code=202)
     async def deploy(name: str, body: DeployRequest, request: Request, c: Writer) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
-        operation = await c.deploy.deploy(name, body.release, trigger=trigger_of(request))
+        operation = await c.deploy.deploy(
+            name, body.release, trigger=trigger_of(request), force=body.force
+        )
         return await answer(c, operation, body.wait)
 
     @app.post("/v1/models/{name}/rollback", tags=["operations"], status_code=202)

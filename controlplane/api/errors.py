@@ -32,6 +32,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "release_incomplete": 409,
     "no_previous_release": 409,
     "no_fallback": 409,
+    "insufficient_memory": 409,
     "invalid_transition": 409,
     "release_changed": 409,
     "request_too_large": 413,

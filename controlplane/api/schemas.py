@@ -22,6 +22,9 @@ class _Body(BaseModel):
 class DeployRequest(_Body):
     release: str = Field(description="Release name in the store, e.g. 'r2' or '2026-11-29.1'.")
     wait: bool = Field(False, description="Answer only when the operation has finished.")
+    force: bool = Field(
+        False, description="Load even when the headroom check finds too little free memory."
+    )
 
 
 class RollbackRequest(_Body):

@@ -76,12 +76,21 @@ def deploy(
     release: str,
     wait: WaitOption = False,
     timeout: TimeoutOption = 900.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Load even when the headroom check finds too little free memory."
+        ),
+    ] = False,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Serve RELEASE of MODEL."""
     client = Client(url, token)
-    _operation(client, f"/v1/models/{model}/deploy", {"release": release}, wait, timeout)
+    body: dict[str, Any] = {"release": release}
+    if force:
+        body["force"] = True
+    _operation(client, f"/v1/models/{model}/deploy", body, wait, timeout)
 
 
 @app.command()

@@ -153,3 +153,7 @@ class InvalidRequest(PermanentError):
 
 class NoFallback(PermanentError):
     code = "no_fallback"
+
+
+class InsufficientMemory(PermanentError):
+    code = "insufficient_memory"

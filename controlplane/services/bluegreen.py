@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.domain.errors import ControlPlaneError
@@ -38,6 +38,7 @@ from controlplane.ports import (
     StateRepo,
     Triton,
 )
+from controlplane.services.headroom import HeadroomPolicy, check_headroom
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
@@ -59,6 +60,7 @@ class BlueGreenDeps:
     require_checksums: bool
     unload_timeout: float
     policy_for: Callable[[str], TrafficPolicy]
+    headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
 
 
 class BlueGreen:
@@ -97,7 +99,7 @@ class BlueGreen:
 
     # --- deploy ---------------------------------------------------------------------------
 
-    async def deploy(self, tracker: OperationTracker) -> None:
+    async def deploy(self, tracker: OperationTracker, *, force: bool = False) -> None:
         op = tracker.operation
         model, release = op.model, op.release
         assert release is not None
@@ -131,6 +133,7 @@ class BlueGreen:
             async with tracker.step("free"):
                 tracker.detail(slot=target.name, release=target.release)
                 target = await self._take_down(model, target, op.trigger, f"room for {release}")
+        await check_headroom(tracker, self._d.headroom, prepared, force=force)
 
         async with self._d.load_slots:
             async with tracker.step("place"):

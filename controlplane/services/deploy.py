@@ -45,6 +45,7 @@ from controlplane.ports import (
 from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.cpu_fallback import reload_on_cpu
+from controlplane.services.headroom import HeadroomPolicy, check_headroom
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
@@ -97,8 +98,10 @@ class DeployService:
         traffic: Callable[[str], TrafficPolicy] | None = None,
         metrics: MetricsSource | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
+        headroom: HeadroomPolicy | None = None,
     ) -> None:
         self._telemetry = telemetry
+        self._headroom = headroom or HeadroomPolicy()
         self._store = store
         self._staging = staging
         self._editor = editor
@@ -124,6 +127,7 @@ class DeployService:
                 require_checksums=policy.require_checksums,
                 unload_timeout=policy.unload_timeout,
                 policy_for=self._traffic,
+                headroom=self._headroom,
             ),
             schedule_retire=self._schedule_retire,
             cancel_retire=self.cancel_retire,
@@ -132,17 +136,25 @@ class DeployService:
     # --- entry points -----------------------------------------------------------------
 
     async def deploy(
-        self, model: str, release: str, *, trigger: Trigger, kind: OperationKind | None = None
+        self,
+        model: str,
+        release: str,
+        *,
+        trigger: Trigger,
+        kind: OperationKind | None = None,
+        force: bool = False,
     ) -> Operation:
+        """Serve ``release``; ``force`` loads it even when the headroom check says no room."""
         validate_model_name(model)
         validate_release_name(release)
         blue_green = self._traffic(model).strategy is Strategy.BLUE_GREEN
+        body = self._bg.deploy if blue_green else self._deploy
         return await self._submit(
             kind or OperationKind.DEPLOY,
             model,
             release,
             trigger,
-            self._bg.deploy if blue_green else self._deploy,
+            lambda tracker: body(tracker, force=force),
         )
 
     async def rollback(self, model: str, *, to: str | None, trigger: Trigger) -> Operation:
@@ -356,13 +368,13 @@ class DeployService:
 
     # --- deploy -----------------------------------------------------------------------
 
-    async def _deploy(self, tracker: OperationTracker) -> None:
+    async def _deploy(self, tracker: OperationTracker, *, force: bool = False) -> None:
         op = tracker.operation
         model, release = op.model, op.release
         assert release is not None
         context = _Context()
         try:
-            await self._deploy_steps(tracker, model, release, context)
+            await self._deploy_steps(tracker, model, release, context, force=force)
         except BaseException as exc:
             # Cancelled (shutdown) while Triton loads: Triton goes on reading the placed files,
             # so swapping the dirs back now could make it load a mix of two releases. Leave
@@ -374,7 +386,13 @@ class DeployService:
             raise
 
     async def _deploy_steps(
-        self, tracker: OperationTracker, model: str, release: str, context: _Context
+        self,
+        tracker: OperationTracker,
+        model: str,
+        release: str,
+        context: _Context,
+        *,
+        force: bool,
     ) -> None:
         op = tracker.operation
         prepared = await prepare_release(
@@ -388,6 +406,7 @@ class DeployService:
             target=model,
         )
         dest = prepared.path
+        await check_headroom(tracker, self._headroom, prepared, force=force)
 
         slot = self._slots.get(model)
         replacing = slot.state.value in ("ACTIVE", "READY")

@@ -21,6 +21,7 @@ from controlplane.services.tracker import OperationTracker
 class PreparedRelease:
     path: Path
     summary: ModelSummary
+    size_bytes: int
 
 
 async def prepare_release(
@@ -65,4 +66,4 @@ async def prepare_release(
         marker = ReleaseMarker(model=model, release=release, operation_id=op.id)
         await asyncio.to_thread(staging.finalize, dest, marker)
         tracker.detail(backend=summary.backend, checksums=fetched.manifest is not None)
-    return PreparedRelease(path=dest, summary=summary)
+    return PreparedRelease(path=dest, summary=summary, size_bytes=fetched.bytes_total)

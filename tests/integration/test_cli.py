@@ -50,6 +50,7 @@ def test_deploy_wait_prints_each_step_and_exits_0(
         "fetch",
         "verify",
         "check",
+        "headroom",
         "place",
         "load",
         "preflight",

@@ -205,6 +205,7 @@ def test_rollback_serves_the_previous_release_and_is_recorded(
         "resolve",
         "fetch",
         "verify",
+        "headroom",
         "place",
         "load",
         "record",

@@ -16,6 +16,7 @@ class GpuExporter:
         self._lock = threading.Lock()
         self._utilization: dict[str, float] = {}
         self._dips: list[dict[str, float]] = []
+        self._memory: dict[str, tuple[int, int]] = {}
         self.scrapes = 0
         self.failing = False
         exporter = self
@@ -48,6 +49,11 @@ class GpuExporter:
         with self._lock:
             self._utilization = dict(per_gpu)
 
+    def set_memory(self, **per_gpu: tuple[int, int]) -> None:
+        """``nv_gpu_memory_total_bytes`` and ``nv_gpu_memory_used_bytes``: (total, used)."""
+        with self._lock:
+            self._memory = dict(per_gpu)
+
     def dip(self, scrapes: int = 1, **per_gpu: float) -> None:
         """Serve ``per_gpu`` to the next ``scrapes`` scrapes only, then the set values again."""
         with self._lock:
@@ -57,14 +63,22 @@ class GpuExporter:
         with self._lock:
             self.scrapes += 1
             values = self._dips.pop(0) if self._dips else self._utilization
-            rows = [
-                f'nv_gpu_utilization{{gpu_uuid="{uuid}"}} {value}' for uuid, value in values.items()
-            ]
-        header = [
+            memory = dict(self._memory)
+        lines = [
             "# HELP nv_gpu_utilization GPU utilization rate [0.0 - 1.0)",
             "# TYPE nv_gpu_utilization gauge",
+            *(f'nv_gpu_utilization{{gpu_uuid="{uuid}"}} {v}' for uuid, v in values.items()),
         ]
-        return "\n".join(header + rows) + "\n"
+        for name, index in (("total", 0), ("used", 1)):
+            lines += [
+                f"# HELP nv_gpu_memory_{name}_bytes GPU {name} memory, in bytes",
+                f"# TYPE nv_gpu_memory_{name}_bytes gauge",
+                *(
+                    f'nv_gpu_memory_{name}_bytes{{gpu_uuid="{uuid}"}} {figures[index]}'
+                    for uuid, figures in memory.items()
+                ),
+            ]
+        return "\n".join(lines) + "\n"
 
     def __enter__(self) -> GpuExporter:
         self._thread.start()

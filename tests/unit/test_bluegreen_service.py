@@ -43,6 +43,7 @@ DEPLOY_STEPS = [
     "fetch",
     "verify",
     "check",
+    "headroom",
     "place",
     "load",
     "preflight",
@@ -311,7 +312,7 @@ def test_rollback_after_the_retire_window_deploys_again(tmp_path: Path) -> None:
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert op.kind is OperationKind.ROLLBACK
             assert step_names(op)[:3] == BEFORE_PLACE  # from the store again: no re-point
-            assert step_names(op)[-6:] == DEPLOY_STEPS[3:]
+            assert step_names(op)[-7:] == DEPLOY_STEPS[3:]
             assert parts.triton.called("load", BLUE) == 2
             assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
             assert alias_points_at(parts) == BLUE
@@ -439,7 +440,7 @@ def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
             failed_with(op, "preflight_failed")
             assert op.error is not None
             assert "wrong answer" in op.error.message
-            assert step_names(op) == DEPLOY_STEPS[:7]
+            assert step_names(op) == DEPLOY_STEPS[:8]
             assert step(op, "preflight").status is StepStatus.FAILED
             assert parts.triton.called("load", MODEL) == alias_loads  # never re-pointed
             assert parts.triton.called("unload", GREEN) == 1
@@ -461,7 +462,7 @@ def test_green_that_fails_to_load_is_removed(tmp_path: Path) -> None:
             op = await deploy_and_wait(service, "r2")
 
             failed_with(op, "triton_load_failed")
-            assert step_names(op) == DEPLOY_STEPS[:6]
+            assert step_names(op) == DEPLOY_STEPS[:7]
             assert step(op, "load").status is StepStatus.FAILED
             assert parts.triton.called("load", MODEL) == 1
             assert parts.triton.called("unload", GREEN) == 1
@@ -484,7 +485,7 @@ def test_failed_repoint_is_pointed_back_at_blue(tmp_path: Path) -> None:
             failed_with(op, "triton_load_failed")
             assert op.error is not None
             assert "ensemble broken" in op.error.message
-            assert step_names(op) == DEPLOY_STEPS[:8]
+            assert step_names(op) == DEPLOY_STEPS[:9]
             assert step(op, "switch").status is StepStatus.FAILED
             assert detail(op, "switch")["pointed_back_to"] == BLUE
             # First deploy, the failed re-point onto green, the point-back onto blue.

@@ -44,7 +44,7 @@ from tests.support.tree import snapshot
 
 MODEL = "scale"
 OTHER = "other"
-DEPLOY_STEPS = ["resolve", "fetch", "verify", "place", "load", "record"]
+DEPLOY_STEPS = ["resolve", "fetch", "verify", "headroom", "place", "load", "record"]
 DEADLINE = 5.0
 POLL = 0.005
 
@@ -159,7 +159,7 @@ def test_failed_reload_leaves_everything_as_it_was(tmp_path: Path) -> None:
             assert op.error is not None
             assert op.error.code == "triton_load_failed"
             assert "initialize failed on purpose" in op.error.message
-            assert step_names(op) == ["resolve", "fetch", "verify", "place", "load"]
+            assert step_names(op) == ["resolve", "fetch", "verify", "headroom", "place", "load"]
             assert op.steps[-1].status is StepStatus.FAILED
             assert snapshot(parts.repository) == before
             assert marker_release(parts) == "r1"
@@ -295,7 +295,7 @@ def test_shutdown_mid_load_leaves_the_placement_for_reconcile(tmp_path: Path) ->
             assert op.status is OperationStatus.INTERRUPTED
             assert op.error is not None
             assert op.error.code == "interrupted"
-            assert step_names(op) == ["resolve", "fetch", "verify", "place", "load"]
+            assert step_names(op) == ["resolve", "fetch", "verify", "headroom", "place", "load"]
             assert op.steps[-1].status is StepStatus.FAILED
             # Triton may still be reading r2's files: they stay; reconcile converges later.
             assert marker_release(parts) == "r2"
@@ -324,11 +324,11 @@ def test_shutdown_before_the_load_changes_nothing(tmp_path: Path) -> None:
 
                 def verified() -> bool:
                     op = service.get_operation(running.id)
-                    return step_names(op) == ["resolve", "fetch", "verify"] and all(
+                    return step_names(op) == ["resolve", "fetch", "verify", "headroom"] and all(
                         step.status is StepStatus.SUCCEEDED for step in op.steps
                     )
 
-                await until(verified, "the deploy did not get past verify")
+                await until(verified, "the deploy did not get past the headroom check")
                 await parts.tasks.close()
             finally:
                 parts.load_slots.release()
@@ -336,7 +336,7 @@ def test_shutdown_before_the_load_changes_nothing(tmp_path: Path) -> None:
 
             op = service.get_operation(running.id)
             assert op.status is OperationStatus.INTERRUPTED
-            assert step_names(op) == ["resolve", "fetch", "verify"]
+            assert step_names(op) == ["resolve", "fetch", "verify", "headroom"]
             assert snapshot(parts.repository) == before
             assert record(parts).active_release == "r1"
             assert slot(parts) == slot_before

@@ -1,5 +1,5 @@
-"""Reading Triton's Prometheus endpoint: pending requests per model (for the drain) and GPU
-utilisation (for the overload watcher).
+"""Reading Triton's Prometheus endpoint: pending requests per model (for the drain), GPU
+utilisation (for the overload watcher) and GPU memory (for the headroom check).
 
 A scrape that fails answers None ("unknown"): the caller decides what that means, never this.
 ``nv_gpu_utilization`` is a ratio in [0, 1], one series per ``gpu_uuid``.
@@ -10,8 +10,12 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.ports import GpuMemory
+
 PENDING = "nv_inference_pending_request_count"
 GPU_UTILIZATION = "nv_gpu_utilization"
+GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
 
 
 class TritonMetrics:
@@ -23,7 +27,7 @@ class TritonMetrics:
         samples = await self._scrape(PENDING)
         if samples is None:
             return None
-        return int(sum(value for labels, value in samples if labels.get("model") == model))
+        return int(sum(value for _, labels, value in samples if labels.get("model") == model))
 
     async def gpu_utilization(self) -> dict[str, float] | None:
         """Utilisation per GPU (``gpu_uuid`` -> ratio); None when the scrape failed.
@@ -33,19 +37,32 @@ class TritonMetrics:
         samples = await self._scrape(GPU_UTILIZATION)
         if samples is None:
             return None
-        return {labels.get("gpu_uuid", ""): value for labels, value in samples}
+        return {labels.get("gpu_uuid", ""): value for _, labels, value in samples}
 
-    async def _scrape(self, metric: str) -> list[tuple[dict[str, str], float]] | None:
-        """(labels, value) of every sample of ``metric``; None when the scrape failed."""
+    async def gpu_memory(self) -> dict[str, GpuMemory] | None:
+        """Total and used memory per GPU; ``{}`` without GPUs, None when the scrape failed."""
+        samples = await self._scrape(GPU_MEMORY_TOTAL, GPU_MEMORY_USED)
+        if samples is None:
+            return None
+        total = {lab.get("gpu_uuid", ""): v for name, lab, v in samples if name == GPU_MEMORY_TOTAL}
+        used = {lab.get("gpu_uuid", ""): v for name, lab, v in samples if name == GPU_MEMORY_USED}
+        return {
+            uuid: GpuMemory(total=int(total[uuid]), used=int(used[uuid]))
+            for uuid in total
+            if uuid in used
+        }
+
+    async def _scrape(self, *metrics: str) -> list[tuple[str, dict[str, str], float]] | None:
+        """(name, labels, value) of every sample of ``metrics``; None when the scrape failed."""
         try:
             response = await self._client.get(self._url)
             response.raise_for_status()
         except httpx.HTTPError:
             return None
         return [
-            (dict(sample.labels), float(sample.value))
+            (family.name, dict(sample.labels), float(sample.value))
             for family in text_string_to_metric_families(response.text)
-            if family.name == metric
+            if family.name in metrics
             for sample in family.samples
         ]
 

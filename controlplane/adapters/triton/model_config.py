@@ -15,6 +15,9 @@ from tritonclient.grpc import model_config_pb2
 from controlplane.domain.errors import InvalidModelConfig
 from controlplane.ports import ModelSummary
 
+# parameters { key: "controlplane.memory_hint_bytes" value { string_value: "2147483648" } }
+MEMORY_HINT = "controlplane.memory_hint_bytes"
+
 
 class ProtobufConfigEditor:
     def prepare(self, config_path: Path, name: str) -> ModelSummary:
@@ -33,6 +36,7 @@ class ProtobufConfigEditor:
             raise InvalidModelConfig(
                 "config.pbtxt names neither a 'backend' nor a 'platform'; Triton cannot load it"
             )
+        hint = _memory_hint(config)
         config.name = name
         tmp = config_path.with_suffix(".pbtxt.tmp")
         tmp.write_text(text_format.MessageToString(config), encoding="utf-8")
@@ -46,4 +50,22 @@ class ProtobufConfigEditor:
                 model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
                 for group in config.instance_group
             ),
+            memory_hint=hint,
         )
+
+
+def _memory_hint(config: model_config_pb2.ModelConfig) -> int | None:
+    """The release's own estimate of the memory its load needs, if it gives one."""
+    if MEMORY_HINT not in config.parameters:
+        return None
+    raw = config.parameters[MEMORY_HINT].string_value.strip()
+    try:
+        hint = int(raw)
+    except ValueError:
+        hint = -1
+    if hint <= 0:
+        raise InvalidModelConfig(
+            f"parameter {MEMORY_HINT!r} is {raw!r}; give a positive number of bytes, "
+            'e.g. string_value: "2147483648" for 2 GiB'
+        )
+    return hint

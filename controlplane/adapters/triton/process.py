@@ -1,0 +1,527 @@
+"""What Triton's processes hold, read from `/proc` and `/dev/shm`: the residue audit of a slot.
+
+Owns every read of `/proc` and `/dev/shm` about Triton: finding the tritonserver process, its
+Python-backend stubs, the files any process still holds open under a dir, the shared-memory
+segments the Python backend creates, and resident memory. Stdlib only, read only.
+
+The flow it is built for (retiring a slot, when Triton's processes are visible: same host, or
+the same Kubernetes pod with `shareProcessNamespace: true`):
+
+    lookup = find_triton(repository, pid=configured_pid)
+    if lookup.process is None: record lookup.skipped and skip the audit
+    slot_dir = lookup.process.repository / slot     # the path as *Triton* spells it
+    before = snapshot(lookup.process, slot_dir)      # while the slot is still loaded
+    unload; wait until UNAVAILABLE; remove the slot's dir
+    residue = audit(before)                          # what the slot left behind
+
+`snapshot` ties shared memory to the slot through its stubs: a Python-backend model instance
+runs in a `triton_python_backend_stub` child of tritonserver whose argv is
+`stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid> <lib dir>
+<ipc handle> <instance name> <runtime dir>`. Segment names are
+`triton_python_backend_shm_region_<uuid4>`: nothing in the name says which model, and other
+Tritons on the host create them too, so diffing `/dev/shm` is no evidence; the stub's argv and
+its `/proc/<pid>/maps` are. The backend removes a model's segment on a clean unload (about 1 s
+after the unload call, just before UNAVAILABLE); a segment survives when its stub is killed
+(Triton hit its exit timeout, or was killed) and then stays in RAM until someone removes it.
+
+Paths: `/proc/<pid>/fd` links and a stub's argv show paths as seen in *Triton's* mount
+namespace, so the slot dir given to `snapshot` and `open_files_under` must be spelled that way
+(`TritonProcess.repository`, taken from Triton's own `--model-repository`). A sidecar that
+mounts the repository elsewhere is still matched to Triton by file identity.
+
+Invariants: nothing here raises because a process exited or denied access mid-scan (it is
+skipped); the calling process is never reported; a scan is one pass over `/proc` (a few ms).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "PROC_ROOT",
+    "PYTHON_BACKEND_SHM_PREFIX",
+    "PYTHON_BACKEND_STUB",
+    "SHM_ROOT",
+    "OpenFile",
+    "Residue",
+    "ShmSegment",
+    "Snapshot",
+    "StubProcess",
+    "TritonLookup",
+    "TritonProcess",
+    "audit",
+    "descendants",
+    "find_triton",
+    "open_files_under",
+    "python_stubs",
+    "rss_bytes",
+    "segments_mapped_by",
+    "shm_segments",
+    "snapshot",
+    "tree_rss_bytes",
+]
+
+PROC_ROOT = Path("/proc")
+# Read, never created here: where POSIX shared memory (`shm_open`) lives on Linux.
+_SHM_MOUNT = "/dev/shm"  # noqa: S108
+SHM_ROOT = Path(_SHM_MOUNT)
+# The Python backend's default `shm-region-prefix-name` (a `--backend-config=python,...` knob).
+PYTHON_BACKEND_SHM_PREFIX = "triton_python_backend_shm_region_"
+PYTHON_BACKEND_STUB = "triton_python_backend_stub"
+_TRITONSERVER = "tritonserver"
+_REPOSITORY_FLAGS = ("--model-repository", "--model-store")
+_DELETED = " (deleted)"
+_NOT_VISIBLE = (
+    "no tritonserver process visible: run the sidecar with shareProcessNamespace: true, "
+    "or on the same host"
+)
+
+
+@dataclass(frozen=True)
+class TritonProcess:
+    """A running tritonserver and the model repository it serves, spelled as Triton spells it."""
+
+    pid: int
+    command: tuple[str, ...]
+    repository: Path
+
+
+@dataclass(frozen=True)
+class TritonLookup:
+    """Either the Triton process, or why it cannot be seen (`skipped`); never both."""
+
+    process: TritonProcess | None
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """One file descriptor of a visible process; `target` is the link text, maybe `(deleted)`."""
+
+    pid: int
+    fd: int
+    target: str
+    command: str
+
+    @property
+    def deleted(self) -> bool:
+        return self.target.endswith(_DELETED)
+
+    @property
+    def path(self) -> str:
+        return self.target.removesuffix(_DELETED)
+
+
+@dataclass(frozen=True)
+class ShmSegment:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    """A Python-backend stub: one per model instance, a child of tritonserver."""
+
+    pid: int
+    start_time: int  # clock ticks after boot (`stat` field 22): tells a reused pid apart
+    model_file: Path  # `<repository>/<model>/<version>/model.py`, as Triton spells it
+    instance: str  # `<model>_<group>_<index>`
+    segments: tuple[str, ...]  # the /dev/shm names it was given or maps
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a loaded slot holds, taken just before it is unloaded."""
+
+    triton_pid: int
+    slot_dir: Path
+    stubs: tuple[StubProcess, ...]
+    segments: tuple[ShmSegment, ...]  # the stubs' segments found under the shm root
+    unseen_segments: tuple[str, ...]  # named by a stub but not under the shm root: not audited
+    main_rss_bytes: int | None
+    tree_rss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Residue:
+    """What an unloaded, removed slot left behind; `clean` when nothing."""
+
+    triton_pid: int
+    slot_dir: Path
+    open_files: tuple[OpenFile, ...]
+    segments: tuple[ShmSegment, ...]  # the snapshot's segments still present
+    stubs_alive: tuple[int, ...]  # the snapshot's stubs that have not exited
+    main_rss_before: int | None
+    main_rss_after: int | None
+    tree_rss_before: int | None
+    tree_rss_after: int | None
+
+    @property
+    def clean(self) -> bool:
+        return not (self.open_files or self.segments or self.stubs_alive)
+
+    @property
+    def main_rss_delta(self) -> int | None:
+        if self.main_rss_before is None or self.main_rss_after is None:
+            return None
+        return self.main_rss_after - self.main_rss_before
+
+    def summary(self) -> str:
+        """One line for a log or an operation step."""
+        parts = [] if not self.clean else ["clean"]
+        if self.open_files:
+            held = ", ".join(f"pid {f.pid} fd {f.fd} {f.target}" for f in self.open_files[:5])
+            parts.append(f"{len(self.open_files)} open file(s) under {self.slot_dir}: {held}")
+        if self.segments:
+            size = sum(s.size for s in self.segments)
+            parts.append(f"{len(self.segments)} shm segment(s) left ({size} bytes)")
+        if self.stubs_alive:
+            parts.append(f"stub(s) still running: {', '.join(map(str, self.stubs_alive))}")
+        if self.main_rss_delta is not None:
+            parts.append(f"triton rss {self.main_rss_delta:+d} bytes")
+        return "; ".join(parts)
+
+
+# --- reading /proc -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stat:
+    ppid: int
+    state: str
+    start_time: int
+
+
+def _pids(proc_root: Path) -> list[int]:
+    try:
+        return [int(e.name) for e in os.scandir(proc_root) if e.name.isdigit()]
+    except OSError:
+        return []
+
+
+def _read(proc_root: Path, pid: int, name: str) -> str | None:
+    """`/proc/<pid>/<name>` as text; None when the process is gone or access is denied."""
+    try:
+        with open(f"{proc_root}/{pid}/{name}", "rb") as stream:  # cheaper than pathlib here
+            return stream.read().decode(errors="surrogateescape")
+    except OSError:  # ENOENT, ESRCH, EACCES, EPERM
+        return None
+
+
+def _stat(pid: int, proc_root: Path) -> _Stat | None:
+    text = _read(proc_root, pid, "stat")
+    if text is None:
+        return None
+    # The command name in parentheses may hold spaces and ')': split after the last one.
+    fields = text.rpartition(")")[2].split()
+    try:
+        return _Stat(ppid=int(fields[1]), state=fields[0], start_time=int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int, proc_root: Path) -> tuple[str, ...]:
+    text = _read(proc_root, pid, "cmdline")
+    return tuple(text.split("\0")[:-1]) if text else ()
+
+
+def _alive(stat: _Stat | None) -> bool:
+    return stat is not None and stat.state not in ("Z", "X")
+
+
+def _norm(path: Path | str) -> str:
+    return os.path.normpath(str(path))
+
+
+def _spellings(path: Path) -> set[str]:
+    """`path` as given and with symlinks resolved (the kernel reports resolved paths)."""
+    return {_norm(path), _norm(os.path.realpath(path))}
+
+
+def _is_under(target: str, prefixes: Collection[str]) -> bool:
+    return any(target == p or target.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+def descendants(pid: int, *, proc_root: Path = PROC_ROOT) -> list[int]:
+    """Every process below `pid` (children, their children, ...), nearest first."""
+    children: dict[int, list[int]] = {}
+    for candidate in _pids(proc_root):
+        stat = _stat(candidate, proc_root)
+        if stat is not None:
+            children.setdefault(stat.ppid, []).append(candidate)
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        level = [c for parent in frontier for c in sorted(children.get(parent, ())) if c != pid]
+        found.extend(level)
+        frontier = level
+    return found
+
+
+def rss_bytes(pid: int, *, proc_root: Path = PROC_ROOT) -> int | None:
+    """Resident memory of `pid` (`VmRSS`); None when it is gone, a zombie, or unreadable."""
+    text = _read(proc_root, pid, "status")
+    for line in (text or "").splitlines():
+        if line.startswith("VmRSS:"):
+            try:
+                return int(line.split()[1]) * 1024  # reported in kB
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def tree_rss_bytes(pid: int, *, proc_root: Path = PROC_ROOT) -> int | None:
+    """RSS of `pid` plus all its descendants (shared pages count once per process)."""
+    own = rss_bytes(pid, proc_root=proc_root)
+    if own is None:
+        return None
+    return own + sum(
+        rss_bytes(c, proc_root=proc_root) or 0 for c in descendants(pid, proc_root=proc_root)
+    )
+
+
+# --- finding Triton ------------------------------------------------------------------------
+
+
+def _repository_args(command: tuple[str, ...]) -> Iterator[str]:
+    for i, arg in enumerate(command[1:], start=1):
+        for flag in _REPOSITORY_FLAGS:
+            if arg.startswith(flag + "="):
+                yield arg[len(flag) + 1 :]
+            elif arg == flag and i + 1 < len(command):
+                yield command[i + 1]
+
+
+def _served_repository(
+    pid: int, command: tuple[str, ...], repository: Path, proc_root: Path
+) -> Path | None:
+    """The `--model-repository` of `pid` that is `repository`, as Triton spells it."""
+    wanted = _spellings(repository)
+    for value in _repository_args(command):
+        if not value.startswith("/"):
+            try:
+                value = os.path.join(os.readlink(proc_root / str(pid) / "cwd"), value)
+            except OSError:
+                continue
+        if _norm(value) in wanted:
+            return Path(_norm(value))
+        # Same directory mounted at another path (a sidecar's mount namespace): same inode.
+        try:
+            if os.path.samefile(proc_root / str(pid) / "root" / value.lstrip("/"), repository):
+                return Path(_norm(value))
+        except OSError:
+            continue
+    return None
+
+
+def _is_tritonserver(pid: int, command: tuple[str, ...], proc_root: Path) -> bool:
+    if command and os.path.basename(command[0]) == _TRITONSERVER:
+        return True
+    return (_read(proc_root, pid, "comm") or "").strip() == _TRITONSERVER
+
+
+def find_triton(
+    repository: Path, *, pid: int | None = None, proc_root: Path = PROC_ROOT
+) -> TritonLookup:
+    """The tritonserver serving `repository`, or why it cannot be seen.
+
+    A configured `pid` wins while it is alive (its repository spelling is taken from its argv
+    when it lists `repository`, else `repository` itself); otherwise every visible process is
+    scanned for a tritonserver whose `--model-repository` is `repository` (same path, or the
+    same directory mounted elsewhere). Two such servers are ambiguous: set the pid.
+    """
+    if pid is not None and _alive(_stat(pid, proc_root)):
+        command = _cmdline(pid, proc_root)
+        served = _served_repository(pid, command, repository, proc_root)
+        return TritonLookup(TritonProcess(pid, command, served or Path(_norm(repository))))
+    servers: list[int] = []
+    matches: list[TritonProcess] = []
+    for candidate in _pids(proc_root):
+        command = _cmdline(candidate, proc_root)
+        if not _is_tritonserver(candidate, command, proc_root):
+            continue
+        if not _alive(_stat(candidate, proc_root)):
+            continue
+        servers.append(candidate)
+        served = _served_repository(candidate, command, repository, proc_root)
+        if served is not None:
+            matches.append(TritonProcess(candidate, command, served))
+    if len(matches) == 1:
+        return TritonLookup(matches[0])
+    if matches:
+        pids = ", ".join(str(m.pid) for m in matches)
+        return TritonLookup(
+            None,
+            f"several tritonserver processes serve {repository} (pids "
+            f"{pids}): configure the Triton pid",
+        )
+    if servers:
+        pids = ", ".join(map(str, sorted(servers)))
+        return TritonLookup(
+            None,
+            f"tritonserver visible (pids {pids}) but none serves "
+            f"{repository}: configure the Triton pid",
+        )
+    return TritonLookup(None, _NOT_VISIBLE)
+
+
+# --- open files and shared memory ----------------------------------------------------------
+
+
+def open_files_under(
+    path: Path, *, proc_root: Path = PROC_ROOT, pids: Collection[int] | None = None
+) -> list[OpenFile]:
+    """Every fd of every visible process (or of `pids`) whose target is `path` or below it.
+
+    Targets of removed files end in ` (deleted)` and are included. Processes that exit or deny
+    access during the scan are skipped; the calling process is never reported.
+    """
+    prefixes = _spellings(path)
+    me = os.getpid()
+    found: list[OpenFile] = []
+    for pid in sorted(_pids(proc_root) if pids is None else pids):
+        if pid == me:
+            continue
+        try:
+            entries = list(os.scandir(proc_root / str(pid) / "fd"))
+        except OSError:
+            continue
+        command: str | None = None
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                continue
+            if not entry.name.isdigit() or not _is_under(target.removesuffix(_DELETED), prefixes):
+                continue
+            if command is None:
+                command = " ".join(_cmdline(pid, proc_root))
+            found.append(OpenFile(pid=pid, fd=int(entry.name), target=target, command=command))
+    return sorted(found, key=lambda f: (f.pid, f.fd))
+
+
+def shm_segments(
+    *, shm_root: Path = SHM_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+) -> dict[str, int]:
+    """Name -> size of the files in `shm_root` whose name starts with `prefix`."""
+    found: dict[str, int] = {}
+    try:
+        entries = list(os.scandir(shm_root))
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            found[entry.name] = entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue  # removed between the listing and the stat
+    return found
+
+
+def _shm_name(path: str, prefix: str) -> str | None:
+    path = path.removesuffix(_DELETED)
+    if not path.startswith(_SHM_MOUNT + "/"):
+        return None
+    name = path[len(_SHM_MOUNT) + 1 :]
+    return name if name.startswith(prefix) and "/" not in name else None
+
+
+def segments_mapped_by(
+    pids: Collection[int], *, proc_root: Path = PROC_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+) -> set[str]:
+    """Names of the `/dev/shm` files with `prefix` that `pids` map (`/proc/<pid>/maps`)."""
+    names: set[str] = set()
+    for pid in pids:
+        for line in (_read(proc_root, pid, "maps") or "").splitlines():
+            fields = line.split(maxsplit=5)
+            name = _shm_name(fields[5], prefix) if len(fields) == 6 else None
+            if name is not None:
+                names.add(name)
+    return names
+
+
+def python_stubs(
+    triton_pid: int, *, proc_root: Path = PROC_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+) -> list[StubProcess]:
+    """The live Python-backend stubs below `triton_pid`, with the segments each one uses."""
+    stubs: list[StubProcess] = []
+    for pid in descendants(triton_pid, proc_root=proc_root):
+        command = _cmdline(pid, proc_root)
+        stat = _stat(pid, proc_root)
+        if len(command) < 2 or os.path.basename(command[0]) != PYTHON_BACKEND_STUB:
+            continue
+        if stat is None or not _alive(stat):
+            continue
+        given = {arg for arg in command[2:] if arg.startswith(prefix)}
+        mapped = segments_mapped_by([pid], proc_root=proc_root, prefix=prefix)
+        stubs.append(
+            StubProcess(
+                pid=pid,
+                start_time=stat.start_time,
+                model_file=Path(command[1]),
+                instance=command[8] if len(command) > 8 else "",
+                segments=tuple(sorted(given | mapped)),
+            )
+        )
+    return stubs
+
+
+# --- the retire audit ----------------------------------------------------------------------
+
+
+def snapshot(
+    triton: TritonProcess,
+    slot_dir: Path,
+    *,
+    proc_root: Path = PROC_ROOT,
+    shm_root: Path = SHM_ROOT,
+    shm_prefix: str = PYTHON_BACKEND_SHM_PREFIX,
+) -> Snapshot:
+    """What the loaded slot at `slot_dir` (Triton's spelling) holds now; take it before unload."""
+    slot = _spellings(slot_dir)
+    stubs = tuple(
+        stub
+        for stub in python_stubs(triton.pid, proc_root=proc_root, prefix=shm_prefix)
+        if _is_under(_norm(stub.model_file), slot)
+    )
+    present = shm_segments(shm_root=shm_root, prefix=shm_prefix)
+    names = sorted({name for stub in stubs for name in stub.segments})
+    return Snapshot(
+        triton_pid=triton.pid,
+        slot_dir=slot_dir,
+        stubs=stubs,
+        segments=tuple(ShmSegment(n, present[n]) for n in names if n in present),
+        unseen_segments=tuple(n for n in names if n not in present),
+        main_rss_bytes=rss_bytes(triton.pid, proc_root=proc_root),
+        tree_rss_bytes=tree_rss_bytes(triton.pid, proc_root=proc_root),
+    )
+
+
+def audit(before: Snapshot, *, proc_root: Path = PROC_ROOT, shm_root: Path = SHM_ROOT) -> Residue:
+    """What the slot left behind; call it after UNAVAILABLE and after its dir was removed."""
+    left: list[ShmSegment] = []
+    for segment in before.segments:
+        try:
+            left.append(ShmSegment(segment.name, (shm_root / segment.name).stat().st_size))
+        except OSError:
+            continue  # removed: the clean case
+    alive = []
+    for stub in before.stubs:
+        stat = _stat(stub.pid, proc_root)
+        if stat is not None and _alive(stat) and stat.start_time == stub.start_time:
+            alive.append(stub.pid)
+    return Residue(
+        triton_pid=before.triton_pid,
+        slot_dir=before.slot_dir,
+        open_files=tuple(open_files_under(before.slot_dir, proc_root=proc_root)),
+        segments=tuple(left),
+        stubs_alive=tuple(alive),
+        main_rss_before=before.main_rss_bytes,
+        main_rss_after=rss_bytes(before.triton_pid, proc_root=proc_root),
+        tree_rss_before=before.tree_rss_bytes,
+        tree_rss_after=tree_rss_bytes(before.triton_pid, proc_root=proc_root),
+    )
