@@ -1,7 +1,9 @@
 """Log output: one JSON object per line, with the operation id when there is one.
 
-Secrets never reach a log line: settings hold the token as a ``SecretStr`` and no code path
-formats request headers.
+The id comes from the record (``extra``) or, for any line written while an operation's task
+runs, from :data:`~controlplane.services.tracker.current_operation`, so lines from the Triton
+driver or the store carry it too. Secrets never reach a log line: settings hold the token as a
+``SecretStr`` and no code path formats request headers.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+
+from controlplane.services.tracker import current_operation
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
@@ -26,6 +30,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        operation_id = current_operation.get()
+        if operation_id is not None:
+            entry["operation_id"] = operation_id
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value

@@ -49,7 +49,7 @@ from controlplane.services.headroom import HeadroomPolicy, check_headroom
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
-from controlplane.services.tracker import OperationTracker
+from controlplane.services.tracker import OperationTracker, current_operation
 
 log = logging.getLogger(__name__)
 RETIRE_RETRY = 1.0
@@ -347,6 +347,7 @@ class DeployService:
         self, tracker: OperationTracker, body: Callable[[OperationTracker], Awaitable[None]]
     ) -> None:
         operation = tracker.operation
+        current_operation.set(operation.id)  # this task's own context
         try:
             await body(tracker)
             tracker.succeed()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextvars import ContextVar
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -18,6 +19,10 @@ from controlplane.ports import Clock, FetchProgress, StateRepo, Telemetry
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
+
+# The operation the running task works for: every log line it writes carries its id, whichever
+# module writes it (see cli/logs.py). Tasks and threads started from it inherit the context.
+current_operation: ContextVar[str | None] = ContextVar("current_operation", default=None)
 PROGRESS_SAVE_INTERVAL = 0.5
 
 

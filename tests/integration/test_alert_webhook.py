@@ -132,6 +132,9 @@ def test_bad_webhook_input_is_refused_and_changes_nothing(
 
     assert daemon.get("/v1/alerts").json()["alerts"] == []
     assert rollback_operations(daemon, model_name) == []
+    log = daemon.log()
+    assert TOKEN not in log
+    assert "Bearer nope" not in log
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert (model["active_release"], model["rollback"]["last"]) == ("r2", None)
     assert infer_once(triton.grpc_url, model_name) == 2.0

@@ -30,7 +30,8 @@ namespace, so the slot dir given to `snapshot` and `open_files_under` must be sp
 mounts the repository elsewhere is still matched to Triton by file identity.
 
 Invariants: nothing here raises because a process exited or denied access mid-scan (it is
-skipped); the calling process is never reported; a scan is one pass over `/proc` (a few ms).
+skipped); the calling process is never reported; each scan is one pass over `/proc` (a few
+ms on a pod or a small host).
 """
 
 from __future__ import annotations
