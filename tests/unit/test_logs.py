@@ -13,7 +13,8 @@ import pytest
 
 from controlplane.cli.logs import JsonFormatter
 from tests.support.fakes import LoadFails
-from tests.unit.test_bluegreen_service import MODEL, bg_service, deploy_and_wait, publish
+from tests.support.service_views import publish
+from tests.unit.test_bluegreen_service import MODEL, bg_service, deploy_and_wait
 
 
 class Lines(logging.Handler):
