@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextvars import ContextVar
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.operations import Operation
