@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
+from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport
 from controlplane.domain.operations import Operation, Step
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
@@ -252,6 +253,45 @@ class MemoryFigures(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class TritonMemory:
+    """Triton's process as the leak trend sees it."""
+
+    pid: int
+    resident_bytes: int | None
+    shm_bytes: int | None  # in use under /dev/shm
+    host_total_bytes: int | None
+
+    @property
+    def host_bytes(self) -> int | None:
+        if self.resident_bytes is None:
+            return None
+        return self.resident_bytes + (self.shm_bytes or 0)
+
+
+class ResidueProbe(Protocol):
+    def finish(self) -> ResidueReport:
+        """Audit what the slot left behind; call once its dir is removed."""
+        ...
+
+
+class TritonProcesses(Protocol):
+    """Triton's processes, when this daemon can see them (same host, or same pod with
+    shareProcessNamespace)."""
+
+    def probe(self, slot: str) -> ResidueProbe:
+        """Snapshot a loaded slot before its unload."""
+        ...
+
+    def memory(self) -> TritonMemory | None:
+        """None when Triton's process is not visible."""
+        ...
+
+    def skipped(self) -> str | None:
+        """Why the processes cannot be seen; None when they can."""
+        ...
+
+
 class UtilizationSource(Protocol):
     """GPU utilisation for the overload watcher: Triton's /metrics or a Prometheus query."""
 
@@ -322,6 +362,12 @@ class StateRepo(Protocol):
 
     def list_alerts(self, limit: int = 50) -> list[AlertRecord]: ...
 
+    def record_memory(self, sample: MemorySample) -> None: ...
+
+    def recent_memory(self, limit: int) -> list[MemorySample]:
+        """The newest ``limit`` samples, oldest first."""
+        ...
+
 
 # --- telemetry ----------------------------------------------------------------------------
 
@@ -341,6 +387,10 @@ class Telemetry(Protocol):
     def alert_received(self, receipt: Receipt) -> None: ...
 
     def overload_evaluated(self, verdict: str, value: float | None) -> None: ...
+
+    def residue_found(self, report: ResidueReport) -> None: ...
+
+    def memory_observed(self, memory: TritonMemory, trends: Sequence[LeakTrend]) -> None: ...
 
 
 # --- time ---------------------------------------------------------------------------------

@@ -283,6 +283,25 @@ class MemorySettings(_Group):
         description="Where GPU memory figures (nv_gpu_memory_*) are read. "
         "Default: triton.metrics_url.",
     )
+    audit: bool = Field(
+        True,
+        description="Audit each unloaded slot for residue (open files, shm, GPU memory) and "
+        "sample Triton's memory after each swap; needs Triton's processes visible (same host, "
+        "or shareProcessNamespace: true in the pod).",
+    )
+    triton_pid: int | None = Field(
+        None,
+        ge=1,
+        description="Triton's pid, if finding it by its --model-repository is not enough.",
+    )
+    leak_window_swaps: int = Field(
+        10, ge=2, description="Swaps over which Triton's memory growth is measured."
+    )
+    leak_threshold_bytes: int = Field(
+        1024**3,
+        ge=0,
+        description="Growth over the window above this is logged as a suspected leak.",
+    )
 
 
 class LogSettings(_Group):

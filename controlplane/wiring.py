@@ -18,12 +18,14 @@ from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
+from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
 from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployPolicy, DeployService
 from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
@@ -52,6 +54,7 @@ class Container:
     overload: OverloadWatcher | None
     utilization: UtilizationSource | None
     gpu_metrics: TritonMetrics
+    memory: MemoryWatch
     telemetry: PrometheusTelemetry
     background: list[Callable[[], Coroutine[Any, Any, None]]]
 
@@ -103,6 +106,21 @@ def build(settings: Settings) -> Container:
     metrics = TritonMetrics(settings.triton.metrics_url)
     gpu_metrics = TritonMetrics(settings.memory.gpu_metrics_url or settings.triton.metrics_url)
     memory = HostAndGpuMemory(gpu_metrics)
+    memory_watch = MemoryWatch(
+        processes=(
+            ProcessAuditor(settings.repository.path, pid=settings.memory.triton_pid)
+            if settings.memory.audit
+            else None
+        ),
+        figures=memory,
+        repo=repo,
+        clock=clock,
+        policy=LeakPolicy(
+            window=settings.memory.leak_window_swaps,
+            threshold=settings.memory.leak_threshold_bytes,
+        ),
+        telemetry=telemetry,
+    )
     deploy = DeployService(
         store=store,
         staging=staging,
@@ -124,6 +142,7 @@ def build(settings: Settings) -> Container:
             figures=memory if settings.memory.headroom_check else None,
             factor=settings.memory.load_factor,
         ),
+        memory=memory_watch,
     )
     reconciler = Reconciler(
         deploy=deploy,
@@ -218,6 +237,7 @@ def build(settings: Settings) -> Container:
         overload=overload,
         utilization=utilization,
         gpu_metrics=gpu_metrics,
+        memory=memory_watch,
         background=background,
     )
 

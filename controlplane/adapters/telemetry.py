@@ -14,7 +14,7 @@ names, model and slot names, verdicts); free text such as a rollback's reason is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -22,9 +22,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from controlplane.domain.alerts import Receipt
+from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step, Trigger
 from controlplane.domain.rollback import RollbackRecord
-from controlplane.ports import StateRepo
+from controlplane.ports import StateRepo, TritonMemory
 
 # From a cached re-point (ms) to a big model's load (minutes).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -100,6 +101,28 @@ class PrometheusTelemetry:
         self._triton_up = Gauge(
             "controlplane_triton_up", "1 when Triton answered the last liveness check.", registry=r
         )
+        self._residue = Counter(
+            "controlplane_residue_findings",
+            "Residue found after unloads, by kind (open_files, shm, processes, gpu_memory).",
+            ["kind"],
+            registry=r,
+        )
+        self._resident = Gauge(
+            "controlplane_triton_resident_memory_bytes",
+            "Triton's resident memory plus shared memory in use, after the last swap.",
+            registry=r,
+        )
+        self._host_total = Gauge(
+            "controlplane_host_memory_total_bytes", "The machine's memory (MemTotal).", registry=r
+        )
+        self._growth = Gauge(
+            "controlplane_triton_memory_growth_bytes",
+            "Growth of Triton's memory over the last N swaps, by kind (host, gpu).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in RESIDUE_KINDS:
+            self._residue.labels(kind=kind)
         for receipt in Receipt:
             self._alerts.labels(receipt=receipt.value)
         for verdict in VERDICTS:
@@ -142,6 +165,20 @@ class PrometheusTelemetry:
         for known in VERDICTS:
             self._verdict.labels(verdict=known).set(1 if known == verdict else 0)
         self._utilization.set(float("nan") if value is None else value)
+
+    def residue_found(self, report: ResidueReport) -> None:
+        for kind, count in report.findings().items():
+            if count:
+                self._residue.labels(kind=kind).inc(count)
+
+    def memory_observed(self, memory: TritonMemory, trends: Sequence[LeakTrend]) -> None:
+        if memory.host_bytes is not None:
+            self._resident.set(memory.host_bytes)
+        if memory.host_total_bytes is not None:
+            self._host_total.set(memory.host_total_bytes)
+        for trend in trends:
+            if trend.growth is not None:
+                self._growth.labels(kind=trend.kind).set(trend.growth)
 
     # --- for the API ----------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ from controlplane.api.schemas import (
     RollbackRequest,
     UnloadRequest,
     alert_json,
+    leak_trend_json,
+    memory_sample_json,
     model_json,
     operation_json,
     rollback_result_json,
@@ -143,6 +145,17 @@ def create_app(settings: Settings) -> FastAPI:
         c.telemetry.triton_up(live)
         body, content_type = c.telemetry.render()
         return Response(content=body, media_type=content_type)
+
+    @app.get("/v1/memory", tags=["models"])
+    async def memory(c: Reader) -> dict[str, Any]:
+        """Triton's memory after recent swaps, the leak trend, and whether the audit can see
+        Triton's processes."""
+        skipped = await asyncio.to_thread(c.memory.skipped)
+        return {
+            "audit": {"active": skipped is None, "skipped": skipped},
+            "samples": [memory_sample_json(s) for s in c.memory.recent()],
+            "trends": [leak_trend_json(t) for t in c.memory.trends()],
+        }
 
     @app.get("/v1/models", tags=["models"])
     async def list_models(c: Reader) -> dict[str, Any]:

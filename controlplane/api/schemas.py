@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
+from controlplane.domain.memory import LeakTrend, MemorySample
 from controlplane.domain.operations import Operation
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
@@ -160,6 +161,25 @@ def overload_json(view: OverloadView | None) -> dict[str, Any] | None:
         "last_value": view.last_value,
         "note": view.note or None,
         "at": _time(view.at),
+    }
+
+
+def memory_sample_json(sample: MemorySample) -> dict[str, Any]:
+    return {
+        "at": _time(sample.at),
+        "operation_id": sample.operation_id,
+        "model": sample.model,
+        "host_bytes": sample.host_bytes,
+        "gpu_bytes": sample.gpu_bytes,
+    }
+
+
+def leak_trend_json(trend: LeakTrend) -> dict[str, Any]:
+    return {
+        "kind": trend.kind,
+        "samples": trend.samples,
+        "growth_bytes": trend.growth,
+        "leak_suspected": trend.flagged,
     }
 
 

@@ -101,10 +101,12 @@ def combine(per_gpu: Mapping[str, float], how: Aggregate) -> float | None:
 
 def evaluate(samples: Sequence[Sample], now: float, config: EvaluatorConfig) -> Evaluation:
     start = now - config.window
-    # A sample up to one gap before the window still says what the window began with.
-    relevant = sorted(
-        (s for s in samples if start - config.max_gap < s.at <= now), key=lambda s: s.at
-    )
+    inside = sorted((s for s in samples if start < s.at <= now), key=lambda s: s.at)
+    # The latest sample at or before the window's start (up to one gap before it) says what
+    # the window began with; older ones say nothing about the window.
+    before = [s for s in samples if start - config.max_gap < s.at <= start]
+    lead = [max(before, key=lambda s: s.at)] if before else []
+    relevant = lead + inside
     if not relevant:
         return Evaluation(Verdict.UNKNOWN, "no data in the window")
     first, last = relevant[0].at, relevant[-1].at

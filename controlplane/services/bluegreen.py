@@ -39,6 +39,7 @@ from controlplane.ports import (
     Triton,
 )
 from controlplane.services.headroom import HeadroomPolicy, check_headroom
+from controlplane.services.memory import MemoryWatch
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
@@ -60,6 +61,7 @@ class BlueGreenDeps:
     require_checksums: bool
     unload_timeout: float
     policy_for: Callable[[str], TrafficPolicy]
+    memory: MemoryWatch
     headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
 
 
@@ -132,7 +134,9 @@ class BlueGreen:
         if target.state is not SlotState.ABSENT and not already_gone:
             async with tracker.step("free"):
                 tracker.detail(slot=target.name, release=target.release)
-                target = await self._take_down(model, target, op.trigger, f"room for {release}")
+                target = await self._take_down(
+                    model, target, op.trigger, f"room for {release}", tracker
+                )
         await check_headroom(tracker, self._d.headroom, prepared, force=force)
 
         async with self._d.load_slots:
@@ -146,11 +150,12 @@ class BlueGreen:
             async with tracker.step("load"):
                 slot = self._slots.stage_and_load(target, op.trigger, release, model=model)
                 try:
-                    await self._d.triton.load(target.name)
+                    async with self._d.memory.loading(target.name):
+                        await self._d.triton.load(target.name)
                 except BaseException as exc:
                     reason = getattr(exc, "code", "interrupted")
                     slot = self._slots.move(slot, "FAILED", op.trigger, reason, model=model)
-                    await asyncio.shield(self._take_down(model, slot, op.trigger, reason))
+                    await asyncio.shield(self._take_down(model, slot, op.trigger, reason, tracker))
                     if active is None:
                         await asyncio.shield(self._remove_alias(model))
                     raise
@@ -177,7 +182,7 @@ class BlueGreen:
                 await self._repoint(tracker, model, slot_config, sample, fallback)
         except BaseException as exc:
             reason = f"preflight or switch failed: {getattr(exc, 'code', 'interrupted')}"
-            await asyncio.shield(self._take_down(model, slot, op.trigger, reason))
+            await asyncio.shield(self._take_down(model, slot, op.trigger, reason, tracker))
             if active is None:  # a first deploy: no alias is left pointing at nothing
                 await asyncio.shield(self._remove_alias(model))
             raise
@@ -209,7 +214,7 @@ class BlueGreen:
         if slot.state is SlotState.UNAVAILABLE and slot.release is not None:
             # Left on disk after a restart and not needed: no traffic to drain.
             async with tracker.step("unload"):
-                await self._take_down(model, slot, tracker.operation.trigger, "not needed")
+                await self._take_down(model, slot, tracker.operation.trigger, "not needed", tracker)
             return
         if slot.state is not SlotState.RETIRING:
             async with tracker.step("skip"):
@@ -227,7 +232,9 @@ class BlueGreen:
             await asyncio.to_thread(self._d.staging.remove, model)
         for slot in self.slots(model):
             if slot.state not in (SlotState.ABSENT, SlotState.UNAVAILABLE):
-                await self._take_down(model, slot, tracker.operation.trigger, "unload requested")
+                await self._take_down(
+                    model, slot, tracker.operation.trigger, "unload requested", tracker
+                )
         async with tracker.step("record"):
             record = self._d.repo.get_model(model)
             self._d.repo.set_serving(
@@ -309,14 +316,22 @@ class BlueGreen:
                 pending = await self._d.metrics.pending_requests(slot.name)
             tracker.detail(slot=slot.name, pending=pending, timed_out=bool(pending))
         async with tracker.step("unload"):
-            await self._take_down(model, slot, tracker.operation.trigger, "retired")
+            await self._take_down(model, slot, tracker.operation.trigger, "retired", tracker)
 
-    async def _take_down(self, model: str, slot: Slot, trigger: str, reason: str) -> Slot:
-        """Unload a slot (best effort), wait for UNAVAILABLE, remove its dir."""
+    async def _take_down(
+        self,
+        model: str,
+        slot: Slot,
+        trigger: str,
+        reason: str,
+        tracker: OperationTracker | None = None,
+    ) -> Slot:
+        """Unload a slot (best effort), wait for UNAVAILABLE, remove its dir, audit residue."""
         if slot.state in (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING):
             slot = self._slots.move(slot, "UNLOADING", trigger, reason, model=model)
-        await unload_best_effort(self._d.triton, slot.name, self._d.unload_timeout)
-        await asyncio.to_thread(self._d.staging.remove, slot.name)
+        async with self._d.memory.unloading(slot.name, tracker):
+            await unload_best_effort(self._d.triton, slot.name, self._d.unload_timeout)
+            await asyncio.to_thread(self._d.staging.remove, slot.name)
         return self._slots.observe(
             model, SlotState.UNAVAILABLE, None, f"{reason}; unloaded", slot_name=slot.name
         )

@@ -46,6 +46,7 @@ from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.headroom import HeadroomPolicy, check_headroom
+from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
@@ -99,9 +100,13 @@ class DeployService:
         metrics: MetricsSource | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
         headroom: HeadroomPolicy | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._headroom = headroom or HeadroomPolicy()
+        self._memory = memory or MemoryWatch(
+            processes=None, figures=None, repo=repo, clock=clock, policy=LeakPolicy()
+        )
         self._store = store
         self._staging = staging
         self._editor = editor
@@ -128,6 +133,7 @@ class DeployService:
                 unload_timeout=policy.unload_timeout,
                 policy_for=self._traffic,
                 headroom=self._headroom,
+                memory=self._memory,
             ),
             schedule_retire=self._schedule_retire,
             cancel_retire=self.cancel_retire,
@@ -351,6 +357,8 @@ class DeployService:
         try:
             await body(tracker)
             tracker.succeed()
+            if operation.kind in (OperationKind.DEPLOY, OperationKind.ROLLBACK):
+                await self._sample_memory(tracker.operation)
             chosen = operation.trigger in (Trigger.API, Trigger.CLI) and operation.release
             # A person or CI chose this release: it is no longer latched degraded.
             if chosen and self._repo.clear_degraded(operation.model, operation.release or ""):
@@ -366,6 +374,12 @@ class DeployService:
         finally:
             await asyncio.to_thread(self._staging.cleanup, operation.id)
             self._locks.release(operation.model, operation.id)
+
+    async def _sample_memory(self, operation: Operation) -> None:
+        try:
+            await self._memory.after_swap(operation)
+        except Exception:  # the swap is done; a failed sample must not say otherwise
+            log.exception("sampling Triton's memory after %s failed", operation.id)
 
     # --- deploy -----------------------------------------------------------------------
 
@@ -423,7 +437,8 @@ class DeployService:
                     slot = self._slots.stage_and_load(slot, op.trigger, release)
                 context.loading = True
                 try:
-                    await self._triton.load(model)
+                    async with self._memory.loading(model):
+                        await self._triton.load(model)
                 except Exception as raised:
                     exc = (
                         raised
@@ -468,23 +483,24 @@ class DeployService:
         op = tracker.operation
         model = op.model
         slot = self._slots.get(model)
-        async with tracker.step("unload"):
-            slot = self._slots.move(slot, "UNLOADING", op.trigger, "unload requested")
-            try:
-                await self._triton.unload(model)
-                await self._triton.wait_unavailable(model, self._policy.unload_timeout)
-            except ControlPlaneError as exc:
-                # The model still serves as far as anyone can tell: say so, so that the next
-                # deploy or unload of it starts from a valid state.
-                self._slots.observe(
-                    model, SlotState.ACTIVE, slot.release, f"unload failed: {exc.code}"
-                )
-                raise
-            slot = self._slots.move(slot, "UNAVAILABLE", op.trigger, "unloaded")
-        async with tracker.step("remove"):
-            removed = await asyncio.to_thread(self._staging.remove, model)
-            tracker.detail(removed=removed)
-            self._slots.move(slot, "ABSENT", op.trigger, "dir removed")
+        async with self._memory.unloading(model, tracker):  # the residue: on "remove"
+            async with tracker.step("unload"):
+                slot = self._slots.move(slot, "UNLOADING", op.trigger, "unload requested")
+                try:
+                    await self._triton.unload(model)
+                    await self._triton.wait_unavailable(model, self._policy.unload_timeout)
+                except ControlPlaneError as exc:
+                    # The model still serves as far as anyone can tell: say so, so that the next
+                    # deploy or unload of it starts from a valid state.
+                    self._slots.observe(
+                        model, SlotState.ACTIVE, slot.release, f"unload failed: {exc.code}"
+                    )
+                    raise
+                slot = self._slots.move(slot, "UNAVAILABLE", op.trigger, "unloaded")
+            async with tracker.step("remove"):
+                removed = await asyncio.to_thread(self._staging.remove, model)
+                tracker.detail(removed=removed)
+                self._slots.move(slot, "ABSENT", op.trigger, "dir removed")
         async with tracker.step("record"):
             record = self._repo.get_model(model)
             self._repo.set_serving(

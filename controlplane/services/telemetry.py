@@ -6,9 +6,13 @@ export metrics use :data:`NO_TELEMETRY`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from controlplane.domain.alerts import Receipt
+from controlplane.domain.memory import LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step
 from controlplane.domain.rollback import RollbackRecord
+from controlplane.ports import TritonMemory
 
 
 class NoTelemetry:
@@ -28,6 +32,12 @@ class NoTelemetry:
         return None
 
     def overload_evaluated(self, verdict: str, value: float | None) -> None:
+        return None
+
+    def residue_found(self, report: ResidueReport) -> None:
+        return None
+
+    def memory_observed(self, memory: TritonMemory, trends: Sequence[LeakTrend]) -> None:
         return None
 
 

@@ -113,3 +113,14 @@ def test_only_a_covered_window_of_high_samples_breaches(
         and all(b - a <= CONFIG.max_gap for a, b in itertools.pairwise([*times, NOW]))
     )
     assert result.verdict is (Verdict.BREACH if covered else Verdict.UNKNOWN)
+
+
+def test_only_the_latest_sample_before_the_window_counts_for_it() -> None:
+    # Low until 1.5 s before the window, high from 0.5 s before it: ten seconds above the line.
+    start = NOW - CONFIG.window
+    samples = [Sample(start - 1.5, 0.30)] + [
+        Sample(start - 0.5 + i, 0.99) for i in range(int(CONFIG.window) + 1)
+    ]
+    assert evaluate(samples, NOW, CONFIG).verdict is Verdict.BREACH
+    # One second earlier the window began before the first high sample: no breach yet.
+    assert evaluate(samples[:-1], NOW - 1, CONFIG).verdict is Verdict.HEALTHY

@@ -51,16 +51,6 @@ EXPORTED_BY_CONTROLPLANE = frozenset(
         "controlplane_residue_findings_total",
     }
 )
-# Metrics the rules and the dashboard already use but PrometheusTelemetry does not export yet
-# (Triton's memory as the control plane measures it, and residue after unload).
-NOT_EXPORTED_YET = frozenset(
-    {
-        "controlplane_triton_memory_growth_bytes",
-        "controlplane_triton_resident_memory_bytes",
-        "controlplane_host_memory_total_bytes",
-        "controlplane_residue_findings_total",
-    }
-)
 # Triton's own, from its metrics endpoint (port 8002).
 EXPORTED_BY_TRITON = frozenset(
     {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
@@ -170,7 +160,7 @@ def test_the_allowed_controlplane_metrics_are_the_ones_the_daemon_exports(
     telemetry: PrometheusTelemetry,
 ) -> None:
     exported = exported_names(telemetry)
-    missing = EXPORTED_BY_CONTROLPLANE - NOT_EXPORTED_YET - exported
+    missing = EXPORTED_BY_CONTROLPLANE - exported
     assert not missing, (
         f"deploy/monitoring uses {sorted(missing)}, which the daemon no longer exports: "
         "update the dashboard, the rules and this list together"

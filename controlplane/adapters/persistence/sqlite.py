@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus, Receipt
+from controlplane.domain.memory import MemorySample
 from controlplane.domain.operations import (
     Operation,
     OperationError,
@@ -30,7 +31,7 @@ from controlplane.domain.rollback import DegradedRelease, RollbackOutcome, Rollb
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.ports import ModelRecord
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     name TEXT PRIMARY KEY,
@@ -94,6 +95,13 @@ CREATE TABLE IF NOT EXISTS degraded (
     at TEXT NOT NULL,
     reason TEXT NOT NULL,
     PRIMARY KEY (model, release)
+);
+CREATE TABLE IF NOT EXISTS memory_samples (
+    at TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    host_bytes INTEGER,
+    gpu_bytes INTEGER
 );
 CREATE TABLE IF NOT EXISTS alerts (
     fingerprint TEXT NOT NULL,
@@ -354,6 +362,34 @@ class SqliteStateRepo:
                 receipts=int(row["receipts"]),
             )
             for row in rows
+        ]
+
+    # --- memory trend -------------------------------------------------------------------
+
+    def record_memory(self, sample: MemorySample) -> None:
+        self._execute(
+            "INSERT INTO memory_samples (at, operation_id, model, host_bytes, gpu_bytes) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (
+                sample.at.isoformat(),
+                sample.operation_id,
+                sample.model,
+                sample.host_bytes,
+                sample.gpu_bytes,
+            ),
+        )
+
+    def recent_memory(self, limit: int) -> list[MemorySample]:
+        rows = self._all("SELECT * FROM memory_samples ORDER BY rowid DESC LIMIT ?", (limit,))
+        return [
+            MemorySample(
+                at=datetime.fromisoformat(row["at"]),
+                operation_id=row["operation_id"],
+                model=row["model"],
+                host_bytes=row["host_bytes"],
+                gpu_bytes=row["gpu_bytes"],
+            )
+            for row in reversed(rows)
         ]
 
     # --- plumbing ---------------------------------------------------------------------

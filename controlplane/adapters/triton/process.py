@@ -144,6 +144,9 @@ class Snapshot:
     unseen_segments: tuple[str, ...]  # named by a stub but not under the shm root: not audited
     main_rss_bytes: int | None
     tree_rss_bytes: int | None
+    # (st_dev, st_ino) of the slot's files: the daemon removes a slot by renaming it away
+    # first, so a file still open shows under the new name, with ' (deleted)'.
+    inodes: frozenset[tuple[int, int]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -373,9 +376,14 @@ def find_triton(
 
 
 def open_files_under(
-    path: Path, *, proc_root: Path = PROC_ROOT, pids: Collection[int] | None = None
+    path: Path,
+    *,
+    proc_root: Path = PROC_ROOT,
+    pids: Collection[int] | None = None,
+    inodes: Collection[tuple[int, int]] = frozenset(),
 ) -> list[OpenFile]:
-    """Every fd of every visible process (or of `pids`) whose target is `path` or below it.
+    """Every fd of every visible process (or of `pids`) whose target is `path` or below it,
+    or a deleted file that is one of `inodes` (the dir was renamed away before removal).
 
     Targets of removed files end in ` (deleted)` and are included. Processes that exit or deny
     access during the scan are skipped; the calling process is never reported.
@@ -396,12 +404,37 @@ def open_files_under(
                 target = os.readlink(entry.path)
             except OSError:
                 continue
-            if not entry.name.isdigit() or not _is_under(target.removesuffix(_DELETED), prefixes):
+            if not entry.name.isdigit():
+                continue
+            if not _is_under(target.removesuffix(_DELETED), prefixes) and not (
+                inodes and target.endswith(_DELETED) and _inode(entry.path) in inodes
+            ):
                 continue
             if command is None:
                 command = " ".join(_cmdline(pid, proc_root))
             found.append(OpenFile(pid=pid, fd=int(entry.name), target=target, command=command))
     return sorted(found, key=lambda f: (f.pid, f.fd))
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)  # through /proc/<pid>/fd/<n>: the open file, removed or not
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def files_of(root: Path) -> frozenset[tuple[int, int]]:
+    """(st_dev, st_ino) of every regular file below `root`."""
+    found: set[tuple[int, int]] = set()
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            found.add((st.st_dev, st.st_ino))
+    return frozenset(found)
 
 
 def shm_segments(
@@ -481,8 +514,13 @@ def snapshot(
     proc_root: Path = PROC_ROOT,
     shm_root: Path = SHM_ROOT,
     shm_prefix: str = PYTHON_BACKEND_SHM_PREFIX,
+    local_dir: Path | None = None,
 ) -> Snapshot:
-    """What the loaded slot at `slot_dir` (Triton's spelling) holds now; take it before unload."""
+    """What the loaded slot at `slot_dir` (Triton's spelling) holds now; take it before unload.
+
+    `local_dir` is the same dir as this process spells it, when that differs (a sidecar that
+    mounts the repository elsewhere): its files are what `audit` looks for once deleted.
+    """
     slot = _spellings(slot_dir)
     stubs = tuple(
         stub
@@ -499,6 +537,7 @@ def snapshot(
         unseen_segments=tuple(n for n in names if n not in present),
         main_rss_bytes=rss_bytes(triton.pid, proc_root=proc_root),
         tree_rss_bytes=tree_rss_bytes(triton.pid, proc_root=proc_root),
+        inodes=files_of(local_dir or slot_dir),
     )
 
 
@@ -518,7 +557,9 @@ def audit(before: Snapshot, *, proc_root: Path = PROC_ROOT, shm_root: Path = SHM
     return Residue(
         triton_pid=before.triton_pid,
         slot_dir=before.slot_dir,
-        open_files=tuple(open_files_under(before.slot_dir, proc_root=proc_root)),
+        open_files=tuple(
+            open_files_under(before.slot_dir, proc_root=proc_root, inodes=before.inodes)
+        ),
         segments=tuple(left),
         stubs_alive=tuple(alive),
         main_rss_before=before.main_rss_bytes,
