@@ -44,6 +44,7 @@ class EvaluatorConfig:
     threshold: float = 0.95
     window: float = 10.0
     interval: float = 1.0
+    jitter: float = 0.05  # how late a sample on the beat may land and still open the window
 
     @property
     def max_gap(self) -> float:
@@ -126,7 +127,7 @@ def evaluate(samples: Sequence[Sample], now: float, config: EvaluatorConfig) -> 
     gaps = [b - a for a, b in zip([start, *times], [*times, now], strict=True)]
     if max(gaps) > config.max_gap:
         return found(Verdict.UNKNOWN, f"a gap of {max(gaps):.1f} s in the data; holding")
-    if first > start:
+    if first > start + config.jitter:
         # Above the line so far, but not yet for the whole window: no breach before it is.
         return found(Verdict.UNKNOWN, f"above {config.threshold} for {now - first:.1f} s so far")
     return found(Verdict.BREACH, f"every sample above {config.threshold} for {config.window:g} s")

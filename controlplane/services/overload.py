@@ -85,12 +85,14 @@ class OverloadWatcher:
             await asyncio.sleep(beat - loop.time())
 
     async def tick(self) -> Evaluation:
+        # Stamped when the scrape starts, on the beat: a scrape's latency varies, and stamping
+        # its end would make a sample seem to arrive late for the window it opens.
+        now = self._clock.monotonic()
         per_gpu = await self._source.gpu_utilization()
         value = combine(per_gpu, self._aggregate) if per_gpu else None
         if value is not None:
             value *= self._scale
         note = "" if value is not None else _missing(per_gpu)
-        now = self._clock.monotonic()
         self._samples.append(Sample(now, value))
         horizon = now - self._config.window - 2 * self._config.max_gap
         while self._samples and self._samples[0].at < horizon:

@@ -109,7 +109,7 @@ def test_only_a_covered_window_of_high_samples_breaches(
     times = sorted({NOW - offset for offset, _ in paired if NOW - offset > start - CONFIG.max_gap})
     covered = (
         bool(times)
-        and times[0] <= start  # a sample says what the window began with
+        and times[0] <= start + CONFIG.jitter  # a sample says what the window began with
         and all(b - a <= CONFIG.max_gap for a, b in itertools.pairwise([*times, NOW]))
     )
     assert result.verdict is (Verdict.BREACH if covered else Verdict.UNKNOWN)
