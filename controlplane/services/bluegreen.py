@@ -17,29 +17,18 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SMOKE_NAME, SmokeSample, parse_smoke
 from controlplane.domain.traffic import (
-    TrafficPolicy,
     alias_config,
     check_aliasable,
     same_signature,
 )
-from controlplane.ports import (
-    Clock,
-    MetricsSource,
-    ModelConfigEditor,
-    ModelStore,
-    Staging,
-    StateRepo,
-    Triton,
-)
-from controlplane.services.headroom import HeadroomPolicy, check_headroom
-from controlplane.services.memory import MemoryWatch
+from controlplane.services.headroom import check_headroom
+from controlplane.services.pipeline import PipelineDeps
 from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
@@ -48,29 +37,12 @@ log = logging.getLogger(__name__)
 DRAIN_POLL = 0.2
 
 
-@dataclass(frozen=True)
-class BlueGreenDeps:
-    store: ModelStore
-    staging: Staging
-    editor: ModelConfigEditor
-    triton: Triton
-    metrics: MetricsSource
-    repo: StateRepo
-    clock: Clock
-    load_slots: asyncio.Semaphore
-    require_checksums: bool
-    unload_timeout: float
-    policy_for: Callable[[str], TrafficPolicy]
-    memory: MemoryWatch
-    headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
-
-
 class BlueGreen:
     """The blue-green bodies of operations; :class:`DeployService` runs them under its lock."""
 
     def __init__(
         self,
-        deps: BlueGreenDeps,
+        deps: PipelineDeps,
         schedule_retire: Callable[[str, str], None],
         cancel_retire: Callable[[str], None],
     ) -> None:

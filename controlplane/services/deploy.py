@@ -1,10 +1,8 @@
-"""Deploy, rollback and unload under the ``inplace`` strategy.
+"""The operations on models: deploy, rollback, unload, retire, the CPU-only reload.
 
-One deploy: resolve -> fetch -> verify -> place -> load -> record. Invariants:
+Entry points validate, take the model's lock and return the operation; the bodies run in a
+task (``inplace`` in :mod:`.inplace`, ``blue-green`` in :mod:`.bluegreen`). Invariants:
 
-* Any failure before ``record`` leaves the repository exactly as it was and the serving
-  release serving: a failed placement is undone with the same atomic exchange that made it,
-  and Triton keeps the loaded version when a reload fails (checked against the real server).
 * All operations on one model are serialized (:class:`ModelLocks`); loads across models are
   bounded by a semaphore.
 * ``submit`` runs ``resolve`` before it returns, so a release that does not exist or is not
@@ -29,26 +27,25 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import Operation, OperationKind, OperationStatus, Trigger
-from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
     Clock,
     MetricsSource,
     ModelConfigEditor,
     ModelStore,
-    Placement,
     Staging,
     StateRepo,
     Telemetry,
     Triton,
 )
-from controlplane.services.bluegreen import BlueGreen, BlueGreenDeps
+from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.coordination import ModelLocks, TaskOwner
 from controlplane.services.cpu_fallback import reload_on_cpu
-from controlplane.services.headroom import HeadroomPolicy, check_headroom
+from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.inplace import Inplace
 from controlplane.services.memory import LeakPolicy, MemoryWatch
-from controlplane.services.prepare import prepare_release
-from controlplane.services.slots import SlotBook, unload_best_effort
+from controlplane.services.pipeline import PipelineDeps
+from controlplane.services.slots import SlotBook
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker, current_operation
 
@@ -71,15 +68,6 @@ class _NoMetrics:
 class DeployPolicy:
     require_checksums: bool = True
     unload_timeout: float = 120.0
-
-
-@dataclass
-class _Context:
-    """What one running deploy has built so far, for clean-up on failure."""
-
-    placement: Placement | None = None
-    loading: bool = False
-    recorded: bool = False
 
 
 class DeployService:
@@ -119,25 +107,25 @@ class DeployService:
         self._policy = policy
         self._slots = SlotBook(repo, clock)
         self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
-        self._bg = BlueGreen(
-            BlueGreenDeps(
-                store=store,
-                staging=staging,
-                editor=editor,
-                triton=triton,
-                metrics=metrics or _NoMetrics(),
-                repo=repo,
-                clock=clock,
-                load_slots=load_slots,
-                require_checksums=policy.require_checksums,
-                unload_timeout=policy.unload_timeout,
-                policy_for=self._traffic,
-                headroom=self._headroom,
-                memory=self._memory,
-            ),
-            schedule_retire=self._schedule_retire,
-            cancel_retire=self.cancel_retire,
+        deps = PipelineDeps(
+            store=store,
+            staging=staging,
+            editor=editor,
+            triton=triton,
+            metrics=metrics or _NoMetrics(),
+            repo=repo,
+            clock=clock,
+            load_slots=load_slots,
+            require_checksums=policy.require_checksums,
+            unload_timeout=policy.unload_timeout,
+            policy_for=self._traffic,
+            headroom=self._headroom,
+            memory=self._memory,
         )
+        self._bg = BlueGreen(
+            deps, schedule_retire=self._schedule_retire, cancel_retire=self.cancel_retire
+        )
+        self._inplace = Inplace(deps)
 
     # --- entry points -----------------------------------------------------------------
 
@@ -154,7 +142,7 @@ class DeployService:
         validate_model_name(model)
         validate_release_name(release)
         blue_green = self._traffic(model).strategy is Strategy.BLUE_GREEN
-        body = self._bg.deploy if blue_green else self._deploy
+        body = self._bg.deploy if blue_green else self._inplace.deploy
         return await self._submit(
             kind or OperationKind.DEPLOY,
             model,
@@ -199,7 +187,7 @@ class DeployService:
         if record is None or record.active_release is None:
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
         blue_green = self._traffic(model).strategy is Strategy.BLUE_GREEN
-        body = self._bg.unload if blue_green else self._unload
+        body = self._bg.unload if blue_green else self._inplace.unload
         return await self._submit(OperationKind.UNLOAD, model, None, trigger, body)
 
     async def serve_on_cpu(self, model: str, *, trigger: Trigger) -> Operation:
@@ -380,132 +368,3 @@ class DeployService:
             await self._memory.after_swap(operation)
         except Exception:  # the swap is done; a failed sample must not say otherwise
             log.exception("sampling Triton's memory after %s failed", operation.id)
-
-    # --- deploy -----------------------------------------------------------------------
-
-    async def _deploy(self, tracker: OperationTracker, *, force: bool = False) -> None:
-        op = tracker.operation
-        model, release = op.model, op.release
-        assert release is not None
-        context = _Context()
-        try:
-            await self._deploy_steps(tracker, model, release, context, force=force)
-        except BaseException as exc:
-            # Cancelled (shutdown) while Triton loads: Triton goes on reading the placed files,
-            # so swapping the dirs back now could make it load a mix of two releases. Leave
-            # the placement; the next start-up reconcile converges to the desired release.
-            cut_mid_load = isinstance(exc, asyncio.CancelledError) and context.loading
-            if context.placement is not None and not context.recorded and not cut_mid_load:
-                # Shielded from cancellation: the repository must be put back either way.
-                await asyncio.shield(asyncio.to_thread(self._staging.restore, context.placement))
-            raise
-
-    async def _deploy_steps(
-        self,
-        tracker: OperationTracker,
-        model: str,
-        release: str,
-        context: _Context,
-        *,
-        force: bool,
-    ) -> None:
-        op = tracker.operation
-        prepared = await prepare_release(
-            tracker,
-            store=self._store,
-            staging=self._staging,
-            editor=self._editor,
-            require_checksums=self._policy.require_checksums,
-            model=model,
-            release=release,
-            target=model,
-        )
-        dest = prepared.path
-        await check_headroom(tracker, self._headroom, prepared, force=force)
-
-        slot = self._slots.get(model)
-        replacing = slot.state.value in ("ACTIVE", "READY")
-        async with self._load_slots:
-            async with tracker.step("place"):
-                context.placement = await asyncio.to_thread(self._staging.place, dest, model)
-                tracker.detail(replaced=context.placement.replaced is not None)
-
-            async with tracker.step("load"):
-                if replacing:
-                    slot = self._slots.move(slot, "UPDATING", op.trigger, f"reloading as {release}")
-                else:
-                    slot = self._slots.stage_and_load(slot, op.trigger, release)
-                context.loading = True
-                try:
-                    async with self._memory.loading(model):
-                        await self._triton.load(model)
-                except Exception as raised:
-                    exc = (
-                        raised
-                        if isinstance(raised, ControlPlaneError)
-                        else ControlPlaneError(f"unexpected error during the load: {raised!r}")
-                    )
-                    await asyncio.shield(
-                        asyncio.to_thread(self._staging.restore, context.placement)
-                    )
-                    context.placement = None
-                    if replacing:
-                        # Triton keeps the loaded version when a reload fails.
-                        self._slots.move(slot, "ACTIVE", op.trigger, f"reload failed: {exc.code}")
-                    else:
-                        self._slots.move(slot, "FAILED", op.trigger, exc.message[:500])
-                        await unload_best_effort(self._triton, model, self._policy.unload_timeout)
-                        self._slots.move(self._slots.get(model), "ABSENT", op.trigger, exc.code)
-                    if exc is raised:
-                        raise
-                    raise exc from raised
-                context.loading = False
-
-        async with tracker.step("record"):
-            record = self._repo.get_model(model)
-            active = record.active_release if record else None
-            previous = record.previous_release if record else None
-            if active is not None and active != release:
-                previous = active
-            self._repo.set_serving(model, active=release, previous=previous, at=self._clock.now())
-            context.recorded = True
-            if replacing:
-                self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}", release=release)
-            else:
-                slot = self._slots.move(slot, "READY", op.trigger, "loaded", release=release)
-                self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}")
-            await asyncio.to_thread(self._staging.discard, context.placement)
-            tracker.detail(active=release, previous=previous)
-
-    # --- unload -----------------------------------------------------------------------
-
-    async def _unload(self, tracker: OperationTracker) -> None:
-        op = tracker.operation
-        model = op.model
-        slot = self._slots.get(model)
-        async with self._memory.unloading(model, tracker):  # the residue: on "remove"
-            async with tracker.step("unload"):
-                slot = self._slots.move(slot, "UNLOADING", op.trigger, "unload requested")
-                try:
-                    await self._triton.unload(model)
-                    await self._triton.wait_unavailable(model, self._policy.unload_timeout)
-                except ControlPlaneError as exc:
-                    # The model still serves as far as anyone can tell: say so, so that the next
-                    # deploy or unload of it starts from a valid state.
-                    self._slots.observe(
-                        model, SlotState.ACTIVE, slot.release, f"unload failed: {exc.code}"
-                    )
-                    raise
-                slot = self._slots.move(slot, "UNAVAILABLE", op.trigger, "unloaded")
-            async with tracker.step("remove"):
-                removed = await asyncio.to_thread(self._staging.remove, model)
-                tracker.detail(removed=removed)
-                self._slots.move(slot, "ABSENT", op.trigger, "dir removed")
-        async with tracker.step("record"):
-            record = self._repo.get_model(model)
-            self._repo.set_serving(
-                model,
-                active=None,
-                previous=record.active_release if record else None,
-                at=self._clock.now(),
-            )

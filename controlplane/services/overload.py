@@ -76,18 +76,18 @@ class OverloadWatcher:
 
     async def run(self) -> None:
         """Sample on a fixed beat until cancelled (shutdown)."""
-        loop = asyncio.get_running_loop()
-        beat = loop.time()
+        beat = self._clock.monotonic()
         while True:
-            await self.tick()
+            await self.tick(at=beat)
             beat += self._config.interval
-            beat = max(beat, loop.time())  # after a stall, resume the beat rather than rush
-            await asyncio.sleep(beat - loop.time())
+            now = self._clock.monotonic()
+            beat = max(beat, now)  # after a stall, resume the beat rather than rush
+            await asyncio.sleep(beat - now)
 
-    async def tick(self) -> Evaluation:
-        # Stamped when the scrape starts, on the beat: a scrape's latency varies, and stamping
-        # its end would make a sample seem to arrive late for the window it opens.
-        now = self._clock.monotonic()
+    async def tick(self, at: float | None = None) -> Evaluation:
+        """One sample, stamped ``at`` (the beat it belongs to): how late the loop woke up or
+        the scrape answered must not decide whether the first high sample opens a window."""
+        now = self._clock.monotonic() if at is None else at
         per_gpu = await self._source.gpu_utilization()
         value = combine(per_gpu, self._aggregate) if per_gpu else None
         if value is not None:

@@ -1,0 +1,37 @@
+"""What the deploy pipelines (``inplace`` and ``blue-green``) share: their ports and policies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.domain.traffic import TrafficPolicy
+from controlplane.ports import (
+    Clock,
+    MetricsSource,
+    ModelConfigEditor,
+    ModelStore,
+    Staging,
+    StateRepo,
+    Triton,
+)
+from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.memory import MemoryWatch
+
+
+@dataclass(frozen=True)
+class PipelineDeps:
+    store: ModelStore
+    staging: Staging
+    editor: ModelConfigEditor
+    triton: Triton
+    metrics: MetricsSource
+    repo: StateRepo
+    clock: Clock
+    load_slots: asyncio.Semaphore  # bounds loads across models
+    require_checksums: bool
+    unload_timeout: float
+    policy_for: Callable[[str], TrafficPolicy]
+    memory: MemoryWatch
+    headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
