@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck layers config-check config pytest bench clean
+.PHONY: install run test lint typecheck layers config-check config monitoring-check pytest bench clean
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/python -m controlplane.devrun
 
-test: install lint typecheck layers config-check pytest
+test: install lint typecheck layers config-check monitoring-check pytest
 
 lint:
 	$(BIN)/ruff check controlplane tests bench
@@ -39,6 +39,13 @@ config-check:
 config: install
 	$(BIN)/controlplane config --defaults > config/controlplane.yaml
 
+# The Prometheus rules parse, and their unit tests (deploy/monitoring/rules_test.yml) pass.
+monitoring-check:
+	@command -v promtool >/dev/null 2>&1 \
+		|| (echo "promtool not found on PATH: install the Debian package 'prometheus', which ships it" >&2; exit 1)
+	promtool check rules deploy/monitoring/rules.yml
+	promtool test rules deploy/monitoring/rules_test.yml
+
 pytest:
 	$(BIN)/pytest
 
@@ -46,6 +53,7 @@ bench: install
 	$(BIN)/python bench/hot_swap.py
 	$(BIN)/python bench/s3_download.py
 	$(BIN)/python bench/blue_green.py
+	$(BIN)/python bench/rollback.py
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache
