@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck layers config-check config monitoring-check pytest bench clean
+.PHONY: install run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/python -m controlplane.devrun
 
-test: install lint typecheck layers config-check monitoring-check pytest
+test: install lint typecheck layers config-check monitoring-check deploy-check pytest
 
 lint:
 	$(BIN)/ruff check controlplane tests bench
@@ -45,6 +45,12 @@ monitoring-check:
 		|| (echo "promtool not found on PATH: install the Debian package 'prometheus', which ships it" >&2; exit 1)
 	promtool check rules deploy/monitoring/rules.yml
 	promtool test rules deploy/monitoring/rules_test.yml
+
+# The image and the Kubernetes manifests, offline: hadolint, every overlay rendered with
+# `kubectl kustomize` and validated against the Kubernetes schemas, the PrometheusRule through
+# promtool. deploy/k8s/check.sh says what each step covers.
+deploy-check: install
+	BIN=$(BIN) deploy/k8s/check.sh
 
 pytest:
 	$(BIN)/pytest
