@@ -70,6 +70,11 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
     # After the retire window the old slot is unloaded and its dir is gone. (Once its dir is
     # gone, Triton's index stops listing it at all.)
     eventually(lambda: not (daemon.repository / blue).exists(), 60, "blue's dir removed")
+    eventually(  # then the residue audit, and the retire ends
+        lambda: daemon.get(f"/v1/models/{model_name}").json()["running_operation"] is None,
+        30,
+        "the retire operation finished",
+    )
     assert _index(triton).get(blue, "UNAVAILABLE") == "UNAVAILABLE"
     slots = {s["name"]: s["state"] for s in daemon.get(f"/v1/models/{model_name}").json()["slots"]}
     assert slots[blue] == "UNAVAILABLE"

@@ -151,5 +151,11 @@ def test_sigkill_during_a_blue_green_load_leaves_the_alias_on_the_last_good_rele
     assert model["alias_target"] == f"{model_name}__blue"
     green = restarted.repository / f"{model_name}__green"
     eventually(lambda: not green.exists(), 60, "the unconfirmed slot retired")
+    # The retire goes on after the dir is gone (the residue audit), holding the model's lock.
+    eventually(
+        lambda: restarted.get(f"/v1/models/{model_name}").json()["running_operation"] is None,
+        30,
+        "the retire operation finished",
+    )
     assert restarted.deploy(model_name, "r2").status_code == 200
     assert infer_once(triton.grpc_url, model_name) == 2.0
