@@ -118,7 +118,7 @@ def evaluate(samples: Sequence[Sample], now: float, config: EvaluatorConfig) -> 
     if now - last > config.max_gap:
         return found(Verdict.UNKNOWN, f"stale: last sample {now - last:.1f} s ago")
     if any(s.value is None for s in relevant):
-        return found(Verdict.UNKNOWN, "scrape errors in the window")
+        return found(Verdict.UNKNOWN, "samples missing in the window (failed reads or no GPU)")
     values = [s.value for s in relevant if s.value is not None]
     if any(value <= config.threshold for value in values):
         low = min(values)

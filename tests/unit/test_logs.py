@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.cli.logs import JsonFormatter
+from controlplane.cli.logs import JsonFormatter, configure
 from tests.support.fakes import LoadFails
 from tests.support.service_views import publish
 from tests.unit.test_bluegreen_service import MODEL, bg_service, deploy_and_wait
@@ -59,3 +59,20 @@ def test_every_line_of_an_operation_carries_its_id(tmp_path: Path, lines: Lines)
     for line in lines.lines:
         assert line["operation_id"] == operation_id, line
         assert set(line) >= {"time", "level", "logger", "message"}
+
+
+def test_http_client_requests_are_not_logged_one_line_each() -> None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    clients = [logging.getLogger(name) for name in ("httpx", "httpcore")]
+    client_levels = [logger.level for logger in clients]
+    try:
+        configure("INFO")
+        assert logging.getLogger("controlplane").isEnabledFor(logging.INFO)
+        assert not any(logger.isEnabledFor(logging.INFO) for logger in clients)
+        assert all(logger.isEnabledFor(logging.WARNING) for logger in clients)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        for logger, level in zip(clients, client_levels, strict=True):
+            logger.setLevel(level)
