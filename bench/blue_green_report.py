@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bench.report import README, replace_section
+from bench.report import write_section
 
 BEGIN, END = "<!-- blue_green:begin -->", "<!-- blue_green:end -->"
 SLOW_REPOINT_MS = 100.0  # above this a re-point reloaded a composing slot (Triton: ~1.3 s)
@@ -160,20 +160,6 @@ def section(args: argparse.Namespace, summary: str, runs: Sequence[dict[str, flo
 {END}"""
 
 
-def _with_intro_row(text: str) -> str:
-    """The README with this bench's row in the intro table (replaced, or added at its end)."""
-    intro, marker, rest = text.partition("<!--")
-    lines = intro.split("\n")
-    rows = [i for i, line in enumerate(lines) if line.startswith("| `")]
-    mine = [i for i in rows if lines[i].startswith("| `blue_green.py`")]
-    if mine:
-        lines[mine[0]] = INTRO_ROW
-    elif rows:
-        lines.insert(rows[-1] + 1, INTRO_ROW)
-    return "\n".join(lines) + marker + rest
-
-
 def write_readme(text: str) -> None:
     """Replace the blue_green section of bench/README.md, or append it; and its intro row."""
-    current = replace_section(README.read_text(encoding="utf-8"), BEGIN, END, text)
-    README.write_text(_with_intro_row(current), encoding="utf-8")
+    write_section(text, begin=BEGIN, end=END, script="blue_green.py", row=INTRO_ROW)

@@ -149,6 +149,26 @@ def replace_section(current: str, begin: str, end: str, text: str) -> str:
     return current.rstrip("\n") + "\n\n" + text + "\n"
 
 
+def with_intro_row(text: str, script: str, row: str) -> str:
+    """``text`` (bench/README.md) with ``script``'s row in the intro table: replaced, or
+    added after the last row."""
+    intro, marker, rest = text.partition("<!--")
+    lines = intro.split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith("| `")]
+    mine = [i for i in rows if lines[i].startswith(f"| `{script}`")]
+    if mine:
+        lines[mine[0]] = row
+    elif rows:
+        lines.insert(rows[-1] + 1, row)
+    return "\n".join(lines) + marker + rest
+
+
+def write_section(text: str, *, begin: str, end: str, script: str, row: str) -> None:
+    """Replace (or append) one bench's section of bench/README.md, and its intro row."""
+    current = replace_section(README.read_text(encoding="utf-8"), begin, end, text)
+    README.write_text(with_intro_row(current, script, row), encoding="utf-8")
+
+
 def write_readme(text: str) -> None:
     current = README.read_text(encoding="utf-8") if README.exists() else INTRO
     README.write_text(replace_section(current, BEGIN, END, text), encoding="utf-8")

@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bench.report import README, replace_section
+from bench.report import write_section
 from tests.support.monitoring import ALERTMANAGER, PROMETHEUS
 
 BEGIN, END = "<!-- rollback:begin -->", "<!-- rollback:end -->"
@@ -205,20 +205,6 @@ Smoke run (~1 min): `.venv/bin/python bench/rollback.py --quick`.
 {END}"""
 
 
-def _with_intro_row(text: str) -> str:
-    """The README with this bench's row in the intro table (replaced, or added at its end)."""
-    intro, marker, rest = text.partition("<!--")
-    lines = intro.split("\n")
-    rows = [i for i, line in enumerate(lines) if line.startswith("| `")]
-    mine = [i for i in rows if lines[i].startswith("| `rollback.py`")]
-    if mine:
-        lines[mine[0]] = INTRO_ROW
-    elif rows:
-        lines.insert(rows[-1] + 1, INTRO_ROW)
-    return "\n".join(lines) + marker + rest
-
-
 def write_readme(text: str) -> None:
     """Replace the rollback section of bench/README.md, or append it; and its intro row."""
-    current = replace_section(README.read_text(encoding="utf-8"), BEGIN, END, text)
-    README.write_text(_with_intro_row(current), encoding="utf-8")
+    write_section(text, begin=BEGIN, end=END, script="rollback.py", row=INTRO_ROW)
