@@ -29,7 +29,6 @@ from controlplane.domain.traffic import (
 )
 from controlplane.services.headroom import check_headroom
 from controlplane.services.pipeline import PipelineDeps
-from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
 
@@ -79,16 +78,7 @@ class BlueGreen:
         assert release is not None
         active = self.active(model)
         target = next(s for s in self.slots(model) if active is None or s.name != active.name)
-        prepared = await prepare_release(
-            tracker,
-            store=self._d.store,
-            staging=self._d.staging,
-            editor=self._d.editor,
-            require_checksums=self._d.require_checksums,
-            model=model,
-            release=release,
-            target=target.name,
-        )
+        prepared = await self._d.prepare(tracker, model, release, target=target.name)
         async with tracker.step("check"):
             check_aliasable(
                 model,

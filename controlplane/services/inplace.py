@@ -21,7 +21,6 @@ from controlplane.domain.slots import SlotState
 from controlplane.ports import Placement
 from controlplane.services.headroom import check_headroom
 from controlplane.services.pipeline import PipelineDeps
-from controlplane.services.prepare import prepare_release
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.tracker import OperationTracker
 
@@ -69,16 +68,7 @@ class Inplace:
         force: bool,
     ) -> None:
         op = tracker.operation
-        prepared = await prepare_release(
-            tracker,
-            store=self._d.store,
-            staging=self._d.staging,
-            editor=self._d.editor,
-            require_checksums=self._d.require_checksums,
-            model=model,
-            release=release,
-            target=model,
-        )
+        prepared = await self._d.prepare(tracker, model, release, target=model)
         dest = prepared.path
         await check_headroom(tracker, self._d.headroom, prepared, force=force)
 

@@ -18,6 +18,8 @@ from controlplane.ports import (
 )
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.memory import MemoryWatch
+from controlplane.services.prepare import PreparedRelease, prepare_release
+from controlplane.services.tracker import OperationTracker
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,18 @@ class PipelineDeps:
     policy_for: Callable[[str], TrafficPolicy]
     memory: MemoryWatch
     headroom: HeadroomPolicy = field(default_factory=HeadroomPolicy)
+
+    async def prepare(
+        self, tracker: OperationTracker, model: str, release: str, *, target: str
+    ) -> PreparedRelease:
+        """Fetch and verify ``release`` into staging, its config naming ``target``."""
+        return await prepare_release(
+            tracker,
+            store=self.store,
+            staging=self.staging,
+            editor=self.editor,
+            require_checksums=self.require_checksums,
+            model=model,
+            release=release,
+            target=target,
+        )

@@ -60,7 +60,7 @@ def test_no_data_stale_data_and_scrape_errors_are_unknown() -> None:
     errors = [*steady(0.99)[:-1], Sample(NOW, None)]
     result = evaluate(errors, NOW, CONFIG)
     assert result.verdict is Verdict.UNKNOWN
-    assert "scrape errors" in result.reason
+    assert "samples missing" in result.reason
 
 
 def test_a_percent_threshold_against_a_ratio_metric_is_refused() -> None:
