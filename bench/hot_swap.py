@@ -49,7 +49,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from bench.report import README, machine, section, table, verdict, write_readme
+from bench.report import README, machine, run_main, section, table, verdict, write_readme
 from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
@@ -413,8 +413,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the context managers have stopped Triton and the daemon
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -13,8 +13,11 @@ import os
 import platform
 import re
 import statistics
+import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 import tritonclient.grpc as grpcclient
 
@@ -172,3 +175,13 @@ def write_section(text: str, *, begin: str, end: str, script: str, row: str) -> 
 def write_readme(text: str) -> None:
     current = README.read_text(encoding="utf-8") if README.exists() else INTRO
     README.write_text(replace_section(current, BEGIN, END, text), encoding="utf-8")
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """Exit with ``main()``'s status, or 130 on Ctrl-C: each bench's context managers have
+    stopped what it started by then."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

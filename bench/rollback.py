@@ -51,7 +51,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from bench.hot_swap import Request, TimedLoad, cache_dir
-from bench.report import README, machine
+from bench.report import README, machine, run_main
 from bench.rollback_report import PATHS, section, table, verdict, write_readme
 from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
@@ -429,8 +429,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the context managers have stopped everything they started
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -54,6 +54,7 @@ import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 
+from bench.report import run_main
 from bench.s3_report import Params, machine, section, table, verdict, write_readme
 from controlplane.adapters.stores.s3 import S3Store
 
@@ -396,8 +397,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the context managers have stopped moto and removed the files
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

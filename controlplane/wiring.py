@@ -48,23 +48,19 @@ class Container:
     ready: asyncio.Event
     watcher: ReleaseWatcher
     store: ModelStore
-    metrics: TritonMetrics
     rollback: AutoRollback
     alerts: AlertReceiver
     overload: OverloadWatcher | None
-    utilization: UtilizationSource | None
-    gpu_metrics: TritonMetrics
     memory: MemoryWatch
     telemetry: PrometheusTelemetry
     background: list[Callable[[], Coroutine[Any, Any, None]]]
+    readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
 
     async def close(self) -> None:
         await self.tasks.close()
         await self.triton.close()
-        await self.metrics.close()
-        await self.gpu_metrics.close()
-        if self.utilization is not None:
-            await self.utilization.close()
+        for reader in self.readers:
+            await reader.close()
         self.store.close()
         self.repo.close()
 
@@ -103,9 +99,15 @@ def build(settings: Settings) -> Container:
     )
     locks = ModelLocks()
     tasks = TaskOwner()
-    metrics = TritonMetrics(settings.triton.metrics_url)
-    gpu_metrics = TritonMetrics(settings.memory.gpu_metrics_url or settings.triton.metrics_url)
-    memory = HostAndGpuMemory(gpu_metrics)
+    readers: dict[str, TritonMetrics] = {}
+
+    def metrics_at(url: str | None) -> TritonMetrics:
+        """One reader (one HTTP client) per metrics URL, however many uses share it."""
+        url = url or settings.triton.metrics_url
+        return readers.setdefault(url, TritonMetrics(url))
+
+    metrics = metrics_at(None)
+    memory = HostAndGpuMemory(metrics_at(settings.memory.gpu_metrics_url))
     memory_watch = MemoryWatch(
         processes=(
             ProcessAuditor(settings.repository.path, pid=settings.memory.triton_pid)
@@ -166,7 +168,7 @@ def build(settings: Settings) -> Container:
         enabled=lambda model: settings.policy(model).auto_rollback,
         telemetry=telemetry,
     )
-    utilization = build_utilization_source(settings)
+    utilization = build_utilization_source(settings, metrics_at)
     overload = (
         None
         if utilization is None
@@ -212,6 +214,9 @@ def build(settings: Settings) -> Container:
     if isinstance(store, LocalStore):
         root = settings.store.local_path
         background.append(lambda: watch_local_store(root, watcher.wake))
+    closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
+    if utilization is not None and utilization not in closers:
+        closers.append(utilization)  # a Prometheus query has its own client
     return Container(
         settings=settings,
         deploy=deploy,
@@ -223,7 +228,6 @@ def build(settings: Settings) -> Container:
         ready=asyncio.Event(),
         watcher=watcher,
         store=store,
-        metrics=metrics,
         rollback=rollback,
         alerts=AlertReceiver(
             repo=repo,
@@ -235,18 +239,19 @@ def build(settings: Settings) -> Container:
         ),
         telemetry=telemetry,
         overload=overload,
-        utilization=utilization,
-        gpu_metrics=gpu_metrics,
         memory=memory_watch,
         background=background,
+        readers=closers,
     )
 
 
-def build_utilization_source(settings: Settings) -> UtilizationSource | None:
+def build_utilization_source(
+    settings: Settings, metrics_at: Callable[[str | None], TritonMetrics]
+) -> UtilizationSource | None:
     """The overload watcher's source of GPU utilisation; None when it is off."""
     rollback = settings.rollback
     if rollback.source == "triton":
-        return TritonMetrics(rollback.metrics_url or settings.triton.metrics_url)
+        return metrics_at(rollback.metrics_url)
     if rollback.source == "prometheus":
         from controlplane.adapters.prometheus import PrometheusQuery
 

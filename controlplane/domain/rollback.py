@@ -80,11 +80,6 @@ def cooldown_until(last: RollbackRecord | None, cooldown: float) -> datetime | N
     return last.at + timedelta(seconds=cooldown)
 
 
-def in_cooldown(last: RollbackRecord | None, cooldown: float, now: datetime) -> bool:
-    until = cooldown_until(last, cooldown)
-    return until is not None and now < until
-
-
 def cpu_only_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The same model config (Triton's JSON) with every instance on CPU.
 

@@ -198,13 +198,7 @@ class BlueGreen:
                     model, slot, tracker.operation.trigger, "unload requested", tracker
                 )
         async with tracker.step("record"):
-            record = self._d.repo.get_model(model)
-            self._d.repo.set_serving(
-                model,
-                active=None,
-                previous=record.active_release if record else None,
-                at=self._d.clock.now(),
-            )
+            self._d.record_unloaded(model)
 
     # --- pieces ---------------------------------------------------------------------------
 
@@ -212,11 +206,7 @@ class BlueGreen:
         self, tracker: OperationTracker, model: str, release: str, *, new: Slot, old: Slot | None
     ) -> None:
         trigger = tracker.operation.trigger
-        record = self._d.repo.get_model(model)
-        previous = record.previous_release if record else None
-        if record and record.active_release and record.active_release != release:
-            previous = record.active_release
-        self._d.repo.set_serving(model, active=release, previous=previous, at=self._d.clock.now())
+        previous = self._d.record_serving(model, release)
         self._cancel_retire(new.name)  # back in service: its old retire timer must not fire
         self._slots.move(new, "ACTIVE", trigger, f"serving {release}", model=model)
         if old is not None:

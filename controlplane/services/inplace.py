@@ -111,14 +111,7 @@ class Inplace:
                 context.loading = False
 
         async with tracker.step("record"):
-            record = self._d.repo.get_model(model)
-            active = record.active_release if record else None
-            previous = record.previous_release if record else None
-            if active is not None and active != release:
-                previous = active
-            self._d.repo.set_serving(
-                model, active=release, previous=previous, at=self._d.clock.now()
-            )
+            previous = self._d.record_serving(model, release)
             context.recorded = True
             if replacing:
                 self._slots.move(slot, "ACTIVE", op.trigger, f"serving {release}", release=release)
@@ -153,10 +146,4 @@ class Inplace:
                 tracker.detail(removed=removed)
                 self._slots.move(slot, "ABSENT", op.trigger, "dir removed")
         async with tracker.step("record"):
-            record = self._d.repo.get_model(model)
-            self._d.repo.set_serving(
-                model,
-                active=None,
-                previous=record.active_release if record else None,
-                at=self._d.clock.now(),
-            )
+            self._d.record_unloaded(model)

@@ -59,7 +59,10 @@ class MemoryWatch:
 
     @asynccontextmanager
     async def loading(self, slot: str) -> AsyncIterator[None]:
-        """Around a slot's load: remember how much GPU memory it took."""
+        """Around a slot's load: remember how much GPU memory it took (for the audit)."""
+        if self._processes is None:  # no audit will ask
+            yield
+            return
         before = await self._gpu_used()
         yield
         after = await self._gpu_used()

@@ -1,4 +1,5 @@
-"""What the deploy pipelines (``inplace`` and ``blue-green``) share: their ports and policies."""
+"""What the deploy pipelines (``inplace`` and ``blue-green``) share: their ports and policies,
+the prepare step, and how they record what serves."""
 
 from __future__ import annotations
 
@@ -51,4 +52,23 @@ class PipelineDeps:
             model=model,
             release=release,
             target=target,
+        )
+
+    def record_serving(self, model: str, release: str) -> str | None:
+        """``release`` serves now; the one it replaced becomes the previous. Returns that."""
+        record = self.repo.get_model(model)
+        previous = record.previous_release if record else None
+        if record and record.active_release and record.active_release != release:
+            previous = record.active_release
+        self.repo.set_serving(model, active=release, previous=previous, at=self.clock.now())
+        return previous
+
+    def record_unloaded(self, model: str) -> None:
+        """Nothing serves now; what served becomes the previous."""
+        record = self.repo.get_model(model)
+        self.repo.set_serving(
+            model,
+            active=None,
+            previous=record.active_release if record else None,
+            at=self.clock.now(),
         )

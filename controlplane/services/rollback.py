@@ -32,7 +32,6 @@ from controlplane.domain.rollback import (
     RollbackRecord,
     choose_fallback,
     cooldown_until,
-    in_cooldown,
 )
 from controlplane.ports import Clock, StateRepo, Telemetry
 from controlplane.services.deploy import DeployService
@@ -144,12 +143,11 @@ class AutoRollback:
             if record is None or record.active_release is None:
                 raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
             last = self._repo.last_rollback(model)
-            if trigger in AUTOMATIC and in_cooldown(last, self.cooldown, self._clock.now()):
-                assert last is not None
+            until = cooldown_until(last, self.cooldown)
+            if trigger in AUTOMATIC and last and until and self._clock.now() < until:
                 self._repo.count_suppressed(last.id)
                 self._telemetry.rollback_suppressed(model)
-                until = cooldown_until(last, self.cooldown)
-                note = f"in cooldown until {until.isoformat() if until else '?'}; counted"
+                note = f"in cooldown until {until.isoformat()}; counted"
                 log.info("rollback trigger for %s held back: %s", model, note)
                 return RollbackResult(model, False, last, note)
             done = await self._chain(model, record.active_release, trigger=trigger, reason=reason)

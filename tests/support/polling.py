@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -14,3 +15,13 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, every: floa
             return time.monotonic() - start
         time.sleep(every)
     raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """:func:`eventually` on the event loop, for tests whose operations run in tasks on it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() >= deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        await asyncio.sleep(0.005)

@@ -33,6 +33,7 @@ from controlplane.domain.traffic import Strategy, TrafficPolicy, alias_target
 from controlplane.services.deploy import DeployService
 from tests.support.fakes import FakeMetrics, FakeTriton, LoadFails, Parts, deploy_service
 from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.polling import until
 from tests.support.service_views import publish, record
 
 MODEL = "scale"
@@ -54,7 +55,6 @@ BEFORE_PLACE = ["resolve", "fetch", "verify"]
 WARM = 3600.0  # retire window longer than any test: the old slot stays loaded
 SOON = 0.05  # retire window that ends while the test waits
 DEADLINE = 5.0
-POLL = 0.005
 
 
 def blue_green(retire_after: float = WARM, drain_timeout: float = 1.0) -> TrafficPolicy:
@@ -143,15 +143,6 @@ async def deployed(service: DeployService, *releases: str) -> None:
     for release in releases:
         op = await deploy_and_wait(service, release)
         assert op.status is OperationStatus.SUCCEEDED, op.error
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` on the loop until it holds; fail after at least DEADLINE seconds."""
-    for _ in range(int(DEADLINE / POLL)):
-        if condition():
-            return
-        await asyncio.sleep(POLL)
-    raise AssertionError(f"{what} within {DEADLINE} s")
 
 
 def retires(service: DeployService) -> list[Operation]:

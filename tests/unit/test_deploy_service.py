@@ -9,7 +9,6 @@ and an empty staging area.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,7 @@ from tests.support.fakes import (
     deploy_service,
 )
 from tests.support.models import write_scale_release
+from tests.support.polling import until
 from tests.support.service_views import marker_release, publish, record, slot
 from tests.support.tree import snapshot
 
@@ -46,7 +46,6 @@ MODEL = "scale"
 OTHER = "other"
 DEPLOY_STEPS = ["resolve", "fetch", "verify", "headroom", "place", "load", "record"]
 DEADLINE = 5.0
-POLL = 0.005
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -76,15 +75,6 @@ async def deploy_and_wait(service: DeployService, release: str, model: str = MOD
 async def entered(blocked: LoadBlocks) -> None:
     async with asyncio.timeout(DEADLINE):
         await blocked.entered.wait()
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` on the loop until it holds; fail after at least DEADLINE seconds."""
-    for _ in range(int(DEADLINE / POLL)):
-        if condition():
-            return
-        await asyncio.sleep(POLL)
-    raise AssertionError(f"{what} within {DEADLINE} s")
 
 
 # --- deploy -------------------------------------------------------------------------------

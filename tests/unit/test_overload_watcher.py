@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import RollbackOutcome
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.overload import OverloadWatcher
+from tests.support.polling import until
 from tests.unit.test_auto_rollback import Rig, rig
 from tests.unit.test_bluegreen_service import MODEL
 
@@ -135,13 +135,6 @@ def _receiver(r: Rig) -> AlertReceiver:
     )
 
 
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 def _alert(status: AlertStatus, **labels: str) -> Alert:
     return Alert(
         fingerprint="ab12",
@@ -159,7 +152,9 @@ def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
 
             answers = receiver.receive([_alert(AlertStatus.FIRING, model=MODEL)] * 3)
             answers += receiver.receive([_alert(AlertStatus.RESOLVED, model=MODEL)])
-            await _until(lambda: r.parts.repo.last_rollback(MODEL) is not None)
+            await until(
+                lambda: r.parts.repo.last_rollback(MODEL) is not None, "the alert's rollback"
+            )
 
             assert [a.receipt for a in answers] == [
                 Receipt.NEW,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,12 +34,12 @@ from tests.support.fakes import (
     deploy_service,
     make_reconciler,
 )
+from tests.support.polling import until
 from tests.support.service_views import marker_release, publish, record, slot
 from tests.support.tree import snapshot
 
 MODEL = "scale"
 DEADLINE = 5.0
-POLL = 0.005
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -66,15 +65,6 @@ NOTHING_DONE: dict[str, object] = {"loaded": [], "redeployed": [], "removed": []
 async def deploy_and_wait(service: DeployService, release: str, model: str = MODEL) -> Operation:
     submitted = await service.deploy(model, release, trigger=Trigger.API)
     return await service.wait(submitted.id)
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` on the loop until it holds; fail after at least DEADLINE seconds."""
-    for _ in range(int(DEADLINE / POLL)):
-        if condition():
-            return
-        await asyncio.sleep(POLL)
-    raise AssertionError(f"{what} within {DEADLINE} s")
 
 
 async def deployed(tmp_path: Path, triton: FakeTriton, *releases: str) -> None:
