@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
+.PHONY: install system-deps run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
 install: $(STAMP)
 
@@ -19,7 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 run: install
 	$(BIN)/python -m controlplane.devrun
 
-test: install lint typecheck layers config-check monitoring-check deploy-check pytest
+test: install system-deps lint typecheck layers config-check monitoring-check deploy-check pytest
+
+# Debian packages the checks and tests run (prometheus, promtool, alertmanager, kubectl):
+# installed with apt-get as root or with sudo, else the exact command to run is printed.
+system-deps:
+	@tools/system-deps.sh
 
 lint:
 	$(BIN)/ruff check controlplane tests bench
@@ -40,19 +45,17 @@ config: install
 	$(BIN)/controlplane config --defaults > config/controlplane.yaml
 
 # The Prometheus rules parse, and their unit tests (deploy/monitoring/rules_test.yml) pass.
-monitoring-check:
-	@command -v promtool >/dev/null 2>&1 \
-		|| (echo "promtool not found on PATH: install the Debian package 'prometheus', which ships it" >&2; exit 1)
+monitoring-check: system-deps
 	promtool check rules deploy/monitoring/rules.yml
 	promtool test rules deploy/monitoring/rules_test.yml
 
 # The image and the Kubernetes manifests, offline: hadolint, every overlay rendered with
 # `kubectl kustomize` and validated against the Kubernetes schemas, the PrometheusRule through
 # promtool. deploy/k8s/check.sh says what each step covers.
-deploy-check: install
+deploy-check: install system-deps
 	BIN=$(BIN) deploy/k8s/check.sh
 
-pytest:
+pytest: install system-deps
 	$(BIN)/pytest
 
 bench: install

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The Debian packages `make test` needs besides the Python ones in .venv:
+#
+#   prometheus               /usr/bin/prometheus and promtool (rules checks, the alert tests)
+#   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
+#   kubernetes-client        kubectl, which renders the Kubernetes manifests (make deploy-check)
+#
+# Nothing to do when every command is on PATH. Otherwise they are installed with apt-get when
+# this runs as root or with password-less sudo; else it prints the one command to run and fails.
+set -euo pipefail
+
+# command:package pairs, in the order they are checked.
+NEEDED=(
+    prometheus:prometheus
+    promtool:prometheus
+    prometheus-alertmanager:prometheus-alertmanager
+    kubectl:kubernetes-client
+)
+
+missing=()
+for pair in "${NEEDED[@]}"; do
+    command=${pair%%:*}
+    package=${pair#*:}
+    if ! command -v "$command" >/dev/null 2>&1; then
+        case " ${missing[*]-} " in
+            *" $package "*) ;;
+            *) missing+=("$package") ;;
+        esac
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+install=(apt-get install -y --no-install-recommends "${missing[@]}")
+if [ "$(id -u)" -eq 0 ]; then
+    sudo=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo=(sudo)
+else
+    echo "make test needs the Debian packages: ${missing[*]}. Install them with:" >&2
+    echo "  sudo apt-get update && sudo ${install[*]}" >&2
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "make test needs ${missing[*]} (Debian package names), and apt-get is not here:" >&2
+    echo "install the equivalent packages with this system's package manager" >&2
+    exit 1
+fi
+echo "installing the Debian packages make test needs: ${missing[*]}" >&2
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" "${install[@]}"
