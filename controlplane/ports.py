@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
@@ -21,6 +21,7 @@ from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.domain.smoke import SmokeSample
+from controlplane.domain.traffic import Signature
 
 # --- model store -------------------------------------------------------------------------
 
@@ -94,6 +95,7 @@ class ReleaseMarker:
     model: str
     release: str
     operation_id: str
+    revision: str | None = None  # the store's revision of the release (SHA256SUMS digest, ETag)
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,11 @@ class Staging(Protocol):
         """Byte-compile Python sources, write the marker, fsync everything."""
         ...
 
-    def place(self, staged: Path, model: str) -> Placement:
-        """Make ``staged`` the repository's ``model`` dir in one atomic step."""
+    def place(self, staged: Path, name: str, *, owner: str) -> Placement:
+        """Make ``staged`` the repository's ``name`` dir in one atomic step.
+
+        A dir already there must have been placed for model ``owner`` (its marker says so);
+        anything else is :class:`NameConflict` and nothing moves."""
         ...
 
     def restore(self, placement: Placement) -> None:
@@ -146,7 +151,11 @@ class Staging(Protocol):
         """Take ``model``'s dir out of the repository atomically, then delete it."""
         ...
 
-    def read_marker(self, model: str) -> ReleaseMarker | None: ...
+    def read_marker(self, name: str) -> ReleaseMarker | None: ...
+
+    def placed(self) -> dict[str, ReleaseMarker]:
+        """Every dir in the repository that holds a placed release, by name."""
+        ...
 
     def ensure_alias_dir(self, model: str) -> None:
         """Make ``<repository>/<model>/1/``, the home of the alias ensemble, if missing."""
@@ -198,13 +207,26 @@ class IndexEntry:
 
 
 class Triton(Protocol):
+    """Triton's model control, in the daemon's intents; the adapter owns Triton's JSON."""
+
     async def is_live(self) -> bool: ...
 
-    async def load(self, model: str, *, config_json: str | None = None) -> None:
-        """Load or reload; raise :class:`TritonLoadFailed` with Triton's reason."""
+    async def load(self, model: str) -> None:
+        """Load or reload ``model`` from its files; READY when this returns.
+
+        :class:`TritonLoadFailed` with Triton's reason, or :class:`TritonTimeout` when the
+        load did not end within the load timeout (Triton may go on loading: see
+        :meth:`abandon`)."""
         ...
 
     async def unload(self, model: str) -> None: ...
+
+    async def abandon(self, model: str, wait: float) -> bool:
+        """After a load timed out: ask for the unload without waiting on it (Triton serves
+        it once the load ends), then watch the index up to ``wait`` s. True when ``model``
+        left LOADING; False when Triton still holds it (a load that never ends keeps its name
+        until Triton restarts)."""
+        ...
 
     async def index(self) -> list[IndexEntry]: ...
 
@@ -212,8 +234,21 @@ class Triton(Protocol):
         """Poll the index until ``model`` is UNAVAILABLE (or gone), or raise TritonTimeout."""
         ...
 
-    async def model_config(self, model: str) -> dict[str, Any]:
-        """The config Triton serves ``model`` with, as Triton's JSON."""
+    async def signature(self, model: str) -> Signature:
+        """The inputs and outputs ``model`` is served with (after Triton's auto-complete)."""
+        ...
+
+    async def point_alias(self, alias: str, slot: str, signature: Signature) -> None:
+        """(Re)load ``alias`` as a one-step ensemble that forwards ``signature`` to ``slot``."""
+        ...
+
+    async def alias_target(self, alias: str) -> str | None:
+        """The slot ``alias`` points at; None when it is not loaded or not an alias."""
+        ...
+
+    async def reload_cpu_only(self, model: str) -> list[dict[str, object]]:
+        """Reload ``model`` with every instance on CPU (Triton applies it in place: the model
+        keeps answering); return the instance groups it now has."""
         ...
 
     async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
@@ -303,12 +338,12 @@ class UtilizationSource(Protocol):
     async def close(self) -> None: ...
 
 
-# --- persistence --------------------------------------------------------------------------
+# --- persistence: one repository per aggregate ---------------------------------------------
 
 
 @dataclass(frozen=True)
 class ModelRecord:
-    """What should serve (desired state) for one model."""
+    """What should serve (desired state) for one model, and its slots as last recorded."""
 
     name: str
     active_release: str | None
@@ -317,54 +352,81 @@ class ModelRecord:
     slots: Sequence[Slot] = field(default_factory=tuple)
 
 
-class StateRepo(Protocol):
-    def get_model(self, model: str) -> ModelRecord | None: ...
+@dataclass(frozen=True)
+class Serving:
+    """What serves and what served before: the desired state of one model."""
 
-    def list_models(self) -> list[ModelRecord]: ...
+    active: str | None
+    previous: str | None
 
-    def set_serving(
-        self, model: str, *, active: str | None, previous: str | None, at: datetime
-    ) -> None: ...
 
-    def save_slot(self, model: str, slot: Slot) -> None: ...
+class ServingRepo(Protocol):
+    async def get(self, model: str) -> ModelRecord | None: ...
 
-    def record_releases(self, releases: Sequence[ReleaseInfo], at: datetime) -> None: ...
+    async def all(self) -> list[ModelRecord]: ...
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
+    async def commit(
+        self,
+        model: str,
+        at: datetime,
+        *,
+        serving: Serving | None = None,
+        slots: Sequence[Slot] = (),
+    ) -> None:
+        """Write a change of ``model`` (what serves, any of its slots) in one transaction."""
+        ...
+
+    async def forget_slots(self, model: str, names: Sequence[str]) -> None: ...
+
+
+class OperationLog(Protocol):
+    def save(self, operation: Operation) -> None:
+        """Queue the operation's record; returns at once, records land in order. Any thread."""
+        ...
+
+    async def get(self, operation_id: str) -> Operation | None: ...
+
+    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]: ...
+
+    async def unfinished(self) -> list[Operation]: ...
+
+
+class ReleaseBook(Protocol):
+    async def record(self, releases: Sequence[ReleaseInfo], at: datetime) -> None: ...
+
+    async def seen(self, model: str) -> list[ReleaseInfo]:
         """The releases of ``model`` as last recorded (what the watcher saw before)."""
         ...
 
-    def save_operation(self, operation: Operation) -> None: ...
 
-    def get_operation(self, operation_id: str) -> Operation | None: ...
+class RollbackBook(Protocol):
+    async def save(self, record: RollbackRecord) -> None: ...
 
-    def list_operations(self, model: str | None = None, limit: int = 20) -> list[Operation]: ...
+    async def last(self, model: str) -> RollbackRecord | None: ...
 
-    def unfinished_operations(self) -> list[Operation]: ...
-
-    def save_rollback(self, record: RollbackRecord) -> None: ...
-
-    def last_rollback(self, model: str) -> RollbackRecord | None: ...
-
-    def count_suppressed(self, rollback_id: str) -> None:
+    async def count_suppressed(self, rollback_id: str) -> None:
         """One more trigger was held back by the cooldown after this rollback."""
         ...
 
-    def mark_degraded(self, latch: DegradedRelease) -> None: ...
+    async def latch(self, latch: DegradedRelease) -> None: ...
 
-    def clear_degraded(self, model: str, release: str) -> bool: ...
+    async def unlatch(self, model: str, release: str) -> bool: ...
 
-    def degraded(self, model: str) -> list[DegradedRelease]: ...
+    async def latched(self, model: str) -> list[DegradedRelease]: ...
 
-    def record_alert(self, alert: Alert, at: datetime) -> Receipt:
+
+class AlertBook(Protocol):
+    async def record(self, alert: Alert, at: datetime) -> Receipt:
         """Store one receipt of an alert, deduped on (fingerprint, startsAt)."""
         ...
 
-    def list_alerts(self, limit: int = 50) -> list[AlertRecord]: ...
+    async def recent(self, limit: int = 50) -> list[AlertRecord]: ...
 
-    def record_memory(self, sample: MemorySample) -> None: ...
 
-    def recent_memory(self, limit: int) -> list[MemorySample]:
+class MemoryBook(Protocol):
+    async def record(self, sample: MemorySample) -> None: ...
+
+    async def recent(self, limit: int) -> list[MemorySample]:
         """The newest ``limit`` samples, oldest first."""
         ...
 
@@ -391,6 +453,14 @@ class Telemetry(Protocol):
     def residue_found(self, report: ResidueReport) -> None: ...
 
     def memory_observed(self, memory: TritonMemory, trends: Sequence[LeakTrend]) -> None: ...
+
+    def repair_started(self, action: str) -> None:
+        """The reconcile loop started a repair (load, repoint, redeploy, remove)."""
+        ...
+
+    def job_restarted(self, job: str) -> None:
+        """A supervised background job failed (or ended) and is started again."""
+        ...
 
 
 # --- time ---------------------------------------------------------------------------------

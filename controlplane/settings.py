@@ -33,7 +33,11 @@ from pydantic_settings import (
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.evaluator import check_threshold
-from controlplane.domain.names import validate_model_name, validate_release_name
+from controlplane.domain.names import (
+    validate_model_name,
+    validate_release_name,
+    validate_slot_suffix,
+)
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -62,10 +66,24 @@ class TritonSettings(_Group):
     retry_attempts: int = Field(
         3, ge=1, le=10, description="Attempts for calls that fail transiently (UNAVAILABLE)."
     )
-    max_concurrent_loads: int | None = Field(
-        None,
+    max_concurrent_loads: int = Field(
+        4,
         ge=1,
-        description="Loads allowed at once across models; default min(CPU cores, 2 x models).",
+        le=64,
+        description="Loads the daemon asks of Triton at once, across models (repairs after a "
+        "Triton restart included); match Triton's --model-load-thread-count (default 4): more "
+        "would only queue inside Triton, where no one sees them wait.",
+    )
+
+
+class ReconcileSettings(_Group):
+    interval_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description="How often the reconcile loop compares what Triton serves with what should "
+        "serve and repairs the difference (a Triton restart, a model unloaded behind the "
+        "daemon's back); while Triton is down it checks every 0.5 s.",
     )
 
 
@@ -168,7 +186,15 @@ class ModelPolicy(_Group):
         60.0, ge=0, description="blue-green: longest wait for the old slot's pending requests."
     )
     slot_suffixes: tuple[str, str] = Field(
-        ("__blue", "__green"), description="blue-green: names of the two slots, after the model's."
+        ("__blue", "__green"),
+        description="blue-green: names of the two slots, after the model's; each starts with "
+        "'__', which model names may not contain.",
+    )
+    keep_fallback_warm: bool = Field(
+        False,
+        description="blue-green: never retire the previous release's slot, so a rollback (or "
+        "an automatic one) is always a re-point of a few ms; it keeps two releases loaded, so "
+        "turn it on where GPU memory holds both.",
     )
     fallback_release: str | None = Field(
         None, description="Release to go back to on trouble; default: the previous good one."
@@ -178,6 +204,20 @@ class ModelPolicy(_Group):
         description="Roll back by itself on GPU overload (watcher or alert); the runbook route "
         "POST /api/v1/model/reload acts either way.",
     )
+
+    @field_validator("slot_suffixes")
+    @classmethod
+    def _suffixes(cls, suffixes: tuple[str, str]) -> tuple[str, str]:
+        for suffix in suffixes:
+            try:
+                validate_slot_suffix(suffix)
+            except InvalidName as exc:
+                raise ValueError(exc.message) from None
+        if suffixes[0] == suffixes[1] or any(
+            a.startswith(b + "-") or b.startswith(a + "-") for a, b in [suffixes, suffixes[::-1]]
+        ):
+            raise ValueError(f"the two slot suffixes must differ: {list(suffixes)}")
+        return suffixes
 
     @field_validator("fallback_release")
     @classmethod
@@ -231,7 +271,16 @@ class RollbackSettings(_Group):
         "are counted, not acted on, for this long.",
     )
     fallback_budget_seconds: float = Field(
-        3.0, gt=0, description="Time for the fallback release to serve before the CPU step."
+        3.0,
+        gt=0,
+        description="Time for a warm fallback (its slot still loaded: a re-point) to serve "
+        "before the CPU step.",
+    )
+    cold_fallback_budget_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="Time for a cold fallback (its slot retired: a load) to serve before the "
+        "CPU step; size it to the model's load time. keep_fallback_warm avoids the load.",
     )
     cpu_budget_seconds: float = Field(
         2.0, gt=0, description="Time for the CPU-only reload before the rollback is failed."
@@ -314,6 +363,7 @@ class Settings(BaseSettings):
     )
 
     triton: TritonSettings = Field(default_factory=TritonSettings)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     repository: RepositorySettings
     staging: StagingSettings = Field(default_factory=StagingSettings)
     store: StoreSettings
@@ -360,6 +410,7 @@ class Settings(BaseSettings):
             drain_timeout=policy.drain_timeout_seconds,
             blue_suffix=policy.slot_suffixes[0],
             green_suffix=policy.slot_suffixes[1],
+            keep_warm=policy.keep_fallback_warm,
         )
 
     @property

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.host import HostAndGpuMemory
-from controlplane.adapters.persistence.sqlite import SqliteStateRepo
+from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import watch_local_store
@@ -22,14 +20,20 @@ from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
 from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
-from controlplane.services.coordination import ModelLocks, TaskOwner
-from controlplane.services.deploy import DeployPolicy, DeployService
+from controlplane.services.bluegreen import BlueGreen, Bounds
+from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
+from controlplane.services.deploy import DeployService
 from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.inplace import Inplace
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
+from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
+from controlplane.services.runner import OperationRunner
+from controlplane.services.slots import SlotBook
 from controlplane.services.status import StatusService
+from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
 
@@ -42,9 +46,10 @@ class Container:
     deploy: DeployService
     status: StatusService
     reconciler: Reconciler
+    runner: OperationRunner
     tasks: TaskOwner
     triton: TritonDriver
-    repo: SqliteStateRepo
+    repos: SqliteRepos
     ready: asyncio.Event
     watcher: ReleaseWatcher
     store: ModelStore
@@ -53,16 +58,17 @@ class Container:
     overload: OverloadWatcher | None
     memory: MemoryWatch
     telemetry: PrometheusTelemetry
-    background: list[Callable[[], Coroutine[Any, Any, None]]]
+    supervisor: Supervisor
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
 
     async def close(self) -> None:
+        await self.runner.close()
         await self.tasks.close()
         await self.triton.close()
         for reader in self.readers:
             await reader.close()
         self.store.close()
-        self.repo.close()
+        self.repos.close()
 
 
 def check_filesystem(settings: Settings) -> StagingArea:
@@ -89,15 +95,14 @@ def build(settings: Settings) -> Container:
     staging = check_filesystem(settings)
     store = build_store(settings)
     clock = SystemClock()
-    repo = SqliteStateRepo(settings.database_path)
-    telemetry = PrometheusTelemetry(repo)
+    repos = SqliteRepos.open(settings.database_path)
+    telemetry = PrometheusTelemetry()
     triton = TritonDriver(
         settings.triton.grpc_url,
         call_timeout=settings.triton.call_timeout_seconds,
         load_timeout=settings.triton.load_timeout_seconds,
         attempts=settings.triton.retry_attempts,
     )
-    locks = ModelLocks()
     tasks = TaskOwner()
     readers: dict[str, TritonMetrics] = {}
 
@@ -115,7 +120,7 @@ def build(settings: Settings) -> Container:
             else None
         ),
         figures=memory,
-        repo=repo,
+        book=repos.memory,
         clock=clock,
         policy=LeakPolicy(
             window=settings.memory.leak_window_swaps,
@@ -123,44 +128,89 @@ def build(settings: Settings) -> Container:
         ),
         telemetry=telemetry,
     )
-    deploy = DeployService(
+    runner = OperationRunner(
+        journal=repos.operations,
+        staging=staging,
+        clock=clock,
+        locks=ModelLocks(),
+        telemetry=telemetry,
+    )
+    slots = SlotBook(repos.serving, clock)
+    load_slots = LoadSlots(settings.triton.max_concurrent_loads)
+    preparer = Preparer(
         store=store,
         staging=staging,
         editor=ProtobufConfigEditor(),
+        require_checksums=settings.store.require_checksums,
+    )
+    headroom = HeadroomPolicy(
+        figures=memory if settings.memory.headroom_check else None,
+        factor=settings.memory.load_factor,
+    )
+    bluegreen = BlueGreen(
+        preparer=preparer,
+        staging=staging,
         triton=triton,
-        repo=repo,
-        clock=clock,
-        locks=locks,
-        tasks=tasks,
-        load_slots=asyncio.Semaphore(_load_concurrency(settings, repo)),
-        policy=DeployPolicy(
-            require_checksums=settings.store.require_checksums,
-            unload_timeout=settings.triton.unload_timeout_seconds,
-        ),
-        traffic=settings.traffic,
+        slots=slots,
+        load_slots=load_slots,
         metrics=metrics,
-        telemetry=telemetry,
-        headroom=HeadroomPolicy(
-            figures=memory if settings.memory.headroom_check else None,
-            factor=settings.memory.load_factor,
-        ),
         memory=memory_watch,
+        headroom=headroom,
+        clock=clock,
+        runner=runner,
+        timers=tasks,
+        policy_for=settings.traffic,
+        bounds=Bounds(unload=settings.triton.unload_timeout_seconds),
+    )
+    inplace = Inplace(
+        preparer=preparer,
+        staging=staging,
+        triton=triton,
+        slots=slots,
+        load_slots=load_slots,
+        memory=memory_watch,
+        headroom=headroom,
+        unload_timeout=settings.triton.unload_timeout_seconds,
+    )
+    deploy = DeployService(
+        store=store,
+        staging=staging,
+        triton=triton,
+        runner=runner,
+        slots=slots,
+        journal=repos.operations,
+        releases=repos.releases,
+        rollbacks=repos.rollbacks,
+        bluegreen=bluegreen,
+        inplace=inplace,
+        memory=memory_watch,
+        clock=clock,
+        policy_for=settings.traffic,
+        require_checksums=settings.store.require_checksums,
     )
     reconciler = Reconciler(
         deploy=deploy,
+        bluegreen=bluegreen,
+        runner=runner,
         staging=staging,
         triton=triton,
-        repo=repo,
+        slots=slots,
+        serving=repos.serving,
+        journal=repos.operations,
+        load_slots=load_slots,
         clock=clock,
+        policy_for=settings.traffic,
         unload_timeout=settings.triton.unload_timeout_seconds,
-        traffic=settings.traffic,
+        telemetry=telemetry,
     )
     rollback = AutoRollback(
         deploy=deploy,
-        repo=repo,
+        serving=repos.serving,
+        book=repos.rollbacks,
         clock=clock,
         budgets=RollbackBudgets(
             fallback=settings.rollback.fallback_budget_seconds,
+            cold_fallback=settings.rollback.cold_fallback_budget_seconds,
             cpu=settings.rollback.cpu_budget_seconds,
             cooldown=settings.rollback.cooldown_seconds,
         ),
@@ -188,32 +238,50 @@ def build(settings: Settings) -> Container:
             telemetry=telemetry,
         )
     )
+
+    def drift(model: str) -> str | None:
+        last = reconciler.last
+        found = last.assessments.get(model) if last is not None else None
+        return None if found is None or found.serving else found.why
+
     status = StatusService(
-        repo=repo,
+        serving=repos.serving,
+        journal=repos.operations,
+        rollbacks=repos.rollbacks,
         store=store,
         triton=triton,
-        locks=locks,
+        holder=deploy.holder,
         traffic=settings.traffic,
         overload=(lambda: overload.view) if overload is not None else None,
         fallback=rollback.fallback,
         cooldown_until=rollback.cooldown_until,
+        drift=drift,
     )
     watcher = ReleaseWatcher(
         store=store,
         deploy=deploy,
-        repo=repo,
+        releases=repos.releases,
+        serving=repos.serving,
+        rollbacks=repos.rollbacks,
         clock=clock,
-        locks=locks,
         tasks=tasks,
         auto_deploy=lambda model: settings.policy(model).auto_deploy,
         interval=settings.store.poll_interval_seconds,
     )
-    background: list[Callable[[], Coroutine[Any, Any, None]]] = [watcher.run]
+    ready = asyncio.Event()
+    supervisor = Supervisor(clock, telemetry)
+    supervisor.add("reconcile", lambda: reconciler.run(settings.reconcile.interval_seconds, ready))
+
+    async def watch_releases() -> None:
+        await ready.wait()  # the watcher starts once start-up reconcile has run
+        await watcher.run()
+
+    supervisor.add("release-watcher", watch_releases)
     if overload is not None:
-        background.append(overload.run)
+        supervisor.add("overload-watcher", overload.run)
     if isinstance(store, LocalStore):
         root = settings.store.local_path
-        background.append(lambda: watch_local_store(root, watcher.wake))
+        supervisor.add("store-events", lambda: watch_local_store(root, watcher.wake))
     closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
     if utilization is not None and utilization not in closers:
         closers.append(utilization)  # a Prometheus query has its own client
@@ -222,15 +290,16 @@ def build(settings: Settings) -> Container:
         deploy=deploy,
         status=status,
         reconciler=reconciler,
+        runner=runner,
         tasks=tasks,
         triton=triton,
-        repo=repo,
-        ready=asyncio.Event(),
+        repos=repos,
+        ready=ready,
         watcher=watcher,
         store=store,
         rollback=rollback,
         alerts=AlertReceiver(
-            repo=repo,
+            book=repos.alerts,
             rollback=rollback,
             clock=clock,
             tasks=tasks,
@@ -240,7 +309,7 @@ def build(settings: Settings) -> Container:
         telemetry=telemetry,
         overload=overload,
         memory=memory_watch,
-        background=background,
+        supervisor=supervisor,
         readers=closers,
     )
 
@@ -258,12 +327,3 @@ def build_utilization_source(
         assert rollback.prometheus_url is not None  # checked by the settings
         return PrometheusQuery(rollback.prometheus_url, rollback.query)
     return None
-
-
-def _load_concurrency(settings: Settings, repo: SqliteStateRepo) -> int:
-    """min(CPU cores, 2 x managed models): the models the database knows, so start-up needs
-    no listing of a store that may be remote (or down)."""
-    if settings.triton.max_concurrent_loads is not None:
-        return settings.triton.max_concurrent_loads
-    models = max(1, len(repo.list_models()))
-    return max(1, min(os.cpu_count() or 1, 2 * models))

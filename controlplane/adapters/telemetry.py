@@ -3,9 +3,10 @@
 Owns every use of ``prometheus_client`` for export (the Triton metrics reader only parses).
 Events reported by the services (:class:`~controlplane.ports.Telemetry`) update counters,
 histograms and gauges as they happen; what serving looks like now (the active release of each
-model, the state of each slot) is read from the state repository at scrape time, so it is never
-stale and survives a restart. The registry is this object's own, not the process-wide default,
-so two daemons in one process (tests) do not share series.
+model, the state of each slot, which background jobs run) is handed to :meth:`render` at
+scrape time, read from the database then, so it is never stale and survives a restart. The
+registry is this object's own, not the process-wide default, so two daemons in one process
+(tests) do not share series.
 
 Names follow Prometheus conventions: a ``controlplane_`` prefix, ``_seconds`` and ``_bytes``
 units, ``_total`` counters. Labels have bounded values only (kinds, outcomes, triggers, step
@@ -14,7 +15,7 @@ names, model and slot names, verdicts); free text such as a rollback's reason is
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -25,7 +26,7 @@ from controlplane.domain.alerts import Receipt
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step, Trigger
 from controlplane.domain.rollback import RollbackRecord
-from controlplane.ports import StateRepo, TritonMemory
+from controlplane.ports import ModelRecord, TritonMemory
 
 # From a cached re-point (ms) to a big model's load (minutes).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -39,7 +40,7 @@ ROLLBACK_REASONS = {
 
 
 class PrometheusTelemetry:
-    def __init__(self, repo: StateRepo) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self._operations = Counter(
@@ -121,6 +122,34 @@ class PrometheusTelemetry:
             ["kind"],
             registry=r,
         )
+        self._repairs = Counter(
+            "controlplane_repairs",
+            "Repairs the reconcile loop started, by action (load, repoint, redeploy, remove): "
+            "what should serve had drifted from what Triton serves.",
+            ["action"],
+            registry=r,
+        )
+        self._job_restarts = Counter(
+            "controlplane_job_restarts",
+            "Background jobs (reconcile, release-watcher, overload-watcher, ...) that failed or "
+            "ended and were started again, by job.",
+            ["job"],
+            registry=r,
+        )
+        self._job_up = Gauge(
+            "controlplane_job_up",
+            "1 while a background job runs, 0 while it backs off after a failure.",
+            ["job"],
+            registry=r,
+        )
+        self._not_serving = Gauge(
+            "controlplane_models_not_serving",
+            "Managed models whose desired release Triton does not serve, as of the last "
+            "reconcile pass (readiness fails while this is above 0).",
+            registry=r,
+        )
+        for action in ("load", "repoint", "redeploy", "remove"):
+            self._repairs.labels(action=action)
         for kind in RESIDUE_KINDS:
             self._residue.labels(kind=kind)
         for receipt in Receipt:
@@ -128,7 +157,8 @@ class PrometheusTelemetry:
         for verdict in VERDICTS:
             self._verdict.labels(verdict=verdict).set(0)
         self._utilization.set(float("nan"))
-        r.register(_ServingCollector(repo))
+        self._serving = _ServingCollector()
+        r.register(self._serving)
 
     # --- Telemetry ----------------------------------------------------------------------
 
@@ -180,21 +210,37 @@ class PrometheusTelemetry:
             if trend.growth is not None:
                 self._growth.labels(kind=trend.kind).set(trend.growth)
 
+    def repair_started(self, action: str) -> None:
+        self._repairs.labels(action=action).inc()
+
+    def job_restarted(self, job: str) -> None:
+        self._job_restarts.labels(job=job).inc()
+
     # --- for the API ----------------------------------------------------------------------
 
-    def triton_up(self, up: bool) -> None:
-        self._triton_up.set(1 if up else 0)
-
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type."""
+    def render(
+        self,
+        *,
+        models: Sequence[ModelRecord],
+        triton_up: bool,
+        jobs: Mapping[str, bool],
+        not_serving: int,
+    ) -> tuple[bytes, str]:
+        """The exposition text and its content type, with what serves now."""
+        self._triton_up.set(1 if triton_up else 0)
+        for job, up in jobs.items():
+            self._job_up.labels(job=job).set(1 if up else 0)
+            self._job_restarts.labels(job=job)
+        self._not_serving.set(not_serving)
+        self._serving.models = list(models)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class _ServingCollector(Collector):
-    """What serves now, read from the state repository at every scrape."""
+    """What serves now, as handed to :meth:`PrometheusTelemetry.render` for this scrape."""
 
-    def __init__(self, repo: StateRepo) -> None:
-        self._repo = repo
+    def __init__(self) -> None:
+        self.models: list[ModelRecord] = []
 
     def collect(self) -> Iterator[Metric]:
         active = InfoMetricFamily(
@@ -208,7 +254,7 @@ class _ServingCollector(Collector):
             "current one.",
             labels=["model", "slot", "state"],
         )
-        for record in self._repo.list_models():
+        for record in self.models:
             if record.active_release is not None:
                 active.add_metric([record.name], {"release": record.active_release})
             for slot in record.slots:

@@ -3,7 +3,8 @@
 Mutating routes answer 202 with the operation, or, with ``"wait": true``, the finished
 operation: 200 when it succeeded, the error's status (with the operation) when it failed.
 The app owns the daemon's lifetime: the lifespan builds the services, runs start-up
-reconcile in the background (``/readyz`` answers 503 until it is done), and stops every
+reconcile and the other background jobs under a supervisor (``/readyz`` answers 503 until
+start-up reconcile is done and while a managed model does not serve), and stops every
 background task on shutdown.
 """
 
@@ -27,6 +28,7 @@ from controlplane.api.schemas import (
     RollbackRequest,
     UnloadRequest,
     alert_json,
+    job_json,
     leak_trend_json,
     memory_sample_json,
     model_json,
@@ -41,7 +43,7 @@ from controlplane.domain.errors import (
     TransientError,
 )
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
-from controlplane.services.reconcile import reconcile_until_done
+from controlplane.services.deploy import Unchanged
 from controlplane.settings import Settings
 from controlplane.wiring import Container, build
 
@@ -63,8 +65,25 @@ def _mutating(request: Request) -> Container:
     check_token(request, request.app.state.token)
     found = _container(request)
     if not found.ready.is_set():
-        raise NotReady("the daemon is reconciling at start-up; retry in a few seconds")
+        raise NotReady(_starting(found))
     return found
+
+
+def _starting(c: Container) -> str:
+    """Why the daemon is not ready yet: start-up reconcile runs, or keeps failing."""
+    last = c.reconciler.last
+    if last is not None and not last.triton_live:
+        return (
+            f"Triton at {c.settings.triton.grpc_url} is not reachable "
+            f"({last.error or 'not live'}); start-up reconcile waits for it (triton.grpc_url)"
+        )
+    job = next((s for s in c.supervisor.statuses() if s.name == "reconcile"), None)
+    if job is not None and job.last_error is not None:
+        return (
+            f"start-up reconcile failed ({job.last_error}); it is retried "
+            f"(Triton at {c.settings.triton.grpc_url}); retry in a few seconds"
+        )
+    return "the daemon is reconciling at start-up; retry in a few seconds"
 
 
 Reader = Annotated[Container, Depends(_container)]
@@ -76,19 +95,12 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         container = build(settings)
         app.state.container = container
-
-        async def start() -> None:
-            await reconcile_until_done(container.reconciler, container.ready)
-            async with asyncio.TaskGroup() as group:  # the watcher starts once reconciled
-                for job in container.background:
-                    group.create_task(job())
-
-        runner = asyncio.create_task(start(), name="reconcile-then-watch")
+        jobs = asyncio.create_task(container.supervisor.run(), name="supervisor")
         try:
             yield
         finally:
-            runner.cancel()
-            await asyncio.gather(runner, return_exceptions=True)
+            jobs.cancel()
+            await asyncio.gather(jobs, return_exceptions=True)
             await container.close()
 
     app = FastAPI(
@@ -103,7 +115,17 @@ def create_app(settings: Settings) -> FastAPI:
     def trigger_of(request: Request) -> Trigger:
         return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
 
-    async def answer(c: Container, operation: Operation, wait: bool) -> JSONResponse:
+    async def answer(c: Container, operation: Operation | Unchanged, wait: bool) -> JSONResponse:
+        if isinstance(operation, Unchanged):
+            return JSONResponse(
+                {
+                    "unchanged": True,
+                    "model": operation.model,
+                    "release": operation.release,
+                    "message": operation.message,
+                },
+                status_code=200,
+            )
         if not wait:
             return JSONResponse({"operation": operation_json(operation)}, status_code=202)
         done = await c.deploy.wait(operation.id)
@@ -115,21 +137,36 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(error_body(code, message, **body), status_code=status_for(code))
 
     @app.get("/healthz", tags=["probes"])
-    async def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
-        return {"status": "ok"}
+    async def healthz(c: Reader) -> dict[str, Any]:
+        """Liveness: the process answers. Also says which background job is down, and why
+        (a job that fails is restarted; restarting the process would not help it)."""
+        return {"status": "ok", "jobs": [job_json(s) for s in c.supervisor.statuses()]}
 
     @app.get("/readyz", tags=["probes"])
     async def readyz(c: Reader) -> JSONResponse:
-        """Readiness: start-up reconcile is done and Triton is reachable."""
+        """Readiness: start-up reconcile is done, Triton is live, and every managed model
+        serves its desired release."""
         if not c.ready.is_set():
-            return JSONResponse(
-                error_body("not_ready", "start-up reconcile has not finished"), status_code=503
-            )
+            return JSONResponse(error_body("not_ready", _starting(c)), status_code=503)
         if not await c.triton.is_live():
             return JSONResponse(
                 error_body(
                     "triton_unavailable", f"Triton at {c.settings.triton.grpc_url} is not live"
+                ),
+                status_code=503,
+            )
+        try:
+            missing = await c.reconciler.not_serving()
+        except TransientError as exc:
+            return JSONResponse(error_body(exc.code, exc.message), status_code=503)
+        if missing:
+            names = ", ".join(f"{model} ({why})" for model, why in sorted(missing.items()))
+            return JSONResponse(
+                error_body(
+                    "not_serving",
+                    f"{len(missing)} model(s) do not serve what they should: {names}; the "
+                    "reconcile loop is repairing them",
+                    models=missing,
                 ),
                 status_code=503,
             )
@@ -142,8 +179,13 @@ def create_app(settings: Settings) -> FastAPI:
             live = await asyncio.wait_for(c.triton.is_live(), METRICS_LIVENESS_TIMEOUT)
         except TimeoutError:
             live = False
-        c.telemetry.triton_up(live)
-        body, content_type = c.telemetry.render()
+        last = c.reconciler.last
+        body, content_type = c.telemetry.render(
+            models=await c.repos.serving.all(),
+            triton_up=live,
+            jobs={s.name: not s.down for s in c.supervisor.statuses()},
+            not_serving=len(last.not_serving) if last is not None else 0,
+        )
         return Response(content=body, media_type=content_type)
 
     @app.get("/v1/memory", tags=["models"])
@@ -153,8 +195,8 @@ def create_app(settings: Settings) -> FastAPI:
         skipped = await asyncio.to_thread(c.memory.skipped)
         return {
             "audit": {"active": skipped is None, "skipped": skipped},
-            "samples": [memory_sample_json(s) for s in c.memory.recent()],
-            "trends": [leak_trend_json(t) for t in c.memory.trends()],
+            "samples": [memory_sample_json(s) for s in await c.memory.recent()],
+            "trends": [leak_trend_json(t) for t in await c.memory.trends()],
         }
 
     @app.get("/v1/models", tags=["models"])
@@ -194,7 +236,7 @@ def create_app(settings: Settings) -> FastAPI:
         """One operation with its steps, timings, trigger and outcome."""
         if not (len(operation_id) <= 64 and operation_id.isalnum()):
             raise OperationNotFound(f"no operation with id {operation_id[:64]!r}")
-        return {"operation": operation_json(c.deploy.get_operation(operation_id))}
+        return {"operation": operation_json(await c.deploy.get_operation(operation_id))}
 
     @app.get("/v1/operations", tags=["operations"])
     async def list_operations(
@@ -203,7 +245,7 @@ def create_app(settings: Settings) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=500)] = 20,
     ) -> dict[str, Any]:
         """Recent operations, newest first, optionally for one model."""
-        operations = c.deploy.list_operations(model, limit)
+        operations = await c.deploy.list_operations(model, limit)
         return {"operations": [operation_json(op) for op in operations]}
 
     @app.post("/v1/alerts", tags=["alerts"])
@@ -211,7 +253,7 @@ def create_app(settings: Settings) -> FastAPI:
         """Alertmanager's webhook (version 4): each alert stored, deduped on
         (fingerprint, startsAt); a new firing alert rolls back the model its label names,
         or every model with a fallback."""
-        answers = c.alerts.receive([alert.to_domain() for alert in body.alerts])
+        answers = await c.alerts.receive([alert.to_domain() for alert in body.alerts])
         return {
             "alerts": [
                 {
@@ -229,7 +271,7 @@ def create_app(settings: Settings) -> FastAPI:
         c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50
     ) -> dict[str, Any]:
         """Alerts received, newest first, with how often Alertmanager sent each."""
-        return {"alerts": [alert_json(record) for record in c.repo.list_alerts(limit)]}
+        return {"alerts": [alert_json(record) for record in await c.alerts.recent(limit)]}
 
     @app.post("/api/v1/model/reload", tags=["operations"])
     async def reload_fallback(
@@ -243,7 +285,7 @@ def create_app(settings: Settings) -> FastAPI:
         by the cooldown: a person asked."""
         if target != "fallback":
             raise InvalidRequest(f"target {target[:64]!r} is not supported; use target=fallback")
-        models = [model] if model is not None else c.rollback.candidates(automatic=False)
+        models = [model] if model is not None else await c.rollback.candidates(automatic=False)
         if not models:
             raise NoFallback(
                 "no model serving here has a fallback release; name one with ?model=NAME "

@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "operation_not_found": 404,
     "method_not_allowed": 405,
     "operation_in_progress": 409,
+    "name_conflict": 409,
     "release_incomplete": 409,
     "no_previous_release": 409,
     "no_fallback": 409,
@@ -51,8 +52,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "store_error": 502,
     "triton_unavailable": 503,
     "not_ready": 503,
+    "not_serving": 503,
     "store_unavailable": 503,
     "triton_timeout": 504,
+    "budget_exceeded": 504,
 }
 
 

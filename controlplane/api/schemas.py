@@ -14,6 +14,7 @@ from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
 from controlplane.services.rollback import RollbackResult
 from controlplane.services.status import ModelView
+from controlplane.services.supervisor import JobStatus
 
 
 class _Body(BaseModel):
@@ -221,4 +222,17 @@ def model_json(view: ModelView) -> dict[str, Any]:
             ],
             "cooldown_until": _time(view.cooldown_until),
         },
+        "drift": view.drift,
+        "last_repair": None if view.last_repair is None else operation_json(view.last_repair),
+    }
+
+
+def job_json(status: JobStatus) -> dict[str, Any]:
+    return {
+        "name": status.name,
+        "state": status.state.value,
+        "restarts": status.restarts,
+        "last_error": status.last_error,
+        "since": _time(status.since),
+        "restart_at": _time(status.restart_at),
     }

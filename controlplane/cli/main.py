@@ -136,6 +136,9 @@ def status(
 
 def _operation(client: Client, path: str, body: dict[str, Any], wait: bool, timeout: float) -> None:
     data = _call(lambda: client.post(path, {**body, "wait": False}))
+    if data.get("unchanged"):
+        typer.echo(f"unchanged: {data.get('message', '')}")
+        return
     operation = data["operation"]
     typer.echo(
         f"operation {operation['id']}: {operation['kind']} {operation['model']} "

@@ -22,6 +22,10 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── PreflightFailed        preflight_failed  (smoke inference failed or answered wrong)
     │   ├── UnsupportedByAlias     strategy_unsupported (blue-green cannot front the model)
     │   ├── StagingFailed          staging_failed
+    │   ├── NameConflict           name_conflict     (the repository dir belongs to another model)
+    │   ├── InsufficientMemory     insufficient_memory
+    │   ├── NoFallback             no_fallback
+    │   ├── InvalidRequest         invalid_request
     │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
         ├── TritonUnavailable      triton_unavailable
@@ -157,3 +161,7 @@ class NoFallback(PermanentError):
 
 class InsufficientMemory(PermanentError):
     code = "insufficient_memory"
+
+
+class NameConflict(PermanentError):
+    code = "name_conflict"

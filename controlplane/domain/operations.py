@@ -20,6 +20,7 @@ class OperationKind(StrEnum):
     UNLOAD = "unload"
     RETIRE = "retire"
     CPU_FALLBACK = "cpu-fallback"  # the serving release reloaded on CPU-only instances
+    REPAIR = "repair"  # put back what should serve after Triton lost it (restart, drift)
 
 
 class Trigger(StrEnum):
@@ -31,6 +32,33 @@ class Trigger(StrEnum):
     ALERT = "alert"
     RECONCILE = "reconcile"
     SCHEDULE = "schedule"  # a timer the daemon set itself (retiring an old slot)
+
+
+class CancelReason(StrEnum):
+    """Why an operation stopped before its end: its record and its clean-up depend on it."""
+
+    SHUTDOWN = "shutdown"  # the daemon is stopping; start-up reconcile finishes the job
+    BUDGET = "budget"  # a rollback budget ran out; the daemon goes on, so it puts things back
+    CRASH = "crash"  # found running at start-up: the daemon died while it ran
+
+
+_CANCELLED = {
+    CancelReason.SHUTDOWN: (
+        "interrupted",
+        "the daemon stopped while this operation ran; start-up reconcile brings back the last "
+        "release that succeeded",
+    ),
+    CancelReason.BUDGET: (
+        "budget_exceeded",
+        "cut short because it did not finish within its rollback budget; what served before "
+        "was put back",
+    ),
+    CancelReason.CRASH: (
+        "interrupted",
+        "the daemon stopped while this operation ran; start-up reconcile brings back the last "
+        "release that succeeded",
+    ),
+}
 
 
 class OperationStatus(StrEnum):
@@ -114,6 +142,19 @@ class Operation:
         )
         return dataclasses.replace(self, steps=(*self.steps[:-1], done))
 
+    def with_done_step(
+        self, name: str, started_at: datetime, finished_at: datetime, detail: Mapping[str, object]
+    ) -> Operation:
+        """Append a step that already ran (checks made before the operation was recorded)."""
+        step = Step(
+            name=name,
+            status=StepStatus.SUCCEEDED,
+            started_at=started_at,
+            finished_at=finished_at,
+            detail=dict(detail),
+        )
+        return dataclasses.replace(self, steps=(*self.steps, step))
+
     def with_step_detail(self, detail: Mapping[str, object]) -> Operation:
         if not self.steps:
             return self
@@ -135,22 +176,22 @@ class Operation:
             error=OperationError(code=code, message=message),
         )
 
-    def interrupt(self, at: datetime) -> Operation:
-        """Mark an operation the daemon stopped in the middle of (crash, kill, shutdown)."""
+    def interrupt(
+        self, at: datetime, reason: CancelReason = CancelReason.CRASH, note: str = ""
+    ) -> Operation:
+        """Mark an operation stopped in the middle (``reason``: a crash, a shutdown, a budget);
+        ``note`` adds what was done about it."""
         steps = tuple(
             dataclasses.replace(s, status=StepStatus.FAILED, finished_at=at)
             if s.status is StepStatus.RUNNING
             else s
             for s in self.steps
         )
+        code, message = _CANCELLED[reason]
         return dataclasses.replace(
             self,
             status=OperationStatus.INTERRUPTED,
             finished_at=at,
             steps=steps,
-            error=OperationError(
-                code="interrupted",
-                message="the daemon stopped while this operation ran; start-up reconcile "
-                "brings back the last release that succeeded",
-            ),
+            error=OperationError(code=code, message=f"{message}{'; ' + note if note else ''}"),
         )

@@ -14,7 +14,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
 from controlplane.domain.operations import Trigger
 
@@ -78,16 +77,3 @@ def cooldown_until(last: RollbackRecord | None, cooldown: float) -> datetime | N
     if last is None or last.trigger not in AUTOMATIC:
         return None
     return last.at + timedelta(seconds=cooldown)
-
-
-def cpu_only_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The same model config (Triton's JSON) with every instance on CPU.
-
-    Only ``instance_group`` changes, which Triton applies as an in-place update. The count is
-    the total of the groups it replaces (at least one), so the model keeps its parallelism.
-    """
-    groups = config.get("instance_group") or []
-    count = sum(int(group.get("count", 1) or 1) for group in groups) or 1
-    changed = dict(config)
-    changed["instance_group"] = [{"kind": "KIND_CPU", "count": count}]
-    return changed

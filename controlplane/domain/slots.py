@@ -5,6 +5,16 @@ strategy). Its states mirror what Triton reports, plus the daemon's own steps ar
 
     ABSENT -> STAGED -> LOADING -> READY -> ACTIVE -> RETIRING -> UNLOADING -> UNAVAILABLE
                            └-> FAILED        └-> UPDATING -> ACTIVE | READY | FAILED
+                                                                      UNLOADING -> FAILED
+                                                     UPDATING -> STALE -> UPDATING | UNLOADING
+
+An inplace slot is STALE when its reload was cut short (a timeout, a rollback budget): its
+placement is put back at once, but Triton may still finish loading the other files, so the
+reconcile loop reloads it from disk once Triton is idle (a deploy reloads it as well).
+
+A slot is FAILED when its load failed, was cut short, or timed out and Triton still holds it
+(a load that never ends keeps its name until Triton restarts), and when its unload did not
+finish; the reconcile loop takes such a slot down once Triton lets go of it.
 
 Transitions are a table; :func:`transition` refuses anything not in it and returns a new
 frozen value that records why the slot moved (its trigger and reason). :func:`observe` is the
@@ -33,6 +43,7 @@ class SlotState(StrEnum):
     UNLOADING = "UNLOADING"
     UNAVAILABLE = "UNAVAILABLE"
     FAILED = "FAILED"
+    STALE = "STALE"  # inplace: a reload was cut short; Triton may serve other files than placed
 
 
 S = SlotState
@@ -42,11 +53,12 @@ TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
     S.LOADING: frozenset({S.READY, S.FAILED}),
     S.READY: frozenset({S.ACTIVE, S.UPDATING, S.UNLOADING}),
     S.ACTIVE: frozenset({S.UPDATING, S.RETIRING, S.UNLOADING}),
-    S.UPDATING: frozenset({S.ACTIVE, S.READY, S.FAILED}),
+    S.UPDATING: frozenset({S.ACTIVE, S.READY, S.FAILED, S.STALE}),
     S.RETIRING: frozenset({S.ACTIVE, S.UNLOADING}),
-    S.UNLOADING: frozenset({S.UNAVAILABLE}),
+    S.UNLOADING: frozenset({S.UNAVAILABLE, S.FAILED}),
     S.UNAVAILABLE: frozenset({S.STAGED, S.ABSENT}),
     S.FAILED: frozenset({S.STAGED, S.UNLOADING, S.ABSENT}),
+    S.STALE: frozenset({S.UPDATING, S.UNLOADING}),
 }
 
 

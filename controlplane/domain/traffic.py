@@ -2,17 +2,17 @@
 
 Under ``blue-green`` a model has two slots, separate Triton models named ``<model>__blue`` and
 ``<model>__green``, and clients call ``<model>``: an alias, a one-step Triton ensemble that maps
-the active slot's inputs and outputs. Switching traffic is re-pointing the alias, a reload of
-the ensemble with a config override (a few milliseconds when the slot is unchanged). The old
-slot stays loaded for ``retire_after`` so that a rollback is one more re-point.
+the active slot's inputs and outputs (its :class:`Signature`). Switching traffic is re-pointing
+the alias, a reload of the ensemble with a config override (a few milliseconds when the slot is
+unchanged); the Triton adapter builds that config. The old slot stays loaded for
+``retire_after`` so that a rollback is one more re-point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from controlplane.domain.errors import UnsupportedByAlias
 
@@ -27,11 +27,24 @@ class TrafficPolicy:
     strategy: Strategy = Strategy.BLUE_GREEN
     retire_after: float = 30.0
     drain_timeout: float = 60.0
+    keep_warm: bool = False  # the old slot is never retired: a rollback stays a re-point
     blue_suffix: str = "__blue"
     green_suffix: str = "__green"
 
     def slots(self, model: str) -> tuple[str, str]:
         return (model + self.blue_suffix, model + self.green_suffix)
+
+    def spare(self, base: str, number: int) -> str:
+        """The ``number``-th spare of slot ``base``: used while Triton holds ``base`` stuck
+        (a load that never ended), since Triton frees a stuck name only when it restarts."""
+        return f"{base}-{number}"
+
+    def owns(self, model: str, name: str) -> bool:
+        """Whether ``name`` is one of ``model``'s slots (a base slot or one of its spares)."""
+        return any(
+            name == base or re.fullmatch(re.escape(base) + r"-[0-9]+", name) is not None
+            for base in self.slots(model)
+        )
 
 
 def check_aliasable(model: str, *, decoupled: bool, sequence_batching: bool) -> None:
@@ -44,53 +57,29 @@ def check_aliasable(model: str, *, decoupled: bool, sequence_batching: bool) -> 
         )
 
 
-def _signature(tensors: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, tuple[str, ...]]]:
-    return sorted(
-        (str(t["name"]), str(t["data_type"]), tuple(str(d) for d in t.get("dims", ())))
-        for t in tensors
-    )
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    data_type: str  # Triton's type name, TYPE_FP32, ...
+    dims: tuple[int, ...]
 
 
-def same_signature(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two model configs (Triton's JSON) have the same inputs and outputs."""
-    return (
-        _signature(a.get("input", ())) == _signature(b.get("input", ()))
-        and _signature(a.get("output", ())) == _signature(b.get("output", ()))
-        and int(a.get("max_batch_size", 0)) == int(b.get("max_batch_size", 0))
-    )
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs as Triton serves them: what an alias must forward."""
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    max_batch_size: int = 0
+
+    def same_as(self, other: Signature) -> bool:
+        """Same tensors (in any order) and the same batching: clients see no difference."""
+        return (
+            sorted(self.inputs, key=_by_name) == sorted(other.inputs, key=_by_name)
+            and sorted(self.outputs, key=_by_name) == sorted(other.outputs, key=_by_name)
+            and self.max_batch_size == other.max_batch_size
+        )
 
 
-def alias_config(alias: str, slot_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The one-step ensemble named ``alias`` that forwards everything to the slot."""
-    slot = str(slot_config["name"])
-
-    def tensors(kind: str) -> list[dict[str, Any]]:
-        return [
-            {"name": t["name"], "data_type": t["data_type"], "dims": list(t.get("dims", []))}
-            for t in slot_config.get(kind, [])
-        ]
-
-    inputs, outputs = tensors("input"), tensors("output")
-    return {
-        "name": alias,
-        "platform": "ensemble",
-        "max_batch_size": int(slot_config.get("max_batch_size", 0)),
-        "input": inputs,
-        "output": outputs,
-        "ensemble_scheduling": {
-            "step": [
-                {
-                    "model_name": slot,
-                    "model_version": -1,
-                    "input_map": {t["name"]: t["name"] for t in inputs},
-                    "output_map": {t["name"]: t["name"] for t in outputs},
-                }
-            ]
-        },
-    }
-
-
-def alias_target(config: Mapping[str, Any]) -> str | None:
-    """The slot an alias config points at."""
-    steps = config.get("ensemble_scheduling", {}).get("step", [])
-    return str(steps[0]["model_name"]) if len(steps) == 1 else None
+def _by_name(tensor: Tensor) -> str:
+    return tensor.name

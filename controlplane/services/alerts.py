@@ -13,11 +13,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.domain.alerts import Alert, Receipt
+from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Trigger
-from controlplane.ports import Clock, StateRepo, Telemetry
+from controlplane.ports import AlertBook, Clock, Telemetry
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.rollback import AutoRollback
 from controlplane.services.telemetry import NO_TELEMETRY
@@ -37,7 +37,7 @@ class AlertReceiver:
     def __init__(
         self,
         *,
-        repo: StateRepo,
+        book: AlertBook,
         rollback: AutoRollback,
         clock: Clock,
         tasks: TaskOwner,
@@ -45,17 +45,20 @@ class AlertReceiver:
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._telemetry = telemetry
-        self._repo = repo
+        self._book = book
         self._rollback = rollback
         self._clock = clock
         self._tasks = tasks
         self._label = model_label
 
-    def receive(self, alerts: Sequence[Alert]) -> list[AlertAnswer]:
-        return [self._one(alert) for alert in alerts]
+    async def receive(self, alerts: Sequence[Alert]) -> list[AlertAnswer]:
+        return [await self._one(alert) for alert in alerts]
 
-    def _one(self, alert: Alert) -> AlertAnswer:
-        receipt = self._repo.record_alert(alert, self._clock.now())
+    async def recent(self, limit: int) -> list[AlertRecord]:
+        return await self._book.recent(limit)
+
+    async def _one(self, alert: Alert) -> AlertAnswer:
+        receipt = await self._book.record(alert, self._clock.now())
         self._telemetry.alert_received(receipt)
         answer = AlertAnswer(alert.fingerprint, alert.status.value, receipt, "")
         if receipt is Receipt.RESOLVED:
@@ -73,7 +76,7 @@ class AlertReceiver:
             targets: list[str] | None = [named]
             action = f"rolling back {named}"
         else:
-            targets = self._rollback.candidates()
+            targets = await self._rollback.candidates()
             if not targets:
                 log.warning("alert %s: no model here has a fallback", alert.describe())
                 return _with(answer, "no model here has a fallback; nothing done")

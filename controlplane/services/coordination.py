@@ -1,19 +1,22 @@
-"""Who may act on a model now, and the tasks that act in the background.
+"""Who may act on a model now, how many loads run at once, and the background tasks.
 
 All operations on one model are serialized: a second request while one runs is refused with
 ``operation_in_progress`` (naming the running operation) rather than queued, so a CI job learns
-at once that someone else is deploying. Loads across models are bounded by a semaphore. Every
-background operation is a task owned here and cancelled on shutdown.
+at once that someone else is deploying. Loads across models are bounded (:class:`LoadSlots`);
+an operation that has to wait for a load slot records the wait as its own step, ``queue``, so
+that the time shows. Every background task is owned here and cancelled on shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
 from typing import Any
 
 from controlplane.domain.errors import OperationInProgress
+from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,31 @@ class ModelLocks:
 
     def holder(self, model: str) -> str | None:
         return self._holders.get(model)
+
+
+class LoadSlots:
+    """At most ``size`` loads at once across models (Triton's own load threads are the real
+    bound: more at once only queue inside Triton, where no one sees them wait)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("at least one load slot is needed")
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+
+    @asynccontextmanager
+    async def hold(self, tracker: OperationTracker | None = None) -> AsyncIterator[None]:
+        """Hold a load slot; a wait for one is recorded as the step ``queue``."""
+        if tracker is not None and self._slots.locked():
+            async with tracker.step("queue"):
+                tracker.detail(load_slots=self.size)
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 class TaskOwner:

@@ -1,40 +1,46 @@
 """The last step of the rollback chain: the serving release, reloaded on CPU-only instances.
 
-The serving slot (the model itself under ``inplace``) is reloaded with a config override whose
-only change is ``instance_group`` (``KIND_CPU``), which Triton applies in place: the GPU is
-freed, the model keeps answering, more slowly. One inference through the name clients call
-proves it. The override lives until the slot is next loaded from its files (a deploy, or a
-Triton restart reconciled by the daemon).
+The serving slot (the model itself under ``inplace``) is reloaded with every instance on CPU,
+which Triton applies in place: the GPU is freed, the model keeps answering, more slowly. One
+inference through the name clients call proves it. The override lives until the slot is next
+loaded from its files (a deploy, or a Triton restart repaired by the daemon).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 
-from controlplane.domain.rollback import cpu_only_config
+from controlplane.domain.slots import SlotState
 from controlplane.ports import Triton
+from controlplane.services.runner import Run
 from controlplane.services.slots import SlotBook
-from controlplane.services.tracker import OperationTracker
 
 
-async def reload_on_cpu(
-    tracker: OperationTracker, *, triton: Triton, slots: SlotBook, slot_name: str
-) -> None:
-    op = tracker.operation
-    model = op.model
-    slot = slots.get(model, slot_name)
+async def reload_on_cpu(run: Run, *, triton: Triton, slots: SlotBook, slot_name: str) -> None:
+    tracker = run.tracker
+    model = run.model
+    slot = await slots.get(model, slot_name)
     async with tracker.step("cpu"):
-        config = cpu_only_config(await triton.model_config(slot_name))
-        slot = slots.move(
-            slot, "UPDATING", op.trigger, "reloading on CPU-only instances", model=model
+        updating = await slots.move(
+            model, slot, SlotState.UPDATING, run.trigger, "reloading on CPU-only instances"
         )
         try:
-            await triton.load(slot_name, config_json=json.dumps(config))
+            groups = await triton.reload_cpu_only(slot_name)
         except BaseException:
-            # Triton keeps the loaded version when a reload fails.
-            slots.move(slot, "ACTIVE", op.trigger, "CPU-only reload failed", model=model)
+            # Triton keeps the loaded version when a reload fails (a cut one may still land).
+            await asyncio.shield(
+                slots.move(
+                    model,
+                    updating,
+                    slot.state if slot.state is SlotState.STALE else SlotState.ACTIVE,
+                    run.trigger,
+                    "CPU-only reload failed",
+                )
+            )
             raise
-        slot = slots.move(slot, "ACTIVE", op.trigger, "serving on CPU-only instances", model=model)
-        tracker.detail(slot=slot_name, instance_group=config["instance_group"])
+        await slots.move(
+            model, updating, SlotState.ACTIVE, run.trigger, "serving on CPU-only instances"
+        )
+        tracker.detail(slot=slot_name, instance_group=groups)
     async with tracker.step("verify"):
         tracker.detail(outputs=await triton.smoke(model, None))

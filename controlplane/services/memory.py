@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport, leak_trend
 from controlplane.domain.operations import Operation
-from controlplane.ports import Clock, MemoryFigures, StateRepo, Telemetry, TritonProcesses
+from controlplane.ports import Clock, MemoryBook, MemoryFigures, Telemetry, TritonProcesses
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker
 
@@ -41,14 +41,14 @@ class MemoryWatch:
         *,
         processes: TritonProcesses | None,
         figures: MemoryFigures | None,
-        repo: StateRepo,
+        book: MemoryBook,
         clock: Clock,
         policy: LeakPolicy,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._processes = processes
         self._figures = figures
-        self._repo = repo
+        self._book = book
         self._clock = clock
         self._policy = policy
         self._telemetry = telemetry
@@ -119,8 +119,8 @@ class MemoryWatch:
             host_bytes=memory.host_bytes,
             gpu_bytes=await self._gpu_used(),
         )
-        self._repo.record_memory(sample)
-        trends = self.trends()
+        await self._book.record(sample)
+        trends = await self.trends()
         self._telemetry.memory_observed(memory, trends)
         for trend in trends:
             if trend.flagged and trend.kind not in self._flagged:
@@ -138,8 +138,8 @@ class MemoryWatch:
                 self._flagged.discard(trend.kind)
         return trends
 
-    def trends(self) -> list[LeakTrend]:
-        samples = self._repo.recent_memory(self._policy.window)
+    async def trends(self) -> list[LeakTrend]:
+        samples = await self._book.recent(self._policy.window)
         return [
             leak_trend(
                 samples, kind=kind, window=self._policy.window, threshold=self._policy.threshold
@@ -147,8 +147,8 @@ class MemoryWatch:
             for kind in ("host", "gpu")
         ]
 
-    def recent(self) -> list[MemorySample]:
-        return self._repo.recent_memory(self._policy.window)
+    async def recent(self) -> list[MemorySample]:
+        return await self._book.recent(self._policy.window)
 
     def skipped(self) -> str | None:
         if self._processes is None:

@@ -34,6 +34,7 @@ async def prepare_release(
     model: str,
     release: str,
     target: str,
+    revision: str | None = None,
 ) -> PreparedRelease:
     op = tracker.operation
     async with tracker.step("fetch"):
@@ -63,7 +64,39 @@ async def prepare_release(
         # Cache before the config is rewritten: the cache holds the published bytes.
         await asyncio.to_thread(staging.remember, dest, fetched.files)
         summary = await asyncio.to_thread(editor.prepare, dest / "config.pbtxt", target)
-        marker = ReleaseMarker(model=model, release=release, operation_id=op.id)
+        marker = ReleaseMarker(model=model, release=release, operation_id=op.id, revision=revision)
         await asyncio.to_thread(staging.finalize, dest, marker)
         tracker.detail(backend=summary.backend, checksums=fetched.manifest is not None)
     return PreparedRelease(path=dest, summary=summary, size_bytes=fetched.bytes_total)
+
+
+@dataclass(frozen=True)
+class Preparer:
+    """The prepare step with what it needs (the store, staging, Triton's config schema)."""
+
+    store: ModelStore
+    staging: Staging
+    editor: ModelConfigEditor
+    require_checksums: bool = True
+
+    async def prepare(
+        self,
+        tracker: OperationTracker,
+        model: str,
+        release: str,
+        *,
+        target: str,
+        revision: str | None,
+    ) -> PreparedRelease:
+        """Fetch and verify ``release`` into staging, its config naming ``target``."""
+        return await prepare_release(
+            tracker,
+            store=self.store,
+            staging=self.staging,
+            editor=self.editor,
+            require_checksums=self.require_checksums,
+            model=model,
+            release=release,
+            target=target,
+            revision=revision,
+        )

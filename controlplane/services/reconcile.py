@@ -1,45 +1,81 @@
-"""Start-up reconcile: make what serves match what the database says should serve.
+"""The reconcile loop: make what Triton serves match what should serve, on a beat.
 
-The daemon never trusts memory alone. At start-up it (1) marks operations that were running
-when it died as ``interrupted``, (2) deletes every staging leftover, (3) reads the repository
-(each placed dir carries a marker naming its release) and Triton's index, then (4) converges:
+The daemon never trusts memory alone. At start-up it marks operations that were running when
+it died as interrupted and deletes staging leftovers; then, at start-up and every beat
+(``reconcile.interval_seconds``), it observes every managed model (its records, the markers of
+the dirs it placed, Triton's index, the alias's target), asks :func:`~controlplane.domain.drift.
+assess` what is wrong, and repairs it through operations of kind ``repair`` (trigger
+``reconcile``): load a release that is on disk, re-point an alias, deploy the desired release
+again from the store, take down slots nothing needs. Models with an operation running are left
+to it; models the database does not know are left alone (they may belong to someone else).
 
-* desired release on disk and READY: nothing to do;
-* desired release on disk, not loaded (Triton restarted, or a load was cut short): load it;
-* the dir holds another release (a deploy was killed after placing it) or is missing:
-  deploy the desired release again, from the store, through the normal pipeline;
-* no desired release, and a dir left by an interrupted first deploy: take it back out.
-
-Models the database does not know are left alone: they may belong to someone else.
+So a Triton restart, a model unloaded through Triton's own API, or a daemon that died mid-way
+are all repaired the same way, without anyone asking. Repairs of different models run in
+parallel; their loads share the load slots (a wait shows as a ``queue`` step). While Triton is
+down the loop checks its liveness every half second, so repairs start as soon as it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.domain.errors import ControlPlaneError
-from controlplane.domain.operations import OperationStatus, Trigger
+from controlplane.domain.drift import Action, Assessment, Observed, assess
+from controlplane.domain.errors import ControlPlaneError, OperationInProgress
+from controlplane.domain.operations import (
+    CancelReason,
+    OperationKind,
+    OperationStatus,
+    Trigger,
+)
 from controlplane.domain.slots import SlotState
-from controlplane.domain.traffic import TrafficPolicy
-from controlplane.ports import Clock, IndexEntry, Staging, StateRepo, Triton
-from controlplane.services.deploy import DeployService
-from controlplane.services.reconcile_bluegreen import BlueGreenReconciler
-from controlplane.services.slots import SlotBook
+from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.ports import (
+    Clock,
+    IndexEntry,
+    OperationLog,
+    ReleaseMarker,
+    ServingRepo,
+    Staging,
+    Telemetry,
+    Triton,
+)
+from controlplane.services.bluegreen import BlueGreen, index_by_name
+from controlplane.services.coordination import LoadSlots
+from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.runner import OperationRunner, Run
+from controlplane.services.slots import SlotBook, unload_best_effort
+from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
+DOWN_POLL = 0.5  # while Triton is down: how often its liveness is checked
+_LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 
 
 @dataclass
-class ReconcileReport:
+class PassReport:
+    """What one pass saw and did."""
+
+    triton_live: bool = True
+    error: str | None = None  # the pass could not run to its end
+    assessments: dict[str, Assessment] = field(default_factory=dict)
+    repairs: dict[str, str] = field(default_factory=dict)  # model -> operation id
+    failed: dict[str, str] = field(default_factory=dict)
+    busy: list[str] = field(default_factory=list)  # an operation of ours was running
+
+    @property
+    def not_serving(self) -> dict[str, str]:
+        return {m: a.why for m, a in self.assessments.items() if not a.serving}
+
+
+@dataclass
+class StartupReport:
     interrupted: list[str] = field(default_factory=list)
     staging_removed: list[str] = field(default_factory=list)
-    loaded: list[str] = field(default_factory=list)
-    redeployed: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
 
 
 class Reconciler:
@@ -47,136 +83,351 @@ class Reconciler:
         self,
         *,
         deploy: DeployService,
+        bluegreen: BlueGreen,
+        runner: OperationRunner,
         staging: Staging,
         triton: Triton,
-        repo: StateRepo,
+        slots: SlotBook,
+        serving: ServingRepo,
+        journal: OperationLog,
+        load_slots: LoadSlots,
         clock: Clock,
-        unload_timeout: float = 120.0,
-        traffic: Callable[[str], TrafficPolicy] | None = None,
+        policy_for: Callable[[str], TrafficPolicy],
+        unload_timeout: float,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._deploy = deploy
+        self._bluegreen = bluegreen
+        self._runner = runner
         self._staging = staging
         self._triton = triton
-        self._repo = repo
+        self._slots = slots
+        self._serving = serving
+        self._journal = journal
+        self._load_slots = load_slots
         self._clock = clock
-        self._slots = SlotBook(repo, clock)
+        self._policy_for = policy_for
         self._unload_timeout = unload_timeout
-        self._blue_green = (
-            None
-            if traffic is None
-            else BlueGreenReconciler(
-                deploy=deploy, staging=staging, triton=triton, slots=self._slots, traffic=traffic
-            )
-        )
+        self._telemetry = telemetry
+        self.last: PassReport | None = None
+        self.wake = asyncio.Event()
+        self._started = False
 
-    async def run(self) -> ReconcileReport:
-        report = ReconcileReport()
-        interrupted_models: set[str] = set()
-        for operation in self._repo.unfinished_operations():
-            self._repo.save_operation(operation.interrupt(self._clock.now()))
+    # --- start-up ---------------------------------------------------------------------------
+
+    async def startup(self) -> StartupReport:
+        """Before any pass: what a daemon that died left behind."""
+        report = StartupReport()
+        for operation in await self._journal.unfinished():
+            self._journal.save(operation.interrupt(self._clock.now(), CancelReason.CRASH))
             report.interrupted.append(operation.id)
-            interrupted_models.add(operation.model)
         report.staging_removed = await asyncio.to_thread(self._staging.clean_all)
-        index = {entry.name: entry for entry in await self._triton.index()}
-        for record in self._repo.list_models():
-            try:
-                await self._converge(
-                    record.name, record.active_release, index, interrupted_models, report
-                )
-            except ControlPlaneError as exc:
-                report.failed[record.name] = str(exc)
-                log.error("reconcile could not converge %s: %s", record.name, exc)
-        log.info(
-            "reconcile done: %d interrupted, %d staging dirs removed, loaded %s, "
-            "redeployed %s, removed %s, failed %s",
-            len(report.interrupted),
-            len(report.staging_removed),
-            report.loaded,
-            report.redeployed,
-            report.removed,
-            sorted(report.failed),
-        )
+        if report.interrupted or report.staging_removed:
+            log.warning(
+                "start-up: %d operation(s) were interrupted by the last stop (%s); "
+                "%d staging leftover(s) removed",
+                len(report.interrupted),
+                ", ".join(report.interrupted) or "-",
+                len(report.staging_removed),
+            )
         return report
 
-    def _unconfirmed(self, operation_id: str, interrupted: set[str], model: str) -> bool:
-        """A placed dir whose deploy never succeeded (killed, or cut short by a shutdown)."""
-        if model in interrupted:
-            return True
-        operation = self._repo.get_operation(operation_id)
-        return operation is None or operation.status is not OperationStatus.SUCCEEDED
+    # --- the loop ---------------------------------------------------------------------------
 
-    async def _converge(
+    async def run(self, interval: float, ready: asyncio.Event) -> None:
+        """Start-up (once per process, also when the job is restarted), then a pass every
+        ``interval`` s (or when woken) until cancelled. ``ready`` is set after the first pass
+        that reached Triton: until then, operations would act on a state nobody checked."""
+        if not self._started:
+            await self.startup()
+            self._started = True
+        while True:
+            try:
+                report = await self.run_pass()
+            except ControlPlaneError as exc:  # Triton or the store failed mid-pass: next beat
+                log.warning("reconcile pass failed: %s", exc)
+                report = PassReport(triton_live=False, error=str(exc))
+                self.last = report
+            if report.triton_live:
+                ready.set()
+            pause = interval if report.triton_live else DOWN_POLL
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=pause)
+            self.wake.clear()
+
+    async def run_pass(self) -> PassReport:
+        """Observe every managed model, repair what drifted (in parallel), wait for it."""
+        report = PassReport()
+        if not await self._triton.is_live():
+            report.triton_live = False
+            if self.last is None or self.last.triton_live:
+                log.error("Triton at %s is not live; waiting for it", _url(self._triton))
+            self.last = report
+            return report
+        index = index_by_name(await self._triton.index())
+        placed = await asyncio.to_thread(self._staging.placed)
+        repairs: list[asyncio.Task[None]] = []
+        for record in await self._serving.all():
+            model = record.name
+            if self._runner.holder(model) is not None:
+                report.busy.append(model)
+                continue
+            try:
+                seen = await self._observe(
+                    model, record.active_release, record.slots, index, placed
+                )
+            except ControlPlaneError as exc:
+                report.failed[model] = str(exc)
+                continue
+            assessment = assess(seen)
+            report.assessments[model] = assessment
+            await self._keep_retire_timers(seen)
+            if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
+                if "record" in assessment.notes and assessment.slot is not None:
+                    await self._record_serving(model, assessment.slot, record.active_release)
+                continue
+            repairs.append(asyncio.create_task(self._repair(seen, assessment, report)))
+        if repairs:
+            await asyncio.gather(*repairs)
+        self.last = report
+        return report
+
+    async def _observe(
         self,
         model: str,
         desired: str | None,
+        records: Sequence[object],
         index: dict[str, IndexEntry],
-        interrupted: set[str],
-        report: ReconcileReport,
-    ) -> None:
-        if self._blue_green is not None and self._staging.is_alias_dir(model):
-            outcome = await self._blue_green.converge(model, desired, index)
-            if outcome == "redeployed":
-                report.redeployed.append(model)
-            elif outcome == "re-pointed":
-                report.loaded.append(model)
-            return
-        marker = self._staging.read_marker(model)
-        entry = index.get(model)
-        loaded = entry is not None and entry.state == "READY"
-        on_disk = marker.release if marker else None
-        # Record what is really there before acting, so every later transition is valid.
-        if loaded:
-            self._slots.observe(model, SlotState.ACTIVE, on_disk, "READY in Triton at start-up")
-        elif marker is not None:
-            self._slots.observe(model, SlotState.UNAVAILABLE, on_disk, "on disk, not loaded")
+        placed: dict[str, ReleaseMarker],
+    ) -> Observed:
+        policy = self._policy_for(model)
+        blue_green = policy.strategy is Strategy.BLUE_GREEN
+        if blue_green:
+            names = {n for n, m in placed.items() if m.model == model and policy.owns(model, n)}
+            slots = await self._bluegreen.slots(model)
+            names |= {s.name for s in slots}
         else:
-            self._slots.observe(model, SlotState.ABSENT, None, "not in the repository")
-
-        if desired is None:
-            if marker is not None and self._unconfirmed(marker.operation_id, interrupted, model):
-                if loaded:
-                    await self._triton.unload(model)
-                    await self._triton.wait_unavailable(model, self._unload_timeout)
-                await asyncio.to_thread(self._staging.remove, model)
-                self._slots.observe(model, SlotState.ABSENT, None, "unconfirmed deploy removed")
-                report.removed.append(model)
-            return
-
-        if on_disk == desired:
-            if not loaded:
-                await self._triton.load(model)
-                self._slots.observe(model, SlotState.ACTIVE, desired, "loaded by reconcile")
-                report.loaded.append(model)
-            return
-
-        log.warning(
-            "%s: repository holds %s but %s should serve; deploying %s again",
-            model,
-            on_disk or "nothing",
-            desired,
-            desired,
+            names = {model}
+            slots = [await self._slots.get(model)]
+        on_disk = {n: placed[n].release for n in names if n in placed and placed[n].model == model}
+        triton = {n: index[n].state for n in (*names, model) if n in index}
+        target = None
+        if blue_green and triton.get(model) == "READY":
+            target = await self._triton.alias_target(model)
+        return Observed(
+            model=model,
+            desired=desired,
+            blue_green=blue_green,
+            slots=slots,
+            on_disk=on_disk,
+            triton=triton,
+            alias_target=target,
         )
-        operation = await self._deploy.run_inline(model, desired, trigger=Trigger.RECONCILE)
-        if operation.status is not OperationStatus.SUCCEEDED:
-            message = operation.error.message if operation.error else operation.status.value
-            raise ControlPlaneError(f"redeploy of {desired} failed: {message}")
-        report.redeployed.append(model)
 
+    async def not_serving(self) -> dict[str, str]:
+        """Managed models whose desired release Triton does not serve now, and why: a quick
+        look at Triton's index (for readiness), plus what the last pass found."""
+        index = index_by_name(await self._triton.index())
+        found: dict[str, str] = {}
+        for record in await self._serving.all():
+            desired, model = record.active_release, record.name
+            if desired is None:
+                continue
+            if self._policy_for(model).strategy is Strategy.BLUE_GREEN:
+                alias = index.get(model)
+                holders = [
+                    s.name
+                    for s in record.slots
+                    if s.release == desired
+                    and (entry := index.get(s.name)) is not None
+                    and entry.state == "READY"
+                ]
+                if alias is None or alias.state != "READY":
+                    state = alias.state if alias is not None else "not loaded"
+                    found[model] = f"the alias {model} is {state} in Triton"
+                elif not holders:
+                    found[model] = f"no slot holding {desired} is READY in Triton"
+            else:
+                entry = index.get(model)
+                if entry is None or entry.state != "READY":
+                    state = entry.state if entry is not None else "not loaded"
+                    found[model] = f"{model} is {state} in Triton"
+        if self.last is not None:
+            for model, why in self.last.not_serving.items():
+                found.setdefault(model, why)
+        return found
 
-async def reconcile_until_done(
-    reconciler: Reconciler, ready: asyncio.Event, *, retry_interval: float = 2.0
-) -> None:
-    """Retry reconcile while Triton is unreachable; set ``ready`` once it has run."""
-    while True:
+    # --- repairs ----------------------------------------------------------------------------
+
+    async def _repair(self, seen: Observed, assessment: Assessment, report: PassReport) -> None:
+        model = seen.model
+        action = assessment.action
         try:
-            await reconciler.run()
-        except ControlPlaneError as exc:
-            if not exc.retryable:
-                log.error("reconcile failed: %s", exc)
-                ready.set()
+            if action is Action.REDEPLOY:
+                assert seen.desired is not None
+                log.warning("repairing %s: %s; deploying it again", model, assessment.why)
+                self._telemetry.repair_started(action.value)
+                claim = self._runner.claim(model)
+                try:  # records as Triton and the disk show them, so every transition is valid
+                    await self._settle_records(seen)
+                finally:
+                    self._runner.release(model, claim)
+                # deploy() takes the lock before its first await: nothing can slip in between.
+                result = await self._deploy.deploy(
+                    model, seen.desired, trigger=Trigger.RECONCILE, kind=OperationKind.REPAIR
+                )
+                if isinstance(result, Unchanged):
+                    return
+                report.repairs[model] = result.id
+                done = await self._deploy.wait(result.id)
+            elif action in (Action.LOAD, Action.REPOINT, Action.REMOVE) or assessment.retire:
+                if action is not Action.NONE and action is not Action.WAIT:
+                    log.warning("repairing %s: %s (%s)", model, assessment.why, action.value)
+                    self._telemetry.repair_started(action.value)
+                done = await self._runner.run_now(
+                    kind=OperationKind.REPAIR,
+                    model=model,
+                    release=seen.desired,
+                    trigger=Trigger.RECONCILE,
+                    from_release=seen.desired,
+                    body=lambda run: self._put_back(run, seen, assessment),
+                )
+                report.repairs[model] = done.id
+            else:
                 return
-            log.warning("reconcile waits for Triton: %s", exc)
-            await asyncio.sleep(retry_interval)
-            continue
-        ready.set()
-        return
+        except OperationInProgress:
+            report.busy.append(model)  # someone started an operation meanwhile: theirs
+            return
+        except ControlPlaneError as exc:
+            report.failed[model] = str(exc)
+            log.error("repair of %s refused: %s", model, exc)
+            return
+        if done.status is not OperationStatus.SUCCEEDED:
+            error = done.error.message if done.error else done.status.value
+            report.failed[model] = error
+            log.error("repair of %s failed (%s): %s", model, done.id, error)
+            return
+        if action is not Action.NONE:
+            log.info("repaired %s (%s, operation %s)", model, action.value, done.id)
+        report.assessments[model] = dataclasses.replace(
+            assessment, action=Action.NONE, serving=True, why=f"repaired ({action.value})"
+        )
+
+    async def _put_back(self, run: Run, seen: Observed, assessment: Assessment) -> None:
+        tracker = run.tracker
+        model = seen.model
+        tracker.operation_detail({"why": assessment.why, "action": assessment.action.value})
+        if assessment.action is Action.REMOVE:
+            async with tracker.step("remove"):
+                await unload_best_effort(self._triton, model, self._unload_timeout)
+                await asyncio.to_thread(self._staging.remove, model)
+                await self._slots.observe(
+                    model, SlotState.ABSENT, None, "unconfirmed deploy removed"
+                )
+        slot = assessment.slot
+        if assessment.action is Action.LOAD and slot is not None:
+            async with self._load_slots.hold(tracker), tracker.step("load"):
+                tracker.detail(slot=slot, release=seen.desired)
+                try:
+                    await self._triton.load(slot)
+                except ControlPlaneError as exc:
+                    await self._slots.observe(
+                        model,
+                        SlotState.UNAVAILABLE,
+                        seen.desired,
+                        f"on disk; the repair's load failed ({exc.code}), tried again next beat",
+                        slot_name=slot,
+                    )
+                    raise
+        if (
+            seen.blue_green
+            and slot is not None
+            and assessment.action in (Action.LOAD, Action.REPOINT)
+        ):
+            async with tracker.step("switch"):
+                signature = await self._triton.signature(slot)
+                await self._triton.point_alias(model, slot, signature)
+                tracker.detail(target=slot)
+        if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
+            async with tracker.step("record"):
+                await self._record_serving(model, slot, seen.desired)
+        for name in assessment.retire:
+            async with tracker.step("unload"):
+                tracker.detail(slot=name)
+                record = next((s for s in seen.slots if s.name == name), None)
+                current = record or await self._slots.get(model, name)
+                if current.state is not SlotState.UNAVAILABLE or name in seen.on_disk:
+                    current = await self._slots.observe(
+                        model,
+                        _state_for(seen.triton.get(name)),
+                        seen.on_disk.get(name),
+                        "not needed: taken down by reconcile",
+                        slot_name=name,
+                    )
+                await self._bluegreen.take_down(model, current, run.trigger, "not needed")
+        stale = [
+            s.name
+            for s in seen.slots
+            if s.state is SlotState.ABSENT
+            and s.name not in self._policy_for(model).slots(model)
+            and seen.blue_green
+        ]
+        if stale:
+            await self._serving.forget_slots(model, stale)
+
+    async def _settle_records(self, seen: Observed) -> None:
+        """Record each slot as Triton and the disk show it (an operation that died left its
+        records mid-way)."""
+        names = {s.name for s in seen.slots} | set(seen.on_disk)
+        if not seen.blue_green:
+            names = {seen.model}
+        for name in sorted(names):
+            record = next((s for s in seen.slots if s.name == name), None)
+            state = seen.triton.get(name)
+            release = seen.on_disk.get(name)
+            if state == "READY" and record is not None and record.state in _LOADED:
+                continue
+            settled = (
+                SlotState.ACTIVE
+                if state == "READY" and not seen.blue_green
+                else SlotState.READY
+                if state == "READY"
+                else SlotState.FAILED
+                if state in ("LOADING", "UNLOADING")
+                else SlotState.UNAVAILABLE
+                if release is not None
+                else SlotState.ABSENT
+            )
+            await self._slots.observe(
+                seen.model, settled, release, "as found by reconcile", slot_name=name
+            )
+
+    async def _record_serving(self, model: str, slot: str, desired: str | None) -> None:
+        await self._slots.observe(
+            model, SlotState.ACTIVE, desired, "serving (repaired by reconcile)", slot_name=slot
+        )
+
+    async def _keep_retire_timers(self, seen: Observed) -> None:
+        """A warm previous release keeps a retire window, also after a daemon restart."""
+        if not seen.blue_green:
+            return
+        for slot in seen.slots:
+            if (
+                slot.state is SlotState.RETIRING
+                and seen.triton.get(slot.name) == "READY"
+                and not self._bluegreen.retire_timer(slot.name)
+            ):
+                self._bluegreen.schedule_retire(seen.model, slot.name)
+
+
+def _state_for(triton_state: str | None) -> SlotState:
+    """The slot state that matches Triton's, for a slot about to be taken down."""
+    if triton_state == "READY":
+        return SlotState.READY
+    if triton_state in ("LOADING", "UNLOADING"):
+        return SlotState.FAILED
+    return SlotState.UNAVAILABLE
+
+
+def _url(triton: Triton) -> str:
+    return str(getattr(triton, "url", "the configured address"))

@@ -1,10 +1,17 @@
 """Automatic rollback: the chain from an overloaded release back to something that serves.
 
-For one model: the fallback release (a re-point when its slot is still warm, else a load)
-within the fallback budget; if that fails or runs out of time, the serving release reloaded
-on CPU-only instances within the CPU budget; if that fails too, an error in the log and in the
-record. The release rolled back from is latched degraded first, so that nothing automatic
-(the release watcher, a retried alert) promotes it while the chain runs, or after.
+For one model: the fallback release within its budget; if that fails or runs out of time, the
+serving release reloaded on CPU-only instances within the CPU budget; if that fails too, an
+error in the log and in the record. The release rolled back from is latched degraded first, so
+that nothing automatic (the release watcher, a retried alert) promotes it while the chain runs,
+or after.
+
+The fallback's budget depends on what it takes: a warm fallback (its slot still loaded, inside
+the retire window or kept warm by policy) is a re-point, a few milliseconds, so it gets the
+short budget; a cold one must be loaded, which no real GPU model does in 3 s, so it gets the
+cold budget, sized for a load. The record says which applied. A step that runs past its budget
+is cut short with the reason ``budget`` (its placement and slot are put back at once); the
+whole chain ends within the sum of its budgets plus the one-second grace of that clean-up.
 
 Automatic triggers (the overload watcher, an alert) are held back by the cooldown after the
 model's last automatic rollback and counted on it; a person (the runbook route) is not.
@@ -24,7 +31,7 @@ from typing import Any
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound, OperationInProgress
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.operations import CancelReason, Operation, OperationStatus, Trigger
 from controlplane.domain.rollback import (
     AUTOMATIC,
     DegradedRelease,
@@ -33,7 +40,7 @@ from controlplane.domain.rollback import (
     choose_fallback,
     cooldown_until,
 )
-from controlplane.ports import Clock, StateRepo, Telemetry
+from controlplane.ports import Clock, RollbackBook, ServingRepo, Telemetry
 from controlplane.services.deploy import DeployService
 from controlplane.services.telemetry import NO_TELEMETRY
 
@@ -43,7 +50,8 @@ LOCK_POLL = 0.05
 
 @dataclass(frozen=True)
 class RollbackBudgets:
-    fallback: float = 3.0
+    fallback: float = 3.0  # a warm fallback: one re-point
+    cold_fallback: float = 120.0  # a cold fallback: a load
     cpu: float = 2.0
     cooldown: float = 300.0
 
@@ -71,7 +79,8 @@ class AutoRollback:
         self,
         *,
         deploy: DeployService,
-        repo: StateRepo,
+        serving: ServingRepo,
+        book: RollbackBook,
         clock: Clock,
         budgets: RollbackBudgets,
         configured_fallback: Callable[[str], str | None],
@@ -80,7 +89,8 @@ class AutoRollback:
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
-        self._repo = repo
+        self._serving = serving
+        self._book = book
         self._clock = clock
         self._budgets = budgets
         self._configured_fallback = configured_fallback
@@ -91,38 +101,38 @@ class AutoRollback:
     def cooldown(self) -> float:
         return self._budgets.cooldown
 
-    def fallback(self, model: str) -> str | None:
-        record = self._repo.get_model(model)
+    async def fallback(self, model: str) -> str | None:
+        record = await self._serving.get(model)
         if record is None:
             return None
         return choose_fallback(
             configured=self._configured_fallback(model),
             active=record.active_release,
             previous=record.previous_release,
-            degraded={d.release for d in self._repo.degraded(model)},
+            degraded={d.release for d in await self._book.latched(model)},
         )
 
-    def candidates(self, *, automatic: bool = True) -> list[str]:
+    async def candidates(self, *, automatic: bool = True) -> list[str]:
         """Models serving here that have a fallback (and, for automatic triggers, have
         automatic rollback on)."""
         return [
             record.name
-            for record in self._repo.list_models()
+            for record in await self._serving.all()
             if record.active_release is not None
             and (self._enabled(record.name) or not automatic)
-            and self.fallback(record.name) is not None
+            and await self.fallback(record.name) is not None
         ]
 
-    def cooldown_until(self, model: str) -> datetime | None:
+    async def cooldown_until(self, model: str) -> datetime | None:
         """When the cooldown after the last automatic rollback of ``model`` ends; None if over."""
-        until = cooldown_until(self._repo.last_rollback(model), self.cooldown)
+        until = cooldown_until(await self._book.last(model), self.cooldown)
         return until if until is not None and until > self._clock.now() else None
 
     async def on_overload(
         self, models: Sequence[str] | None, *, trigger: Trigger, reason: str
     ) -> list[RollbackResult]:
         """Act on each named model, or on every candidate when none is named."""
-        targets = list(models) if models is not None else self.candidates()
+        targets = list(models) if models is not None else await self.candidates()
         results = []
         for model in targets:
             if trigger in AUTOMATIC and not self._enabled(model):
@@ -139,13 +149,13 @@ class AutoRollback:
     async def act(self, model: str, *, trigger: Trigger, reason: str) -> RollbackResult:
         validate_model_name(model)
         async with self._locks.setdefault(model, asyncio.Lock()):
-            record = self._repo.get_model(model)
+            record = await self._serving.get(model)
             if record is None or record.active_release is None:
                 raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
-            last = self._repo.last_rollback(model)
+            last = await self._book.last(model)
             until = cooldown_until(last, self.cooldown)
             if trigger in AUTOMATIC and last and until and self._clock.now() < until:
-                self._repo.count_suppressed(last.id)
+                await self._book.count_suppressed(last.id)
                 self._telemetry.rollback_suppressed(model)
                 note = f"in cooldown until {until.isoformat()}; counted"
                 log.info("rollback trigger for %s held back: %s", model, note)
@@ -157,8 +167,13 @@ class AutoRollback:
         self, model: str, active: str, *, trigger: Trigger, reason: str
     ) -> RollbackRecord:
         started = self._clock.now()
-        fallback = self.fallback(model)
-        self._repo.mark_degraded(DegradedRelease(model, active, started, reason))
+        loop = asyncio.get_running_loop()
+        budget = self._budgets
+        fallback = await self.fallback(model)
+        warm = fallback is not None and await self._deploy.is_warm(model, fallback)
+        fallback_budget = budget.fallback if warm else budget.cold_fallback
+        deadline = loop.time() + (fallback_budget if fallback is not None else 0.0) + budget.cpu
+        await self._book.latch(DegradedRelease(model, active, started, reason))
         log.warning("rolling back %s from %s: %s", model, active, reason, extra={"model": model})
         detail: dict[str, Any] = {}
         operations: list[str] = []
@@ -172,18 +187,28 @@ class AutoRollback:
         if fallback is None:
             detail["fallback"] = "none: no configured or previous good release"
         else:
+            detail["fallback_budget"] = {
+                "kind": "warm" if warm else "cold",
+                "seconds": fallback_budget,
+                "why": (
+                    f"{fallback}'s slot is still loaded: a re-point"
+                    if warm
+                    else f"{fallback} must be loaded (rollback.cold_fallback_budget_seconds)"
+                ),
+            }
             attempt = await self._attempt(
                 lambda: self._deploy.rollback(model, to=fallback, trigger=trigger),
-                self._budgets.fallback,
+                fallback_budget,
                 f"the fallback {fallback}",
             )
             note("fallback", attempt)
             if attempt.succeeded:
                 outcome, target = RollbackOutcome.FALLBACK, fallback
         if not outcome.acted:
+            cpu_budget = max(0.0, min(budget.cpu, deadline - loop.time()))
             attempt = await self._attempt(
                 lambda: self._deploy.serve_on_cpu(model, trigger=trigger),
-                self._budgets.cpu,
+                cpu_budget,
                 "the CPU-only reload",
             )
             note("cpu", attempt)
@@ -203,15 +228,16 @@ class AutoRollback:
             operation_ids=tuple(operations),
             detail=detail,
         )
-        self._repo.save_rollback(done)
+        await self._book.save(done)
         self._telemetry.rollback_recorded(done)
         if outcome is RollbackOutcome.FAILED:
             log.error(
-                "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload both "
-                "failed; %s %s still serves as it was. Act by hand: "
+                "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload (%s) both "
+                "failed; %s %s still serves. Act by hand: "
                 "controlplane rollback %s --to <release>",
                 model,
                 detail.get("fallback"),
+                detail.get("cpu"),
                 model,
                 active,
                 model,
@@ -231,7 +257,8 @@ class AutoRollback:
     async def _attempt(
         self, start: Callable[[], Awaitable[Operation]], budget: float, what: str
     ) -> _Attempt:
-        """Start an operation (waiting for the model's lock) and see it end within budget."""
+        """Start an operation (waiting for the model's lock) and see it end within budget;
+        past it, the operation is cut short (reason: budget) and its clean-up runs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
@@ -249,7 +276,7 @@ class AutoRollback:
                 self._deploy.wait(operation.id), max(0.0, deadline - loop.time())
             )
         except TimeoutError:
-            cut = await self._deploy.cancel(operation.id)
+            cut = await self._deploy.cancel(operation.id, CancelReason.BUDGET)
             return _Attempt(cut, f"{what} did not finish within {budget:g} s; cut short")
         if finished.status is OperationStatus.SUCCEEDED:
             return _Attempt(finished, None)

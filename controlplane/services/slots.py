@@ -1,6 +1,9 @@
-"""The slot book: reads a model's slot, applies table-checked transitions, persists each one.
+"""The slot book: a model's slots as recorded, table-checked transitions, one commit each.
 
-Under the ``inplace`` strategy a model has one slot, named after the model itself.
+Under the ``inplace`` strategy a model has one slot, named after the model itself. A change
+that touches several rows (a switch moves two slots and what serves) is one :meth:`commit`,
+one transaction. :meth:`observe` records what reconcile saw, whatever the table says; normal
+operations move slots only through :meth:`moved` and :meth:`move`, with their own trigger.
 """
 
 from __future__ import annotations
@@ -10,38 +13,41 @@ import logging
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.slots import Slot, SlotState, absent, observe, transition
-from controlplane.ports import Clock, StateRepo, Triton
+from controlplane.ports import Clock, ModelRecord, Serving, ServingRepo, Triton
 
 log = logging.getLogger(__name__)
 
 
 class SlotBook:
-    def __init__(self, repo: StateRepo, clock: Clock) -> None:
-        self._repo = repo
+    def __init__(self, serving: ServingRepo, clock: Clock) -> None:
+        self._serving = serving
         self._clock = clock
 
-    def get(self, model: str, slot_name: str | None = None) -> Slot:
+    async def record(self, model: str) -> ModelRecord | None:
+        return await self._serving.get(model)
+
+    async def get(self, model: str, slot_name: str | None = None) -> Slot:
         name = slot_name or model
-        record = self._repo.get_model(model)
+        record = await self._serving.get(model)
         if record is not None:
             for slot in record.slots:
                 if slot.name == name:
                     return slot
         return absent(name, self._clock.now())
 
-    def move(
+    def moved(
         self,
         slot: Slot,
-        target: str,
+        target: SlotState,
         trigger: str,
         reason: str,
         *,
         release: str | None = None,
-        model: str | None = None,
     ) -> Slot:
+        """``slot`` moved to ``target`` if the table allows it (not saved: see commit)."""
         moved = transition(
             slot,
-            SlotState(target),
+            target,
             trigger=str(trigger),
             at=self._clock.now(),
             reason=reason,
@@ -49,22 +55,40 @@ class SlotBook:
         )
         if moved.state is SlotState.ABSENT:
             moved = dataclasses.replace(moved, release=None)
-        self._repo.save_slot(model or slot.name, moved)
         return moved
 
-    def stage_and_load(
-        self, slot: Slot, trigger: str, release: str, *, model: str | None = None
+    async def move(
+        self,
+        model: str,
+        slot: Slot,
+        target: SlotState,
+        trigger: str,
+        reason: str,
+        *,
+        release: str | None = None,
     ) -> Slot:
-        """From any resting state to LOADING, through STAGED, recording each step."""
-        if slot.state in (SlotState.ABSENT, SlotState.UNAVAILABLE, SlotState.FAILED):
-            slot = self.move(
-                slot, "STAGED", trigger, f"{release} placed", release=release, model=model
-            )
-        return self.move(
-            slot, "LOADING", trigger, f"loading {release}", release=release, model=model
-        )
+        moved = self.moved(slot, target, trigger, reason, release=release)
+        await self.commit(model, moved)
+        return moved
 
-    def observe(
+    async def commit(self, model: str, *slots: Slot, serving: Serving | None = None) -> None:
+        """Save slots (and what serves) of ``model`` in one transaction."""
+        await self._serving.commit(model, self._clock.now(), serving=serving, slots=slots)
+
+    async def stage_and_load(self, model: str, slot: Slot, trigger: str, release: str) -> Slot:
+        """From any resting state to LOADING, through STAGED, recorded in one commit."""
+        staged = slot
+        if slot.state in (SlotState.ABSENT, SlotState.UNAVAILABLE, SlotState.FAILED):
+            staged = self.moved(
+                slot, SlotState.STAGED, trigger, f"{release} placed", release=release
+            )
+        loading = self.moved(
+            staged, SlotState.LOADING, trigger, f"loading {release}", release=release
+        )
+        await self.commit(model, loading)
+        return loading
+
+    async def observe(
         self,
         model: str,
         state: SlotState,
@@ -73,10 +97,19 @@ class SlotBook:
         *,
         slot_name: str | None = None,
     ) -> Slot:
-        slot = self.get(model, slot_name)
+        slot = await self.get(model, slot_name)
         seen = observe(slot, state, release=release, at=self._clock.now(), reason=reason)
-        self._repo.save_slot(model, seen)
+        await self.commit(model, seen)
         return seen
+
+
+async def serving_after(book: SlotBook, model: str, release: str) -> Serving:
+    """What serves once ``release`` does: the release it replaces becomes the previous."""
+    record = await book.record(model)
+    previous = record.previous_release if record else None
+    if record and record.active_release and record.active_release != release:
+        previous = record.active_release
+    return Serving(active=release, previous=previous)
 
 
 async def unload_best_effort(triton: Triton, name: str, timeout: float) -> bool:

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import Operation
+from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
-from controlplane.ports import IndexEntry, ModelStore, StateRepo, Triton
-from controlplane.services.coordination import ModelLocks
+from controlplane.ports import (
+    IndexEntry,
+    ModelStore,
+    OperationLog,
+    RollbackBook,
+    ServingRepo,
+    Triton,
+)
 from controlplane.services.overload import OverloadView
 
 log = logging.getLogger(__name__)
@@ -47,33 +53,41 @@ class ModelView:
     last_rollback: RollbackRecord | None = None
     degraded: tuple[DegradedRelease, ...] = ()
     cooldown_until: datetime | None = None
+    last_repair: Operation | None = None  # the reconcile loop's last repair of this model
+    drift: str | None = None  # what the last reconcile pass found wrong, if anything
 
 
 class StatusService:
     def __init__(
         self,
         *,
-        repo: StateRepo,
+        serving: ServingRepo,
+        journal: OperationLog,
+        rollbacks: RollbackBook,
         store: ModelStore,
         triton: Triton,
-        locks: ModelLocks,
+        holder: Callable[[str], str | None],
         traffic: Callable[[str], TrafficPolicy] | None = None,
         overload: Callable[[], OverloadView | None] | None = None,
-        fallback: Callable[[str], str | None] | None = None,
-        cooldown_until: Callable[[str], datetime | None] | None = None,
+        fallback: Callable[[str], Awaitable[str | None]] | None = None,
+        cooldown_until: Callable[[str], Awaitable[datetime | None]] | None = None,
+        drift: Callable[[str], str | None] | None = None,
     ) -> None:
         self._overload = overload or (lambda: None)
-        self._fallback = fallback or (lambda _model: None)
-        self._cooldown = cooldown_until or (lambda _model: None)
+        self._fallback = fallback
+        self._cooldown = cooldown_until
+        self._drift = drift or (lambda _model: None)
         self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
-        self._repo = repo
+        self._serving = serving
+        self._journal = journal
+        self._rollbacks = rollbacks
         self._store = store
         self._triton = triton
-        self._locks = locks
+        self._holder = holder
 
     async def list_models(self) -> list[ModelView]:
         index = await self._index()
-        names = {record.name for record in self._repo.list_models()}
+        names = {record.name for record in await self._serving.all()}
         try:
             names.update(await asyncio.to_thread(self._store.list_models))
         except ControlPlaneError as exc:
@@ -97,7 +111,7 @@ class StatusService:
             return None
 
     async def _view(self, model: str, index: dict[str, IndexEntry] | None) -> ModelView:
-        record = self._repo.get_model(model)
+        record = await self._serving.get(model)
         releases: tuple[ReleaseInfo, ...] = ()
         store_error = None
         try:
@@ -112,7 +126,7 @@ class StatusService:
         else:
             entry = index.get(model)
             reason = entry.reason if entry else "not in Triton's repository index"
-        operations = self._repo.list_operations(model, limit=1)
+        operations = await self._journal.recent(model, limit=20)
         policy = self._traffic(model)
         slots = tuple(record.slots) if record else ()
         active = next((s.name for s in slots if s.state is SlotState.ACTIVE), None)
@@ -129,13 +143,15 @@ class StatusService:
             triton_reason=reason,
             releases=releases,
             store_error=store_error,
-            running_operation=self._locks.holder(model),
+            running_operation=self._holder(model),
             last_operation=operations[0] if operations else None,
             overload=self._overload(),
-            fallback=self._fallback(model),
-            last_rollback=self._repo.last_rollback(model),
-            degraded=tuple(self._repo.degraded(model)),
-            cooldown_until=self._cooldown(model),
+            fallback=await self._fallback(model) if self._fallback else None,
+            last_rollback=await self._rollbacks.last(model),
+            degraded=tuple(await self._rollbacks.latched(model)),
+            cooldown_until=await self._cooldown(model) if self._cooldown else None,
+            last_repair=next((op for op in operations if op.kind is OperationKind.REPAIR), None),
+            drift=self._drift(model),
         )
 
 

@@ -40,5 +40,11 @@ class NoTelemetry:
     def memory_observed(self, memory: TritonMemory, trends: Sequence[LeakTrend]) -> None:
         return None
 
+    def repair_started(self, action: str) -> None:
+        return None
+
+    def job_restarted(self, job: str) -> None:
+        return None
+
 
 NO_TELEMETRY = NoTelemetry()

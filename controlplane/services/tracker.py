@@ -1,8 +1,10 @@
 """Records one operation as it runs: each step timed, persisted as it starts and ends.
 
 The persisted operation is the source of truth for ``GET /v1/operations/{id}`` and for the
-CLI's step-by-step output, so it is saved at every step boundary. Progress from worker
-threads (bytes fetched) is folded in under a lock and saved at most every half second.
+CLI's step-by-step output, so it is saved at every step boundary. Saving queues the record on
+the database's own thread and returns at once (records land in the order they were made), so
+neither the event loop nor a download thread waits on the disk. Progress from worker threads
+(bytes fetched) is folded in under a lock and saved at most every half second.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 
 from controlplane.domain.errors import ControlPlaneError
-from controlplane.domain.operations import Operation
-from controlplane.ports import Clock, FetchProgress, StateRepo, Telemetry
+from controlplane.domain.operations import CancelReason, Operation, Step
+from controlplane.ports import Clock, FetchProgress, OperationLog, Telemetry
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
@@ -30,12 +32,12 @@ class OperationTracker:
     def __init__(
         self,
         operation: Operation,
-        repo: StateRepo,
+        journal: OperationLog,
         clock: Clock,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._op = operation
-        self._repo = repo
+        self._journal = journal
         self._clock = clock
         self._telemetry = telemetry
         self._lock = threading.Lock()
@@ -66,6 +68,12 @@ class OperationTracker:
             extra={"operation_id": self._op.id, "step": name},
         )
 
+    def done_step(self, step: Step) -> None:
+        """Record a step that ran before the operation existed (the checks that could refuse
+        the request: a refusal before any work is not an operation)."""
+        finished = step.finished_at or step.started_at
+        self._apply(lambda op: op.with_done_step(step.name, step.started_at, finished, step.detail))
+
     def detail(self, **detail: object) -> None:
         self._apply(lambda op: op.with_step_detail(detail))
 
@@ -86,7 +94,7 @@ class OperationTracker:
             now = self._clock.monotonic()
             if now - self._last_progress_save >= PROGRESS_SAVE_INTERVAL:
                 self._last_progress_save = now
-                self._repo.save_operation(self._op)
+                self._journal.save(self._op)
 
     def succeed(self) -> Operation:
         self._apply(lambda op: op.succeed(self._clock.now()))
@@ -100,16 +108,22 @@ class OperationTracker:
         self._telemetry.operation_finished(self._op)
         return self._op
 
-    def interrupt(self) -> Operation:
-        self._apply(lambda op: op.interrupt(self._clock.now()))
-        log.warning("operation interrupted", extra={"operation_id": self._op.id})
+    def interrupt(self, reason: CancelReason, note: str = "") -> Operation:
+        self._apply(lambda op: op.interrupt(self._clock.now(), reason, note))
+        error = self._op.error
+        log.warning(
+            "operation interrupted (%s): %s",
+            reason.value,
+            error.message if error else "",
+            extra={"operation_id": self._op.id},
+        )
         self._telemetry.operation_finished(self._op)
         return self._op
 
     def _apply(self, change: Callable[[Operation], Operation]) -> None:
         with self._lock:
             self._op = change(self._op)
-            self._repo.save_operation(self._op)
+            self._journal.save(self._op)
 
     def _save(self) -> None:
-        self._repo.save_operation(self._op)
+        self._journal.save(self._op)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo, natural_key
-from controlplane.ports import Clock, ModelStore, StateRepo
-from controlplane.services.coordination import ModelLocks, TaskOwner
-from controlplane.services.deploy import DeployService
+from controlplane.ports import Clock, ModelStore, ReleaseBook, RollbackBook, ServingRepo
+from controlplane.services.coordination import TaskOwner
+from controlplane.services.deploy import DeployService, Unchanged
 
 log = logging.getLogger(__name__)
 TRANSIENT_CODES = frozenset(
@@ -47,18 +47,20 @@ class ReleaseWatcher:
         *,
         store: ModelStore,
         deploy: DeployService,
-        repo: StateRepo,
+        releases: ReleaseBook,
+        serving: ServingRepo,
+        rollbacks: RollbackBook,
         clock: Clock,
-        locks: ModelLocks,
         tasks: TaskOwner,
         auto_deploy: Callable[[str], bool],
         interval: float,
     ) -> None:
         self._store = store
         self._deploy = deploy
-        self._repo = repo
+        self._releases = releases
+        self._serving = serving
+        self._rollbacks = rollbacks
         self._clock = clock
-        self._locks = locks
         self._tasks = tasks
         self._auto_deploy = auto_deploy
         self._interval = interval
@@ -90,11 +92,11 @@ class ReleaseWatcher:
 
     async def _scan_model(self, model: str, result: ScanResult) -> None:
         releases = await asyncio.to_thread(self._store.list_releases, model)
-        recorded = self._repo.list_releases(model)
+        recorded = await self._releases.seen(model)
         before = {(r.name, r.complete, r.revision) for r in recorded}
         new = [r for r in releases if r.complete and (r.name, True, r.revision) not in before]
         if releases:
-            self._repo.record_releases(releases, self._clock.now())
+            await self._releases.record(releases, self._clock.now())
         for info in new:
             log.info(
                 "new release %s of %s in the store",
@@ -112,11 +114,11 @@ class ReleaseWatcher:
         key = (model, newest.name, newest.revision)
         if newest not in new and key not in self._retry:
             return
-        record = self._repo.get_model(model)
+        record = await self._serving.get(model)
         known = {r.name for r in recorded if r.complete}
         if record and record.active_release == newest.name and newest.name not in known:
             return  # already serving it; first sight of it is no reason to load it again
-        latched = {d.release: d for d in self._repo.degraded(model)}
+        latched = {d.release: d for d in await self._rollbacks.latched(model)}
         if newest.name in latched:
             log.warning(
                 "not auto-deploying %s %s: it was rolled back from (%s); deploy it by hand to "
@@ -127,7 +129,7 @@ class ReleaseWatcher:
                 extra={"model": model, "release": newest.name},
             )
             return
-        if self._locks.holder(model) is not None:
+        if self._deploy.holder(model) is not None:
             self._retry.add(key)  # busy now: try again at the next scan
             return
         self._retry.discard(key)
@@ -137,6 +139,8 @@ class ReleaseWatcher:
             if exc.retryable:
                 self._retry.add(key)
             log.warning("auto-deploy of %s %s refused: %s", model, newest.name, exc)
+            return
+        if isinstance(operation, Unchanged):
             return
         result.deploys.append(operation)
         self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))

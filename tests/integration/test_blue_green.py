@@ -77,7 +77,7 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
     )
     assert _index(triton).get(blue, "UNAVAILABLE") == "UNAVAILABLE"
     slots = {s["name"]: s["state"] for s in daemon.get(f"/v1/models/{model_name}").json()["slots"]}
-    assert slots[blue] == "UNAVAILABLE"
+    assert slots[blue] == "ABSENT"  # unloaded, and its dir removed
     retire = daemon.get(f"/v1/operations?model={model_name}&limit=1").json()["operations"][0]
     assert (retire["kind"], retire["trigger"], retire["status"]) == (
         "retire",

@@ -96,6 +96,9 @@ def _fails_initialize(store: Path, model: str) -> str:
     return "bad-init"
 
 
+REFUSED_BEFORE_WORK = ("release_not_found", "release_incomplete")
+
+
 def _missing(store: Path, model: str) -> str:
     return "does-not-exist"
 
@@ -135,7 +138,13 @@ def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
     model = serving.daemon.get(f"/v1/models/{serving.model}").json()
     assert model["active_release"] == "r2"
     assert model["triton"]["state"] == "READY"
-    assert model["last_operation"]["error"]["code"] == code
+    operations = serving.daemon.get(f"/v1/operations?model={serving.model}&limit=50").json()
+    tried = [op for op in operations["operations"] if op["release"] == release]
+    if code in REFUSED_BEFORE_WORK:  # a refusal before any work is an answer, not an operation
+        assert tried == []
+        assert "operation_id" not in response.json()
+    else:
+        assert [op["error"]["code"] for op in tried] == [code]
 
 
 def test_a_failed_first_deploy_leaves_no_model_behind(

@@ -7,15 +7,15 @@ adapters exactly as ``controlplane/wiring.py`` does and swaps in only :class:`Fa
 through constructors; nothing is patched.
 
 :class:`FakeTriton` behaves like Triton in EXPLICIT mode where the use cases can tell: a failed
-reload keeps the loaded version READY, a failed first load leaves the model UNAVAILABLE, and
-``unload`` makes it UNAVAILABLE. Each ``load`` can be scripted per model (succeed, fail, raise,
-or block until the test releases it, to cut a load short).
+reload keeps the loaded version READY, a failed first load leaves the model UNAVAILABLE,
+``unload`` makes it UNAVAILABLE, and a load that never ends keeps the model LOADING (its
+unload is never served). Each load can be scripted per model (succeed, fail, raise, block until
+the test releases it, or hang), whether from files, an alias re-point or a CPU-only reload.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,10 +24,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from controlplane.adapters.persistence.sqlite import SqliteStateRepo
+from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
+from controlplane.adapters.triton.overrides import alias_config, cpu_only_config, signature_of
 from controlplane.domain.errors import (
     ControlPlaneError,
     PreflightFailed,
@@ -36,12 +37,20 @@ from controlplane.domain.errors import (
     TritonTimeout,
     TritonUnavailable,
 )
+from controlplane.domain.operations import Operation, Trigger
 from controlplane.domain.smoke import SmokeSample
-from controlplane.domain.traffic import TrafficPolicy
+from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
 from controlplane.ports import Clock, IndexEntry, MetricsSource, Triton
-from controlplane.services.coordination import ModelLocks, TaskOwner
-from controlplane.services.deploy import DeployPolicy, DeployService
+from controlplane.services.bluegreen import BlueGreen, Bounds
+from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
+from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.inplace import Inplace
+from controlplane.services.memory import LeakPolicy, MemoryWatch
+from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
+from controlplane.services.runner import OperationRunner
+from controlplane.services.slots import SlotBook
 
 __all__ = [
     "START",
@@ -49,6 +58,7 @@ __all__ = [
     "FakeTriton",
     "LoadBlocks",
     "LoadFails",
+    "LoadHangs",
     "LoadOutcome",
     "LoadRaises",
     "LoadSucceeds",
@@ -56,6 +66,7 @@ __all__ = [
     "deploy_service",
     "make_deploy_service",
     "make_reconciler",
+    "started",
 ]
 
 START = datetime(2025, 3, 1, 8, 0, 0, tzinfo=UTC)
@@ -119,7 +130,14 @@ class LoadBlocks:
     then: LoadSucceeds | LoadFails | LoadRaises = field(default_factory=LoadSucceeds)
 
 
-LoadOutcome = LoadSucceeds | LoadFails | LoadRaises | LoadBlocks
+@dataclass(frozen=True)
+class LoadHangs:
+    """The load never ends (a Python ``initialize()`` that sleeps forever): the model stays
+    LOADING, the call raises ``TritonTimeout`` as the driver's deadline would, and an unload
+    of it is never served."""
+
+
+LoadOutcome = LoadSucceeds | LoadFails | LoadRaises | LoadBlocks | LoadHangs
 
 
 class FakeTriton:
@@ -170,16 +188,34 @@ class FakeTriton:
         self.calls.append(("is_live", ""))
         return self.live
 
-    async def load(self, model: str, *, config_json: str | None = None) -> None:
+    async def load(self, model: str) -> None:
         self.calls.append(("load", model))
-        if config_json is not None:
-            self.configs[model] = json.loads(config_json)
+        await self._load(model)
+
+    async def point_alias(self, alias: str, slot: str, signature: Signature) -> None:
+        self.calls.append(("point_alias", alias))
+        await self._load(alias)
+        self.configs[alias] = alias_config(alias, slot, signature)
+
+    async def reload_cpu_only(self, model: str) -> list[dict[str, object]]:
+        self.calls.append(("reload_cpu_only", model))
+        config = cpu_only_config(self._config(model))
+        await self._load(model)
+        self.configs[model] = config
+        groups: list[dict[str, object]] = config["instance_group"]
+        return groups
+
+    async def _load(self, model: str) -> None:
         queued = self._loads.get(model)
         outcome: LoadOutcome = queued.popleft() if queued else LoadSucceeds()
         if isinstance(outcome, LoadBlocks):
             outcome.entered.set()
             await outcome.release.wait()
             outcome = outcome.then
+        if isinstance(outcome, LoadHangs):
+            self.set_state(model, "LOADING")
+            self._stuck.add(model)
+            raise TritonTimeout(f"load of {model!r} did not end within the load timeout")
         if isinstance(outcome, LoadRaises):
             raise outcome.error
         if isinstance(outcome, LoadFails):
@@ -192,6 +228,11 @@ class FakeTriton:
         self.calls.append(("unload", model))
         if model in self.models and model not in self._stuck:
             self.set_state(model, "UNAVAILABLE", "unloaded")
+
+    async def abandon(self, model: str, wait: float) -> bool:
+        self.calls.append(("abandon", model))
+        await self.unload(model)
+        return self.state(model) != "LOADING"
 
     async def index(self) -> list[IndexEntry]:
         self.calls.append(("index", ""))
@@ -206,8 +247,24 @@ class FakeTriton:
             return
         raise TritonTimeout(f"model {model!r} is still {self.state(model)} after {timeout} s")
 
-    async def model_config(self, model: str) -> dict[str, Any]:
-        self.calls.append(("model_config", model))
+    async def signature(self, model: str) -> Signature:
+        self.calls.append(("signature", model))
+        return signature_of(self._config(model))
+
+    async def alias_target(self, alias: str) -> str | None:
+        self.calls.append(("alias_target", alias))
+        if self.state(alias) != "READY" or alias not in self.configs:
+            return None
+        steps = self.configs[alias].get("ensemble_scheduling", {}).get("step", [])
+        return str(steps[0]["model_name"]) if len(steps) == 1 else None
+
+    def restart(self) -> None:
+        """Triton restarted: nothing is loaded, nothing is stuck, overrides are gone."""
+        self.models.clear()
+        self.configs.clear()
+        self._stuck.clear()
+
+    def _config(self, model: str) -> dict[str, Any]:
         if self.state(model) != "READY":
             raise TritonError(f"model {model!r} is not loaded")
         if model in self.configs:
@@ -219,6 +276,7 @@ class FakeTriton:
             "max_batch_size": 0,
             "input": [{"name": "INPUT0", **tensor}],
             "output": [{"name": "OUTPUT0", **tensor}],
+            "instance_group": [{"kind": "KIND_GPU", "count": 1}],
         }
 
     async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
@@ -243,19 +301,23 @@ class Parts:
     staging_path: Path
     store: LocalStore
     staging: StagingArea
-    repo: SqliteStateRepo
+    repos: SqliteRepos
     triton: FakeTriton
     clock: FakeClock
-    locks: ModelLocks
+    runner: OperationRunner
     tasks: TaskOwner
-    load_slots: asyncio.Semaphore
+    load_slots: LoadSlots
+    slots: SlotBook
+    bluegreen: BlueGreen
+    policy: TrafficPolicy
 
     async def close(self) -> None:
         """Shut down as the daemon does: cancel and await operations, close the database."""
         try:
+            await self.runner.close()
             await self.tasks.close()
         finally:
-            self.repo.close()
+            self.repos.close()
 
 
 def make_deploy_service(
@@ -266,12 +328,13 @@ def make_deploy_service(
     cache_max_bytes: int = 0,
     traffic: TrafficPolicy | None = None,
     metrics: MetricsSource | None = None,
+    load_slots: int = 2,
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
     Layout: ``store/``, ``repository/``, ``staging/`` and ``state/controlplane.db``. Calling it
     again on the same ``tmp_path`` (after closing the first) is a daemon restart. Must run
-    inside the event loop that will run the operations.
+    inside the event loop that will run the operations. The default policy is ``inplace``.
     """
     asyncio.get_running_loop()  # fail here, not deep inside a deploy
     store_path = tmp_path / "store"
@@ -280,26 +343,60 @@ def make_deploy_service(
     staging_path = tmp_path / "staging"
     staging = StagingArea(repository, staging_path, cache_max_bytes=cache_max_bytes)
     staging.check()
-    repo = SqliteStateRepo(tmp_path / "state" / "controlplane.db")
+    repos = SqliteRepos.open(tmp_path / "state" / "controlplane.db")
     store = LocalStore(store_path)
-    locks = ModelLocks()
     tasks = TaskOwner()
-    load_slots = asyncio.Semaphore(2)
+    slots_bound = LoadSlots(load_slots)
     triton_port: Triton = triton
     clock_port: Clock = clock
+    policy = traffic or TrafficPolicy(strategy=Strategy.INPLACE)
+    runner = OperationRunner(
+        journal=repos.operations, staging=staging, clock=clock_port, locks=ModelLocks()
+    )
+    book = SlotBook(repos.serving, clock_port)
+    memory = MemoryWatch(
+        processes=None, figures=None, book=repos.memory, clock=clock_port, policy=LeakPolicy()
+    )
+    preparer = Preparer(store=store, staging=staging, editor=ProtobufConfigEditor())
+    bluegreen = BlueGreen(
+        preparer=preparer,
+        staging=staging,
+        triton=triton_port,
+        slots=book,
+        load_slots=slots_bound,
+        metrics=metrics or FakeMetrics(),
+        memory=memory,
+        headroom=HeadroomPolicy(),
+        clock=clock_port,
+        runner=runner,
+        timers=tasks,
+        policy_for=lambda _model: policy,
+        bounds=Bounds(unload=5.0, abandon=0.1),
+    )
+    inplace = Inplace(
+        preparer=preparer,
+        staging=staging,
+        triton=triton_port,
+        slots=book,
+        load_slots=slots_bound,
+        memory=memory,
+        headroom=HeadroomPolicy(),
+        unload_timeout=5.0,
+    )
     service = DeployService(
         store=store,
         staging=staging,
-        editor=ProtobufConfigEditor(),
         triton=triton_port,
-        repo=repo,
+        runner=runner,
+        slots=book,
+        journal=repos.operations,
+        releases=repos.releases,
+        rollbacks=repos.rollbacks,
+        bluegreen=bluegreen,
+        inplace=inplace,
+        memory=memory,
         clock=clock_port,
-        locks=locks,
-        tasks=tasks,
-        load_slots=load_slots,
-        policy=DeployPolicy(),
-        traffic=None if traffic is None else (lambda _model: traffic),
-        metrics=metrics,
+        policy_for=lambda _model: policy,
     )
     parts = Parts(
         store_path=store_path,
@@ -307,25 +404,34 @@ def make_deploy_service(
         staging_path=staging_path,
         store=store,
         staging=staging,
-        repo=repo,
+        repos=repos,
         triton=triton,
         clock=clock,
-        locks=locks,
+        runner=runner,
         tasks=tasks,
-        load_slots=load_slots,
+        load_slots=slots_bound,
+        slots=book,
+        bluegreen=bluegreen,
+        policy=policy,
     )
     return service, parts
 
 
 def make_reconciler(service: DeployService, parts: Parts) -> Reconciler:
-    """The start-up reconciler over the same adapters, as ``wiring.build`` makes it."""
+    """The reconcile loop over the same adapters, as ``wiring.build`` makes it."""
     return Reconciler(
         deploy=service,
+        bluegreen=parts.bluegreen,
+        runner=parts.runner,
         staging=parts.staging,
         triton=parts.triton,
-        repo=parts.repo,
+        slots=parts.slots,
+        serving=parts.repos.serving,
+        journal=parts.repos.operations,
+        load_slots=parts.load_slots,
         clock=parts.clock,
-        unload_timeout=DeployPolicy().unload_timeout,
+        policy_for=lambda _model: parts.policy,
+        unload_timeout=5.0,
     )
 
 
@@ -338,6 +444,7 @@ async def deploy_service(
     cache_max_bytes: int = 0,
     traffic: TrafficPolicy | None = None,
     metrics: MetricsSource | None = None,
+    load_slots: int = 2,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
     service, parts = make_deploy_service(
@@ -347,11 +454,26 @@ async def deploy_service(
         cache_max_bytes=cache_max_bytes,
         traffic=traffic,
         metrics=metrics,
+        load_slots=load_slots,
     )
     try:
         yield service, parts
     finally:
         await parts.close()
+
+
+async def started(
+    service: DeployService,
+    model: str,
+    release: str,
+    *,
+    trigger: Trigger = Trigger.API,
+    force: bool = False,
+) -> Operation:
+    """Start a deploy that must not be a no-op (the release does not serve yet)."""
+    result = await service.deploy(model, release, trigger=trigger, force=force)
+    assert not isinstance(result, Unchanged), result.message
+    return result
 
 
 class FakeMetrics:

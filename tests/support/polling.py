@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 def eventually(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> float:
@@ -17,11 +18,19 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, every: floa
     raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    """:func:`eventually` on the event loop, for tests whose operations run in tasks on it."""
+async def until(
+    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 5.0
+) -> None:
+    """:func:`eventually` on the event loop, for tests whose operations run in tasks on it;
+    ``check`` may be a coroutine function (a read of the database)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not check():
+    while True:
+        held = check()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         if loop.time() >= deadline:
             raise AssertionError(f"{what} did not happen within {timeout} s")
         await asyncio.sleep(0.005)

@@ -16,14 +16,14 @@ def publish(parts: Parts, *releases: str, model: str = MODEL) -> None:
         write_scale_release(parts.store_path, model, release, k=float(release.lstrip("r")))
 
 
-def record(parts: Parts, model: str = MODEL) -> ModelRecord:
-    found = parts.repo.get_model(model)
+async def record(parts: Parts, model: str = MODEL) -> ModelRecord:
+    found = await parts.repos.serving.get(model)
     assert found is not None, f"no record for {model}"
     return found
 
 
-def slot(parts: Parts, model: str = MODEL) -> Slot:
-    (only,) = record(parts, model).slots
+async def slot(parts: Parts, model: str = MODEL) -> Slot:
+    (only,) = (await record(parts, model)).slots
     return only
 
 

@@ -26,6 +26,7 @@ from tests.support.fakes import (
     LoadFails,
     Parts,
     deploy_service,
+    started,
 )
 from tests.support.service_views import publish, record
 from tests.unit.test_bluegreen_service import BLUE, GREEN, MODEL, blue_green
@@ -40,7 +41,7 @@ class Rig:
     rollback: AutoRollback
 
     async def deploy(self, release: str) -> None:
-        operation = await self.service.deploy(MODEL, release, trigger=Trigger.API)
+        operation = await started(self.service, MODEL, release)
         done = await self.service.wait(operation.id)
         assert done.status is OperationStatus.SUCCEEDED, done.error
 
@@ -50,17 +51,19 @@ class Rig:
         await self.deploy("r1")
         await self.deploy("r2")
 
-    def last(self) -> RollbackRecord:
-        found = self.parts.repo.last_rollback(MODEL)
+    async def last(self) -> RollbackRecord:
+        found = await self.parts.repos.rollbacks.last(MODEL)
         assert found is not None
         return found
 
-    def operations(self, record: RollbackRecord) -> list[tuple[OperationKind, OperationStatus]]:
-        found = [self.parts.repo.get_operation(i) for i in record.operation_ids]
+    async def operations(
+        self, record: RollbackRecord
+    ) -> list[tuple[OperationKind, OperationStatus]]:
+        found = [await self.parts.repos.operations.get(i) for i in record.operation_ids]
         return [(op.kind, op.status) for op in found if op is not None]
 
-    def degraded(self) -> list[str]:
-        return [d.release for d in self.parts.repo.degraded(MODEL)]
+    async def degraded(self) -> list[str]:
+        return [d.release for d in await self.parts.repos.rollbacks.latched(MODEL)]
 
 
 @asynccontextmanager
@@ -77,7 +80,8 @@ async def rig(
         configured = dict(fallback or {})
         rollback = AutoRollback(
             deploy=service,
-            repo=parts.repo,
+            serving=parts.repos.serving,
+            book=parts.repos.rollbacks,
             clock=parts.clock,
             budgets=budgets or RollbackBudgets(fallback=2.0, cpu=2.0, cooldown=300.0),
             configured_fallback=configured.get,
@@ -95,19 +99,19 @@ def test_a_warm_fallback_is_one_re_point_and_the_old_release_is_latched(tmp_path
             result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
 
             assert result.acted
-            last = r.last()
+            last = await r.last()
             assert (last.outcome, last.from_release, last.to_release) == (
                 RollbackOutcome.FALLBACK,
                 "r2",
                 "r1",
             )
             assert (last.trigger, last.reason) == (Trigger.WATCHER, OVERLOAD)
-            assert r.operations(last) == [(OperationKind.ROLLBACK, OperationStatus.SUCCEEDED)]
+            assert await r.operations(last) == [(OperationKind.ROLLBACK, OperationStatus.SUCCEEDED)]
             assert r.parts.triton.called("load", BLUE) == loads_before  # no load: a re-point
-            assert record(r.parts).active_release == "r1"
-            assert r.degraded() == ["r2"]
-            assert r.rollback.fallback(MODEL) is None  # r2 is no fallback any more
-            assert r.rollback.candidates() == []
+            assert (await record(r.parts)).active_release == "r1"
+            assert (await r.degraded()) == ["r2"]
+            assert await r.rollback.fallback(MODEL) is None  # r2 is no fallback any more
+            assert await r.rollback.candidates() == []
 
     asyncio.run(scenario())
 
@@ -119,7 +123,7 @@ def test_triggers_in_the_cooldown_are_counted_and_a_person_is_not_held_back(
         async with rig(tmp_path) as r:
             await r.serving_r2()
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
-            first = r.last()
+            first = await r.last()
 
             held = [
                 await r.rollback.act(MODEL, trigger=trigger, reason="again")
@@ -128,15 +132,15 @@ def test_triggers_in_the_cooldown_are_counted_and_a_person_is_not_held_back(
 
             assert [h.acted for h in held] == [False, False, False]
             assert "cooldown" in held[0].note
-            assert r.last().id == first.id
-            assert r.last().suppressed == 3
-            assert r.rollback.cooldown_until(MODEL) is not None
+            assert (await r.last()).id == first.id
+            assert (await r.last()).suppressed == 3
+            assert await r.rollback.cooldown_until(MODEL) is not None
 
             # A person acts at once: no fallback is left, so the CPU-only reload.
             by_hand = await r.rollback.act(MODEL, trigger=Trigger.API, reason="runbook")
             assert by_hand.acted
-            assert r.last().outcome is RollbackOutcome.CPU
-            assert r.last().to_release == "r1"
+            assert (await r.last()).outcome is RollbackOutcome.CPU
+            assert (await r.last()).to_release == "r1"
 
     asyncio.run(scenario())
 
@@ -151,8 +155,11 @@ def test_after_the_cooldown_an_automatic_trigger_acts_again(tmp_path: Path) -> N
             again = await r.rollback.act(MODEL, trigger=Trigger.ALERT, reason=OVERLOAD)
 
             assert again.acted
-            assert (r.last().trigger, r.last().outcome) == (Trigger.ALERT, RollbackOutcome.CPU)
-            assert r.rollback.cooldown_until(MODEL) is not None
+            assert ((await r.last()).trigger, (await r.last()).outcome) == (
+                Trigger.ALERT,
+                RollbackOutcome.CPU,
+            )
+            assert await r.rollback.cooldown_until(MODEL) is not None
 
     asyncio.run(scenario())
 
@@ -167,20 +174,20 @@ def test_a_fallback_that_fails_to_load_leads_to_the_cpu_only_reload(tmp_path: Pa
             result = await r.rollback.act(MODEL, trigger=Trigger.ALERT, reason=OVERLOAD)
 
             assert result.acted
-            last = r.last()
+            last = await r.last()
             assert (last.outcome, last.to_release) == (RollbackOutcome.CPU, "r2")
             assert str(last.detail["fallback"]).startswith("triton_load_failed")
             assert last.detail["cpu"] == "succeeded"
-            assert r.operations(last) == [
+            assert await r.operations(last) == [
                 (OperationKind.ROLLBACK, OperationStatus.FAILED),
                 (OperationKind.CPU_FALLBACK, OperationStatus.SUCCEEDED),
             ]
             assert triton.configs[GREEN]["instance_group"] == [{"kind": "KIND_CPU", "count": 1}]
             assert triton.configs[GREEN]["name"] == GREEN
-            assert record(r.parts).active_release == "r2"
-            slots = {s.name: s.state.value for s in record(r.parts).slots}
+            assert (await record(r.parts)).active_release == "r2"
+            slots = {s.name: s.state.value for s in (await record(r.parts)).slots}
             assert slots[GREEN] == "ACTIVE"
-            assert r.degraded() == ["r2"]
+            assert (await r.degraded()) == ["r2"]
 
     asyncio.run(scenario())
 
@@ -190,7 +197,7 @@ def test_a_fallback_past_its_budget_is_cut_short_for_the_cpu_only_reload(
 ) -> None:
     async def scenario() -> None:
         triton = FakeTriton()
-        budgets = RollbackBudgets(fallback=0.2, cpu=2.0, cooldown=300.0)
+        budgets = RollbackBudgets(fallback=0.2, cold_fallback=0.2, cpu=2.0, cooldown=300.0)
         async with rig(tmp_path, fallback={MODEL: "r3"}, budgets=budgets, triton=triton) as r:
             await r.serving_r2("r3")
             hang = LoadBlocks()
@@ -198,12 +205,15 @@ def test_a_fallback_past_its_budget_is_cut_short_for_the_cpu_only_reload(
 
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
 
-            last = r.last()
+            last = await r.last()
             assert last.outcome is RollbackOutcome.CPU
             assert "did not finish within 0.2 s" in str(last.detail["fallback"])
-            assert r.operations(last)[0] == (OperationKind.ROLLBACK, OperationStatus.INTERRUPTED)
+            assert (await r.operations(last))[0] == (
+                OperationKind.ROLLBACK,
+                OperationStatus.INTERRUPTED,
+            )
             assert hang.entered.is_set()
-            assert r.parts.locks.holder(MODEL) is None
+            assert r.parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -221,11 +231,11 @@ def test_when_every_step_fails_the_serving_release_stays_and_it_says_so(
             result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
 
             assert not result.acted
-            last = r.last()
+            last = await r.last()
             assert (last.outcome, last.to_release) == (RollbackOutcome.FAILED, None)
             assert str(last.detail["cpu"]).startswith("triton_load_failed")
-            assert record(r.parts).active_release == "r2"
-            slots = {s.name: s.state.value for s in record(r.parts).slots}
+            assert (await record(r.parts)).active_release == "r2"
+            slots = {s.name: s.state.value for s in (await record(r.parts)).slots}
             assert slots[GREEN] == "ACTIVE"
             # A failed chain is not retried every second either.
             held = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
@@ -243,7 +253,7 @@ def test_a_model_that_is_not_serving_is_refused(tmp_path: Path) -> None:
             )
             assert [(x.model, x.acted) for x in results] == [("ghost", False)]
             assert "not serving here" in results[0].note
-            assert r.parts.repo.last_rollback("ghost") is None
+            assert await r.parts.repos.rollbacks.last("ghost") is None
 
     asyncio.run(scenario())
 
@@ -253,11 +263,11 @@ def test_a_deploy_by_a_person_clears_the_latch(tmp_path: Path) -> None:
         async with rig(tmp_path) as r:
             await r.serving_r2()
             await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
-            assert r.degraded() == ["r2"]
+            assert (await r.degraded()) == ["r2"]
 
             await r.deploy("r2")
 
-            assert r.degraded() == []
-            assert r.rollback.fallback(MODEL) == "r1"
+            assert (await r.degraded()) == []
+            assert await r.rollback.fallback(MODEL) == "r1"
 
     asyncio.run(scenario())

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.adapters.staging.fs import ALIAS_MARKER, MARKER_NAME
+from controlplane.adapters.triton.overrides import alias_target
 from controlplane.domain.operations import (
     Operation,
     OperationKind,
@@ -29,9 +30,17 @@ from controlplane.domain.operations import (
 )
 from controlplane.domain.slots import SlotState
 from controlplane.domain.smoke import SmokeSample
-from controlplane.domain.traffic import Strategy, TrafficPolicy, alias_target
+from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.services.deploy import DeployService
-from tests.support.fakes import FakeMetrics, FakeTriton, LoadFails, Parts, deploy_service
+from tests.support.fakes import (
+    FakeMetrics,
+    FakeTriton,
+    LoadFails,
+    LoadHangs,
+    Parts,
+    deploy_service,
+    started,
+)
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import until
 from tests.support.service_views import publish, record
@@ -83,9 +92,9 @@ class SmokeRecordingTriton(FakeTriton):
 # --- read-outs ----------------------------------------------------------------------------
 
 
-def slot_state(parts: Parts, name: str) -> tuple[SlotState, str | None]:
+async def slot_state(parts: Parts, name: str) -> tuple[SlotState, str | None]:
     """A slot's state and release; a slot never recorded is ABSENT."""
-    found = parts.repo.get_model(MODEL)
+    found = await parts.repos.serving.get(MODEL)
     for slot in found.slots if found else ():
         if slot.name == name:
             return slot.state, slot.release
@@ -134,7 +143,7 @@ def failed_with(operation: Operation, code: str) -> None:
 
 
 async def deploy_and_wait(service: DeployService, release: str) -> Operation:
-    submitted = await service.deploy(MODEL, release, trigger=Trigger.API)
+    submitted = await started(service, MODEL, release, trigger=Trigger.API)
     return await service.wait(submitted.id)
 
 
@@ -145,19 +154,21 @@ async def deployed(service: DeployService, *releases: str) -> None:
         assert op.status is OperationStatus.SUCCEEDED, op.error
 
 
-def retires(service: DeployService) -> list[Operation]:
-    return [op for op in service.list_operations(MODEL, 50) if op.kind is OperationKind.RETIRE]
+async def retires(service: DeployService) -> list[Operation]:
+    return [
+        op for op in await service.list_operations(MODEL, 50) if op.kind is OperationKind.RETIRE
+    ]
 
 
 async def finished_retire(service: DeployService, parts: Parts) -> Operation:
     """The first retire operation, once it has finished and let go of the model."""
 
-    def done() -> bool:
-        finished = any(op.status.finished for op in retires(service))
-        return finished and parts.locks.holder(MODEL) is None
+    async def done() -> bool:
+        finished = any(op.status.finished for op in await retires(service))
+        return finished and parts.runner.holder(MODEL) is None
 
     await until(done, "a retire operation finished")
-    (retired,) = (op for op in retires(service) if op.status.finished)
+    (retired,) = (op for op in await retires(service) if op.status.finished)
     return retired
 
 
@@ -197,8 +208,8 @@ def test_first_deploy_loads_blue_and_points_the_alias_at_it(tmp_path: Path) -> N
             assert op.kind is OperationKind.DEPLOY
             assert step_names(op) == DEPLOY_STEPS
             assert all(s.status is StepStatus.SUCCEEDED for s in op.steps)
-            assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
-            assert slot_state(parts, GREEN) == (SlotState.ABSENT, None)
+            assert await slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
+            assert await slot_state(parts, GREEN) == (SlotState.ABSENT, None)
             # The alias: an empty version dir and the marker; Triton gets its config inline.
             assert repository_dirs(parts) == [MODEL, BLUE]
             assert (parts.repository / MODEL / "1").is_dir()
@@ -215,18 +226,18 @@ def test_first_deploy_loads_blue_and_points_the_alias_at_it(tmp_path: Path) -> N
             ).read_bytes()
             # Triton: the slot loaded from disk, then the alias with an override onto it.
             assert parts.triton.called("load", BLUE) == 1
-            assert parts.triton.called("load", MODEL) == 1
+            assert parts.triton.called("point_alias", MODEL) == 1
             assert parts.triton.configs[MODEL]["platform"] == "ensemble"
             assert alias_points_at(parts) == BLUE
             assert parts.triton.state(MODEL) == parts.triton.state(BLUE) == "READY"
             assert detail(op, "switch")["target"] == BLUE
             assert detail(op, "preflight")["smoke"] == "generated"
             assert detail(op, "preflight")["signature_changed"] is False
-            assert record(parts).active_release == "r1"
-            assert record(parts).previous_release is None
+            assert (await record(parts)).active_release == "r1"
+            assert (await record(parts)).previous_release is None
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
-            assert retires(service) == []
+            assert parts.runner.holder(MODEL) is None
+            assert await retires(service) == []
 
     asyncio.run(scenario())
 
@@ -242,15 +253,15 @@ def test_second_deploy_goes_to_green_and_keeps_blue_warm(tmp_path: Path) -> None
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert op.from_release == "r1"
             assert step_names(op) == DEPLOY_STEPS
-            assert slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
-            assert slot_state(parts, GREEN) == (SlotState.ACTIVE, "r2")
+            assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
+            assert await slot_state(parts, GREEN) == (SlotState.ACTIVE, "r2")
             assert alias_points_at(parts) == GREEN
             assert placed_release(parts, GREEN) == "r2"
             assert placed_release(parts, BLUE) == "r1"  # still on disk, still loaded
             assert parts.triton.state(BLUE) == "READY"
             assert parts.triton.called("unload", BLUE) == 0
-            assert record(parts).active_release == "r2"
-            assert record(parts).previous_release == "r1"
+            assert (await record(parts)).active_release == "r2"
+            assert (await record(parts)).previous_release == "r1"
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
@@ -265,7 +276,7 @@ def test_rollback_inside_the_retire_window_is_one_repoint(tmp_path: Path) -> Non
             publish(parts, "r1", "r2")
             await deployed(service, "r1", "r2")
             loads_before = slot_loads(parts)
-            alias_loads_before = parts.triton.called("load", MODEL)
+            alias_loads_before = parts.triton.called("point_alias", MODEL)
 
             submitted = await service.rollback(MODEL, to=None, trigger=Trigger.API)
             op = await service.wait(submitted.id)
@@ -278,12 +289,12 @@ def test_rollback_inside_the_retire_window_is_one_repoint(tmp_path: Path) -> Non
             assert "repoint_ms" in detail(op, "switch")
             assert detail(op, "switch")["target"] == BLUE
             assert slot_loads(parts) == loads_before
-            assert parts.triton.called("load", MODEL) == alias_loads_before + 1
+            assert parts.triton.called("point_alias", MODEL) == alias_loads_before + 1
             assert alias_points_at(parts) == BLUE
-            assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
-            assert slot_state(parts, GREEN) == (SlotState.RETIRING, "r2")
-            assert record(parts).active_release == "r1"
-            assert record(parts).previous_release == "r2"
+            assert await slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
+            assert await slot_state(parts, GREEN) == (SlotState.RETIRING, "r2")
+            assert (await record(parts)).active_release == "r1"
+            assert (await record(parts)).previous_release == "r2"
 
     asyncio.run(scenario())
 
@@ -305,9 +316,9 @@ def test_rollback_after_the_retire_window_deploys_again(tmp_path: Path) -> None:
             assert step_names(op)[:3] == BEFORE_PLACE  # from the store again: no re-point
             assert step_names(op)[-7:] == DEPLOY_STEPS[3:]
             assert parts.triton.called("load", BLUE) == 2
-            assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
+            assert await slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
             assert alias_points_at(parts) == BLUE
-            assert record(parts).active_release == "r1"
+            assert (await record(parts)).active_release == "r1"
 
     asyncio.run(scenario())
 
@@ -334,14 +345,14 @@ def test_old_slot_is_retired_after_the_window(tmp_path: Path) -> None:
             assert metrics.reads == [BLUE]
             assert parts.triton.called("unload", BLUE) == 1
             assert parts.triton.state(BLUE) == "UNAVAILABLE"
-            assert slot_state(parts, BLUE) == (SlotState.UNAVAILABLE, None)
+            assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
             assert repository_dirs(parts) == [MODEL, GREEN]
             # Green serves on, untouched.
-            assert slot_state(parts, GREEN) == (SlotState.ACTIVE, "r2")
+            assert await slot_state(parts, GREEN) == (SlotState.ACTIVE, "r2")
             assert alias_points_at(parts) == GREEN
             assert parts.triton.called("unload", GREEN) == 0
-            assert record(parts).active_release == "r2"
-            assert parts.locks.holder(MODEL) is None
+            assert (await record(parts)).active_release == "r2"
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -359,7 +370,7 @@ def test_drain_gives_up_at_its_timeout_and_unloads_anyway(tmp_path: Path) -> Non
             publish(parts, "r1", "r2")
             await deployed(service, "r1", "r2")
             await until(lambda: BLUE in metrics.reads, "the drain read the pending gauge")
-            assert not any(op.status.finished for op in retires(service))
+            assert not any(op.status.finished for op in await retires(service))
 
             parts.clock.advance(drain_timeout + 0.1)
             op = await finished_retire(service, parts)
@@ -368,7 +379,7 @@ def test_drain_gives_up_at_its_timeout_and_unloads_anyway(tmp_path: Path) -> Non
             assert detail(op, "drain") == {"slot": BLUE, "pending": 3, "timed_out": True}
             assert set(metrics.reads) == {BLUE}
             assert parts.triton.called("unload", BLUE) == 1
-            assert slot_state(parts, BLUE) == (SlotState.UNAVAILABLE, None)
+            assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
             assert not (parts.repository / BLUE).exists()
 
     asyncio.run(scenario())
@@ -379,7 +390,7 @@ def test_third_deploy_frees_the_retiring_slot_first(tmp_path: Path) -> None:
         async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2", "r3")
             await deployed(service, "r1", "r2")
-            assert slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
+            assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
 
             op = await deploy_and_wait(service, "r3")
 
@@ -391,12 +402,12 @@ def test_third_deploy_frees_the_retiring_slot_first(tmp_path: Path) -> None:
             # The unload of r1 came before r3's load into the same slot.
             calls = parts.triton.calls
             assert calls.index(("unload", BLUE)) < len(calls) - calls[::-1].index(("load", BLUE))
-            assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r3")
-            assert slot_state(parts, GREEN) == (SlotState.RETIRING, "r2")
+            assert await slot_state(parts, BLUE) == (SlotState.ACTIVE, "r3")
+            assert await slot_state(parts, GREEN) == (SlotState.RETIRING, "r2")
             assert placed_release(parts, BLUE) == "r3"
             assert alias_points_at(parts) == BLUE
-            assert record(parts).active_release == "r3"
-            assert record(parts).previous_release == "r2"
+            assert (await record(parts)).active_release == "r3"
+            assert (await record(parts)).previous_release == "r2"
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
@@ -405,16 +416,16 @@ def test_third_deploy_frees_the_retiring_slot_first(tmp_path: Path) -> None:
 # --- failures before the switch leave blue serving ----------------------------------------
 
 
-def assert_blue_serves_r1(parts: Parts) -> None:
-    assert slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
+async def assert_blue_serves_r1(parts: Parts) -> None:
+    assert await slot_state(parts, BLUE) == (SlotState.ACTIVE, "r1")
     assert parts.triton.state(BLUE) == "READY"
     assert parts.triton.called("unload", BLUE) == 0
     assert placed_release(parts, BLUE) == "r1"
     assert alias_points_at(parts) == BLUE
     assert parts.triton.state(MODEL) == "READY"
-    assert record(parts).active_release == "r1"
-    assert record(parts).previous_release is None
-    assert parts.locks.holder(MODEL) is None
+    assert (await record(parts)).active_release == "r1"
+    assert (await record(parts)).previous_release is None
+    assert parts.runner.holder(MODEL) is None
     assert staging_left(parts) == []
 
 
@@ -423,7 +434,7 @@ def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
         async with bg_service(tmp_path) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1")
-            alias_loads = parts.triton.called("load", MODEL)
+            alias_loads = parts.triton.called("point_alias", MODEL)
             parts.triton.smoke_failures[GREEN] = "wrong answer"
 
             op = await deploy_and_wait(service, "r2")
@@ -433,12 +444,12 @@ def test_wrong_answer_in_preflight_takes_green_down(tmp_path: Path) -> None:
             assert "wrong answer" in op.error.message
             assert step_names(op) == DEPLOY_STEPS[:8]
             assert step(op, "preflight").status is StepStatus.FAILED
-            assert parts.triton.called("load", MODEL) == alias_loads  # never re-pointed
+            assert parts.triton.called("point_alias", MODEL) == alias_loads  # never re-pointed
             assert parts.triton.called("unload", GREEN) == 1
             assert parts.triton.state(GREEN) == "UNAVAILABLE"
-            assert slot_state(parts, GREEN)[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
+            assert (await slot_state(parts, GREEN))[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
             assert not (parts.repository / GREEN).exists()
-            assert_blue_serves_r1(parts)
+            await assert_blue_serves_r1(parts)
 
     asyncio.run(scenario())
 
@@ -455,11 +466,11 @@ def test_green_that_fails_to_load_is_removed(tmp_path: Path) -> None:
             failed_with(op, "triton_load_failed")
             assert step_names(op) == DEPLOY_STEPS[:7]
             assert step(op, "load").status is StepStatus.FAILED
-            assert parts.triton.called("load", MODEL) == 1
+            assert parts.triton.called("point_alias", MODEL) == 1
             assert parts.triton.called("unload", GREEN) == 1
-            assert slot_state(parts, GREEN)[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
+            assert (await slot_state(parts, GREEN))[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
             assert repository_dirs(parts) == [MODEL, BLUE]
-            assert_blue_serves_r1(parts)
+            await assert_blue_serves_r1(parts)
 
     asyncio.run(scenario())
 
@@ -480,11 +491,11 @@ def test_failed_repoint_is_pointed_back_at_blue(tmp_path: Path) -> None:
             assert step(op, "switch").status is StepStatus.FAILED
             assert detail(op, "switch")["pointed_back_to"] == BLUE
             # First deploy, the failed re-point onto green, the point-back onto blue.
-            assert parts.triton.called("load", MODEL) == 3
+            assert parts.triton.called("point_alias", MODEL) == 3
             assert parts.triton.called("unload", GREEN) == 1
-            assert slot_state(parts, GREEN)[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
+            assert (await slot_state(parts, GREEN))[0] in (SlotState.UNAVAILABLE, SlotState.ABSENT)
             assert not (parts.repository / GREEN).exists()
-            assert_blue_serves_r1(parts)
+            await assert_blue_serves_r1(parts)
 
     asyncio.run(scenario())
 
@@ -501,9 +512,9 @@ def test_wrong_answer_through_the_alias_is_pointed_back(tmp_path: Path) -> None:
             failed_with(op, "preflight_failed")
             assert step(op, "switch").status is StepStatus.FAILED
             assert detail(op, "switch")["pointed_back_to"] == BLUE
-            assert parts.triton.called("load", MODEL) == 3
+            assert parts.triton.called("point_alias", MODEL) == 3
             assert not (parts.repository / GREEN).exists()
-            assert_blue_serves_r1(parts)
+            await assert_blue_serves_r1(parts)
 
     asyncio.run(scenario())
 
@@ -535,9 +546,9 @@ def test_release_an_alias_cannot_front_is_refused_before_placing(
             assert not set(step_names(op)) & {"place", "load", "switch", "record"}
             assert repository_dirs(parts) == []
             assert [call for call in parts.triton.calls if call[0] == "load"] == []
-            assert slot_state(parts, BLUE) == (SlotState.ABSENT, None)
+            assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -584,9 +595,9 @@ def test_malformed_smoke_sample_fails_the_deploy(tmp_path: Path) -> None:
             assert "smoke.json" in op.error.message
             assert not set(step_names(op)) & {"place", "load", "switch", "record"}
             assert parts.triton.called("load", GREEN) == 0
-            assert slot_state(parts, GREEN) == (SlotState.ABSENT, None)
+            assert await slot_state(parts, GREEN) == (SlotState.ABSENT, None)
             assert repository_dirs(parts) == [MODEL, BLUE]
-            assert_blue_serves_r1(parts)
+            await assert_blue_serves_r1(parts)
 
     asyncio.run(scenario())
 
@@ -609,11 +620,66 @@ def test_unload_takes_down_the_alias_and_both_slots(tmp_path: Path) -> None:
                 assert parts.triton.called("unload", name) == 1, name
                 assert parts.triton.state(name) == "UNAVAILABLE", name
             assert repository_dirs(parts) == []
-            assert slot_state(parts, BLUE) == (SlotState.UNAVAILABLE, None)
-            assert slot_state(parts, GREEN) == (SlotState.UNAVAILABLE, None)
-            assert record(parts).active_release is None
-            assert record(parts).previous_release == "r2"
+            assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
+            assert await slot_state(parts, GREEN) == (SlotState.ABSENT, None)
+            assert (await record(parts)).active_release is None
+            assert (await record(parts)).previous_release == "r2"
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
+
+    asyncio.run(scenario())
+
+
+# --- a load that never ends --------------------------------------------------------------------
+
+
+def test_a_load_that_never_ends_is_abandoned_and_the_next_deploy_uses_a_spare_slot(
+    tmp_path: Path,
+) -> None:
+    """Triton cannot stop an ``initialize()`` that never returns, and frees the name only when
+    it restarts: the deploy ends at its timeout, and the next one loads into a spare."""
+
+    async def scenario() -> None:
+        async with bg_service(tmp_path) as (service, parts):
+            publish(parts, "r1", "r2", "r3")
+            await deployed(service, "r1")
+            parts.triton.script_load(GREEN, LoadHangs())
+
+            hung = await deploy_and_wait(service, "r2")
+
+            failed_with(hung, "triton_timeout")
+            assert hung.error is not None
+            assert f"Triton still holds {GREEN} LOADING" in hung.error.message
+            assert parts.triton.called("abandon", GREEN) == 1
+            assert parts.triton.state(GREEN) == "LOADING"  # nothing of Triton's was killed
+            assert await slot_state(parts, GREEN) == (SlotState.FAILED, "r2")
+            await assert_blue_serves_r1(parts)
+
+            fixed = await deploy_and_wait(service, "r3")
+
+            spare = f"{GREEN}-2"
+            assert fixed.status is OperationStatus.SUCCEEDED, fixed.error
+            assert detail(fixed, "place")["slot"] == spare
+            assert alias_points_at(parts) == spare
+            assert parts.triton.state(spare) == "READY"
+            assert await slot_state(parts, spare) == (SlotState.ACTIVE, "r3")
+            assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
+            assert (await record(parts)).active_release == "r3"
+            assert placed_release(parts, spare) == "r3"
+
+    asyncio.run(scenario())
+
+
+def test_an_unload_records_the_operation_s_own_trigger_not_reconcile(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with bg_service(tmp_path) as (service, parts):
+            publish(parts, "r1")
+            await deployed(service, "r1")
+
+            op = await service.wait((await service.unload(MODEL, trigger=Trigger.CLI)).id)
+
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+            blue = next(s for s in (await record(parts)).slots if s.name == BLUE)
+            assert (blue.state, blue.trigger) == (SlotState.ABSENT, "cli")
 
     asyncio.run(scenario())

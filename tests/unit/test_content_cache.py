@@ -9,8 +9,8 @@ from pathlib import Path
 from controlplane.adapters.staging.cache import ContentCache
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.domain.checksums import FileDigest
-from controlplane.domain.operations import Operation, Trigger
-from tests.support.fakes import deploy_service
+from controlplane.domain.operations import Operation
+from tests.support.fakes import deploy_service, started
 from tests.support.models import write_scale_release
 
 
@@ -25,8 +25,8 @@ def test_files_two_releases_share_are_linked_from_the_cache(tmp_path: Path) -> N
             # Same model code and config in both releases; only SHA256SUMS lists them again.
             write_scale_release(parts.store_path, "m", "r1", k=1.0)
             write_scale_release(parts.store_path, "m", "r2", k=1.0)
-            first = await service.wait((await service.deploy("m", "r1", trigger=Trigger.API)).id)
-            second = await service.wait((await service.deploy("m", "r2", trigger=Trigger.API)).id)
+            first = await service.wait((await started(service, "m", "r1")).id)
+            second = await service.wait((await started(service, "m", "r2")).id)
             one, two = _fetch_detail(first), _fetch_detail(second)
             assert one["files_cached"] == 0
             assert one["bytes_fetched"] == one["bytes"]

@@ -29,13 +29,14 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.slots import SlotState
-from controlplane.services.deploy import DeployService
+from controlplane.services.deploy import DeployService, Unchanged
 from tests.support.fakes import (
     LoadBlocks,
     LoadFails,
     LoadRaises,
     Parts,
     deploy_service,
+    started,
 )
 from tests.support.models import write_scale_release
 from tests.support.polling import until
@@ -68,7 +69,7 @@ def step_names(operation: Operation) -> list[str]:
 
 
 async def deploy_and_wait(service: DeployService, release: str, model: str = MODEL) -> Operation:
-    submitted = await service.deploy(model, release, trigger=Trigger.API)
+    submitted = await started(service, model, release, trigger=Trigger.API)
     return await service.wait(submitted.id)
 
 
@@ -98,14 +99,14 @@ def test_first_deploy_places_loads_and_records(tmp_path: Path) -> None:
             config = (parts.repository / MODEL / "config.pbtxt").read_text(encoding="utf-8")
             assert f'name: "{MODEL}"' in config
             assert "renamed-me" not in config
-            assert record(parts).active_release == "r1"
-            assert record(parts).previous_release is None
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r1"
+            assert (await record(parts)).active_release == "r1"
+            assert (await record(parts)).previous_release is None
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r1"
             assert parts.triton.state(MODEL) == "READY"
             assert parts.triton.called("load", MODEL) == 1
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -121,13 +122,13 @@ def test_second_deploy_replaces_the_first(tmp_path: Path) -> None:
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert op.from_release == "r1"
             assert step_names(op) == DEPLOY_STEPS
-            assert record(parts).active_release == "r2"
-            assert record(parts).previous_release == "r1"
+            assert (await record(parts)).active_release == "r2"
+            assert (await record(parts)).previous_release == "r1"
             assert marker_release(parts) == "r2"
             assert placed_model_py(parts) == store_model_py(parts, "r2")
             assert sorted(p.name for p in parts.repository.iterdir()) == [MODEL]
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r2"
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r2"
             # The replaced r1 dir went through staging and is gone from there too.
             assert staging_left(parts) == []
 
@@ -140,7 +141,7 @@ def test_failed_reload_leaves_everything_as_it_was(tmp_path: Path) -> None:
             publish(parts, "r1", "r2")
             await deploy_and_wait(service, "r1")
             before = snapshot(parts.repository)
-            record_before = record(parts)
+            record_before = await record(parts)
             parts.triton.script_load(MODEL, LoadFails("initialize failed on purpose"))
 
             op = await deploy_and_wait(service, "r2")
@@ -153,15 +154,15 @@ def test_failed_reload_leaves_everything_as_it_was(tmp_path: Path) -> None:
             assert op.steps[-1].status is StepStatus.FAILED
             assert snapshot(parts.repository) == before
             assert marker_release(parts) == "r1"
-            assert record(parts).active_release == record_before.active_release == "r1"
-            assert record(parts).previous_release == record_before.previous_release
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r1"
-            assert "triton_load_failed" in slot(parts).reason
+            assert (await record(parts)).active_release == record_before.active_release == "r1"
+            assert (await record(parts)).previous_release == record_before.previous_release
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r1"
+            assert "triton_load_failed" in (await slot(parts)).reason
             assert parts.triton.state(MODEL) == "READY"  # Triton kept serving r1
             assert parts.triton.called("unload", MODEL) == 0
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -180,10 +181,10 @@ def test_failed_first_load_leaves_no_trace(tmp_path: Path) -> None:
             assert list(parts.repository.iterdir()) == []
             assert parts.triton.called("unload", MODEL) == 1
             assert parts.triton.state(MODEL) == "UNAVAILABLE"
-            assert slot(parts).state is SlotState.ABSENT
-            assert slot(parts).release is None
-            assert record(parts).active_release is None
-            assert record(parts).previous_release is None
+            assert (await slot(parts)).state is SlotState.ABSENT
+            assert (await slot(parts)).release is None
+            assert (await record(parts)).active_release is None
+            assert (await record(parts)).previous_release is None
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
@@ -203,28 +204,29 @@ def test_triton_unreachable_during_reload_is_a_transient_failure(tmp_path: Path)
             assert op.error is not None
             assert op.error.code == "triton_unavailable"
             assert snapshot(parts.repository) == before
-            assert record(parts).active_release == "r1"
-            assert slot(parts).state is SlotState.ACTIVE
+            assert (await record(parts)).active_release == "r1"
+            assert (await slot(parts)).state is SlotState.ACTIVE
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
 
 
 def test_missing_release_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """A refusal before any work is an answer, not an operation: nothing is recorded."""
+
     async def scenario() -> None:
         async with deploy_service(tmp_path) as (service, parts):
             publish(parts, "r1")
 
             with pytest.raises(ReleaseNotFound) as caught:
-                await service.deploy(MODEL, "r9", trigger=Trigger.API)
+                await started(service, MODEL, "r9", trigger=Trigger.API)
 
-            op = service.get_operation(str(caught.value.details["operation_id"]))
-            assert op.status is OperationStatus.FAILED
-            assert op.error is not None
-            assert op.error.code == "release_not_found"
+            assert caught.value.code == "release_not_found"
+            assert "operation_id" not in caught.value.details
+            assert await service.list_operations(MODEL, 10) == []
             assert list(parts.repository.iterdir()) == []
             assert parts.triton.calls == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -239,11 +241,11 @@ def test_one_operation_per_model_at_a_time(tmp_path: Path) -> None:
             publish(parts, "r1", model=OTHER)
             blocked = LoadBlocks()
             parts.triton.script_load(MODEL, blocked)
-            running = await service.deploy(MODEL, "r1", trigger=Trigger.API)
+            running = await started(service, MODEL, "r1", trigger=Trigger.API)
             await entered(blocked)
 
             with pytest.raises(OperationInProgress) as caught:
-                await service.deploy(MODEL, "r2", trigger=Trigger.CLI)
+                await started(service, MODEL, "r2", trigger=Trigger.CLI)
             assert caught.value.code == "operation_in_progress"
             assert caught.value.details["operation_id"] == running.id
             assert running.id in caught.value.message
@@ -258,7 +260,7 @@ def test_one_operation_per_model_at_a_time(tmp_path: Path) -> None:
             done = await service.wait(running.id)
             assert done.status is OperationStatus.SUCCEEDED, done.error
             # The refused requests left no operation behind.
-            assert [op.id for op in service.list_operations(MODEL, 10)] == [running.id]
+            assert [op.id for op in await service.list_operations(MODEL, 10)] == [running.id]
             assert marker_release(parts) == "r1"
             assert marker_release(parts, OTHER) == "r1"
 
@@ -276,12 +278,12 @@ def test_shutdown_mid_load_leaves_the_placement_for_reconcile(tmp_path: Path) ->
             await deploy_and_wait(service, "r1")
             blocked = LoadBlocks()
             parts.triton.script_load(MODEL, blocked)
-            running = await service.deploy(MODEL, "r2", trigger=Trigger.API)
+            running = await started(service, MODEL, "r2", trigger=Trigger.API)
             await entered(blocked)
 
-            await parts.tasks.close()
+            await parts.runner.close()
 
-            op = service.get_operation(running.id)
+            op = await service.get_operation(running.id)
             assert op.status is OperationStatus.INTERRUPTED
             assert op.error is not None
             assert op.error.code == "interrupted"
@@ -290,9 +292,9 @@ def test_shutdown_mid_load_leaves_the_placement_for_reconcile(tmp_path: Path) ->
             # Triton may still be reading r2's files: they stay; reconcile converges later.
             assert marker_release(parts) == "r2"
             assert placed_model_py(parts) == store_model_py(parts, "r2")
-            assert record(parts).active_release == "r1"
+            assert (await record(parts)).active_release == "r1"
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -305,34 +307,28 @@ def test_shutdown_before_the_load_changes_nothing(tmp_path: Path) -> None:
             publish(parts, "r1", "r2")
             await deploy_and_wait(service, "r1")
             before = snapshot(parts.repository)
-            slot_before = slot(parts)
+            slot_before = await slot(parts)
             # Every load slot is taken, as if two other models were loading.
-            await parts.load_slots.acquire()
-            await parts.load_slots.acquire()
-            try:
-                running = await service.deploy(MODEL, "r2", trigger=Trigger.API)
+            async with parts.load_slots.hold(), parts.load_slots.hold():
+                running = await started(service, MODEL, "r2", trigger=Trigger.API)
 
-                def verified() -> bool:
-                    op = service.get_operation(running.id)
-                    return step_names(op) == ["resolve", "fetch", "verify", "headroom"] and all(
-                        step.status is StepStatus.SUCCEEDED for step in op.steps
-                    )
+                async def queued() -> bool:
+                    op = await service.get_operation(running.id)
+                    return step_names(op)[-1] == "queue"
 
-                await until(verified, "the deploy did not get past the headroom check")
-                await parts.tasks.close()
-            finally:
-                parts.load_slots.release()
-                parts.load_slots.release()
+                await until(queued, "the deploy waits for a load slot")
+                await parts.runner.close()
 
-            op = service.get_operation(running.id)
+            op = await service.get_operation(running.id)
             assert op.status is OperationStatus.INTERRUPTED
-            assert step_names(op) == ["resolve", "fetch", "verify", "headroom"]
+            # The wait for a load slot shows as a step of its own.
+            assert step_names(op) == ["resolve", "fetch", "verify", "headroom", "queue"]
             assert snapshot(parts.repository) == before
-            assert record(parts).active_release == "r1"
-            assert slot(parts) == slot_before
+            assert (await record(parts)).active_release == "r1"
+            assert (await slot(parts)) == slot_before
             assert parts.triton.called("load", MODEL) == 1  # r1's only
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -352,11 +348,11 @@ def test_unexpected_error_is_an_internal_error_and_frees_the_model(tmp_path: Pat
             assert op.error.code == "internal_error"
             assert "bug in the driver" in op.error.message
             assert snapshot(parts.repository) == before
-            assert record(parts).active_release == "r1"
+            assert (await record(parts)).active_release == "r1"
             assert staging_left(parts) == []
-            assert parts.locks.holder(MODEL) is None
+            assert parts.runner.holder(MODEL) is None
             # The lock is free: the next request is accepted (resolve ran, a task started).
-            accepted = await service.deploy(MODEL, "r2", trigger=Trigger.API)
+            accepted = await started(service, MODEL, "r2", trigger=Trigger.API)
             assert accepted.status is OperationStatus.RUNNING
             await service.wait(accepted.id)
 
@@ -374,7 +370,7 @@ def test_model_deploys_again_after_an_unexpected_error(tmp_path: Path) -> None:
             again = await deploy_and_wait(service, "r2")
 
             assert again.status is OperationStatus.SUCCEEDED, again.error
-            assert slot(parts).state is SlotState.ACTIVE
+            assert (await slot(parts)).state is SlotState.ACTIVE
             assert marker_release(parts) == "r2"
 
     asyncio.run(scenario())
@@ -395,8 +391,8 @@ def test_rollback_needs_a_model_and_a_previous_release(tmp_path: Path) -> None:
             with pytest.raises(NoPreviousRelease) as caught:
                 await service.rollback(MODEL, to="previous", trigger=Trigger.API)
             assert caught.value.code == "no_previous_release"
-            assert record(parts).active_release == "r1"
-            assert parts.locks.holder(MODEL) is None
+            assert (await record(parts)).active_release == "r1"
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -415,11 +411,11 @@ def test_rollback_to_previous_swaps_active_and_previous(tmp_path: Path) -> None:
             assert op.kind is OperationKind.ROLLBACK
             assert op.trigger is Trigger.ALERT
             assert (op.from_release, op.release) == ("r2", "r1")
-            assert record(parts).active_release == "r1"
-            assert record(parts).previous_release == "r2"
+            assert (await record(parts)).active_release == "r1"
+            assert (await record(parts)).previous_release == "r2"
             assert marker_release(parts) == "r1"
             assert placed_model_py(parts) == store_model_py(parts, "r1")
-            assert slot(parts).state is SlotState.ACTIVE
+            assert (await slot(parts)).state is SlotState.ACTIVE
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
@@ -437,8 +433,8 @@ def test_rollback_to_a_named_release(tmp_path: Path) -> None:
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert op.kind is OperationKind.ROLLBACK
-            assert record(parts).active_release == "r1"
-            assert record(parts).previous_release == "r3"
+            assert (await record(parts)).active_release == "r1"
+            assert (await record(parts)).previous_release == "r3"
             assert marker_release(parts) == "r1"
 
     asyncio.run(scenario())
@@ -462,9 +458,9 @@ def test_unload_takes_the_model_out(tmp_path: Path) -> None:
             assert parts.triton.called("unload", MODEL) == 1
             assert parts.triton.state(MODEL) == "UNAVAILABLE"
             assert list(parts.repository.iterdir()) == []
-            assert record(parts).active_release is None
-            assert record(parts).previous_release == "r1"
-            assert slot(parts).state is SlotState.ABSENT
+            assert (await record(parts)).active_release is None
+            assert (await record(parts)).previous_release == "r1"
+            assert (await slot(parts)).state is SlotState.ABSENT
             assert staging_left(parts) == []
 
             with pytest.raises(ModelNotFound):
@@ -490,8 +486,8 @@ def test_unload_that_times_out_keeps_the_files(tmp_path: Path) -> None:
             assert op.error is not None
             assert op.error.code == "triton_timeout"
             assert snapshot(parts.repository) == before
-            assert record(parts).active_release == "r1"
-            assert parts.locks.holder(MODEL) is None
+            assert (await record(parts)).active_release == "r1"
+            assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -508,5 +504,68 @@ def test_model_is_usable_after_an_unload_timed_out(tmp_path: Path) -> None:
             again = await deploy_and_wait(service, "r2")
 
             assert again.status is OperationStatus.SUCCEEDED, again.error
+
+    asyncio.run(scenario())
+
+
+# --- what a user asks for twice, or rejects ---------------------------------------------------
+
+
+def test_deploying_the_release_that_serves_is_unchanged_unless_forced(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            publish(parts, "r1")
+            await deploy_and_wait(service, "r1")
+            loads = parts.triton.called("load", MODEL)
+
+            again = await service.deploy(MODEL, "r1", trigger=Trigger.API)
+
+            assert isinstance(again, Unchanged)
+            assert (again.model, again.release) == (MODEL, "r1")
+            assert "serves r1 already" in again.message
+            assert parts.triton.called("load", MODEL) == loads
+            assert len(await service.list_operations(MODEL, 10)) == 1
+
+            forced = await started(service, MODEL, "r1", force=True)
+            assert (await service.wait(forced.id)).status is OperationStatus.SUCCEEDED
+            assert parts.triton.called("load", MODEL) == loads + 1
+
+    asyncio.run(scenario())
+
+
+def test_a_republished_release_of_the_same_name_is_deployed_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            publish(parts, "r1")
+            await deploy_and_wait(service, "r1")
+            write_scale_release(parts.store_path, MODEL, "r1", k=9.0)  # new SHA256SUMS
+
+            op = await deploy_and_wait(service, "r1")
+
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+            assert "K = 9.0" in placed_model_py(parts).decode()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("trigger", [Trigger.API, Trigger.CLI])
+def test_a_release_a_person_rolled_back_from_is_not_the_fallback(
+    tmp_path: Path, trigger: Trigger
+) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            publish(parts, "r1", "r2")
+            await deploy_and_wait(service, "r1")
+            await deploy_and_wait(service, "r2")
+
+            op = await service.wait((await service.rollback(MODEL, to=None, trigger=trigger)).id)
+
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+            latched = await parts.repos.rollbacks.latched(MODEL)
+            assert [d.release for d in latched] == ["r2"]
+            assert f"rolled back from by {trigger.value}" in latched[0].reason
+            # Deploying it by name again is a person's choice: the latch goes.
+            await deploy_and_wait(service, "r2")
+            assert await parts.repos.rollbacks.latched(MODEL) == []
 
     asyncio.run(scenario())

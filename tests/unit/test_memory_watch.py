@@ -8,7 +8,7 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
-from controlplane.adapters.persistence.sqlite import SqliteStateRepo
+from controlplane.adapters.persistence import SqliteRepos
 from controlplane.domain.memory import MemorySample, ResidueReport, leak_trend
 from controlplane.domain.operations import (
     Operation,
@@ -63,11 +63,11 @@ class _CleanProbe:
         return ResidueReport(self._slot, triton_pid=42)
 
 
-def _watch(tmp_path: Path, gpu: ScriptedGpu, triton: VisibleTriton) -> MemoryWatch:
+def _watch(repos: SqliteRepos, gpu: ScriptedGpu, triton: VisibleTriton) -> MemoryWatch:
     return MemoryWatch(
         processes=triton,
         figures=gpu,
-        repo=SqliteStateRepo(tmp_path / "state.db"),
+        book=repos.memory,
         clock=FakeClock(),
         policy=LeakPolicy(window=3, threshold=GIB),
     )
@@ -88,17 +88,22 @@ def _operation(n: int, kind: OperationKind = OperationKind.DEPLOY) -> Operation:
 def test_gpu_memory_a_load_took_and_the_unload_kept_is_a_finding(tmp_path: Path) -> None:
     async def scenario() -> list[dict[str, object]]:
         gpu, residues = ScriptedGpu(), []
-        watch = _watch(tmp_path, gpu, VisibleTriton())
-        repo = SqliteStateRepo(tmp_path / "ops.db")
-        for n, kept in enumerate((3 * GIB, 0)):
-            async with watch.loading("m__blue"):
-                gpu.used += 4 * GIB  # the load takes 4 GiB
-            tracker = OperationTracker(_operation(n, OperationKind.RETIRE), repo, FakeClock())
-            async with tracker.step("unload"), watch.unloading("m__blue", tracker):
-                gpu.used -= 4 * GIB - kept  # the unload returns all but `kept`
-            residue = tracker.operation.steps[-1].detail["residue"]
-            assert isinstance(residue, dict)
-            residues.append(residue)
+        repos = SqliteRepos.open(tmp_path / "state.db")
+        try:
+            watch = _watch(repos, gpu, VisibleTriton())
+            for n, kept in enumerate((3 * GIB, 0)):
+                async with watch.loading("m__blue"):
+                    gpu.used += 4 * GIB  # the load takes 4 GiB
+                tracker = OperationTracker(
+                    _operation(n, OperationKind.RETIRE), repos.operations, FakeClock()
+                )
+                async with tracker.step("unload"), watch.unloading("m__blue", tracker):
+                    gpu.used -= 4 * GIB - kept  # the unload returns all but `kept`
+                residue = tracker.operation.steps[-1].detail["residue"]
+                assert isinstance(residue, dict)
+                residues.append(residue)
+        finally:
+            repos.close()
         return residues
 
     leaking, clean = asyncio.run(scenario())
@@ -128,13 +133,17 @@ def test_host_memory_growing_over_the_window_is_flagged() -> None:
 def test_samples_after_swaps_feed_the_trend(tmp_path: Path) -> None:
     async def scenario() -> list[bool]:
         triton = VisibleTriton()
-        watch = _watch(tmp_path, ScriptedGpu(), triton)
-        flags = []
-        for n in range(4):
-            triton.resident += GIB  # every swap leaves a GiB more behind
-            operation = _operation(n)
-            trends = await watch.after_swap(operation)
-            flags.append(next(t for t in trends if t.kind == "host").flagged)
+        repos = SqliteRepos.open(tmp_path / "state.db")
+        try:
+            watch = _watch(repos, ScriptedGpu(), triton)
+            flags = []
+            for n in range(4):
+                triton.resident += GIB  # every swap leaves a GiB more behind
+                operation = _operation(n)
+                trends = await watch.after_swap(operation)
+                flags.append(next(t for t in trends if t.kind == "host").flagged)
+        finally:
+            repos.close()
         return flags
 
     # Two samples grow 1 GiB (not above the threshold); three grow 2 GiB.

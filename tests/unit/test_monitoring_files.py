@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.adapters.persistence.sqlite import SqliteStateRepo
 from controlplane.adapters.telemetry import PrometheusTelemetry
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
@@ -148,12 +147,8 @@ def exported_names(telemetry: PrometheusTelemetry) -> set[str]:
 
 
 @pytest.fixture
-def telemetry(tmp_path: Path) -> Iterator[PrometheusTelemetry]:
-    repo = SqliteStateRepo(tmp_path / "state.db")
-    try:
-        yield PrometheusTelemetry(repo)
-    finally:
-        repo.close()
+def telemetry() -> PrometheusTelemetry:
+    return PrometheusTelemetry()
 
 
 def test_the_allowed_controlplane_metrics_are_the_ones_the_daemon_exports(

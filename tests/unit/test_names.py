@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import (
     MAX_NAME_LENGTH,
+    MAX_SLOT_NAME_LENGTH,
     validate_model_name,
     validate_release_name,
+    validate_slot_name,
+    validate_slot_suffix,
 )
 
 Validator = Callable[[object], str]
@@ -114,5 +117,46 @@ def test_accepted_names_cannot_spell_a_path(candidate: str) -> None:
 
 @given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,60}", fullmatch=True))
 def test_names_from_the_allowed_alphabet_round_trip(candidate: str) -> None:
-    assert validate_model_name(candidate) == candidate
     assert validate_release_name(candidate) == candidate
+    if "__" not in candidate:
+        assert validate_model_name(candidate) == candidate
+
+
+# --- the names the daemon gives slots -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["c__green", "c__blue", "a__b", "x__", "a___b"])
+def test_a_model_name_may_not_contain_the_slot_separator(name: str) -> None:
+    """``c__green`` would be the dir and the Triton name of model ``c``'s green slot."""
+    with pytest.raises(InvalidName) as caught:
+        validate_model_name(name)
+    assert caught.value.code == "invalid_name"
+    assert "'__'" in caught.value.message
+    assert "reserved" in caught.value.message
+
+
+def test_release_names_may_contain_the_separator() -> None:
+    assert validate_release_name("2026__rc1") == "2026__rc1"  # releases are never Triton names
+
+
+def test_a_model_of_the_maximum_length_has_slot_names_that_are_valid() -> None:
+    model = validate_model_name("m" * MAX_NAME_LENGTH)
+    for suffix in ("__blue", "__green", "__green-12"):
+        assert validate_slot_name(model + suffix) == model + suffix
+    assert len(model + "__green-12") <= MAX_SLOT_NAME_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("suffix", "says"),
+    [
+        ("-blue", "must start with '__'"),
+        ("_blue", "must start with '__'"),
+        ("__", "must start with '__'"),
+        ("__b/lue", "not allowed"),
+        ("__" + "x" * 40, "not allowed"),
+    ],
+)
+def test_slot_suffixes_start_with_the_reserved_separator(suffix: str, says: str) -> None:
+    with pytest.raises(InvalidName) as caught:
+        validate_slot_suffix(suffix)
+    assert says in caught.value.message

@@ -80,14 +80,16 @@ def test_ten_seconds_above_the_line_rolls_back_once(tmp_path: Path) -> None:
 
             assert Verdict.BREACH in verdicts
             assert verdicts.index(Verdict.BREACH) == 10  # the 11th sample covers 10 s
-            last = r.last()
+            last = await r.last()
             assert (last.trigger, last.outcome, last.to_release) == (
                 Trigger.WATCHER,
                 RollbackOutcome.FALLBACK,
                 "r1",
             )
             assert "above 0.95 for 10 s" in last.reason
-            assert len(r.parts.repo.list_operations(MODEL, 50)) == 3  # 2 deploys, 1 rollback
+            assert (
+                len(await r.parts.repos.operations.recent(MODEL, 50)) == 3
+            )  # 2 deploys, 1 rollback
 
     asyncio.run(scenario())
 
@@ -108,7 +110,7 @@ def test_a_dip_at_second_nine_or_a_missing_reading_never_acts(tmp_path: Path) ->
             view = watcher.view
             assert view is not None
             assert view.note == ""
-            assert r.parts.repo.last_rollback(MODEL) is None
+            assert await r.parts.repos.rollbacks.last(MODEL) is None
 
     asyncio.run(scenario())
 
@@ -127,7 +129,7 @@ def test_a_source_without_gpus_is_unknown_and_says_why(tmp_path: Path) -> None:
 
 def _receiver(r: Rig) -> AlertReceiver:
     return AlertReceiver(
-        repo=r.parts.repo,
+        book=r.parts.repos.alerts,
         rollback=r.rollback,
         clock=r.parts.clock,
         tasks=r.parts.tasks,
@@ -150,11 +152,9 @@ def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
             await r.serving_r2()
             receiver = _receiver(r)
 
-            answers = receiver.receive([_alert(AlertStatus.FIRING, model=MODEL)] * 3)
-            answers += receiver.receive([_alert(AlertStatus.RESOLVED, model=MODEL)])
-            await until(
-                lambda: r.parts.repo.last_rollback(MODEL) is not None, "the alert's rollback"
-            )
+            answers = await receiver.receive([_alert(AlertStatus.FIRING, model=MODEL)] * 3)
+            answers += await receiver.receive([_alert(AlertStatus.RESOLVED, model=MODEL)])
+            await until(lambda: _rolled_back(r), "the alert's rollback")
 
             assert [a.receipt for a in answers] == [
                 Receipt.NEW,
@@ -162,23 +162,27 @@ def test_an_alert_acts_once_however_often_it_arrives(tmp_path: Path) -> None:
                 Receipt.DUPLICATE,
                 Receipt.RESOLVED,
             ]
-            assert (r.last().trigger, r.last().to_release) == (Trigger.ALERT, "r1")
-            kinds = [op.kind.value for op in r.parts.repo.list_operations(MODEL, 50)]
+            assert ((await r.last()).trigger, (await r.last()).to_release) == (Trigger.ALERT, "r1")
+            kinds = [op.kind.value for op in await r.parts.repos.operations.recent(MODEL, 50)]
             assert kinds.count("rollback") == 1
-            [stored] = r.parts.repo.list_alerts()
+            [stored] = await r.parts.repos.alerts.recent()
             assert (stored.alert.status, stored.receipts) == (AlertStatus.RESOLVED, 4)
 
     asyncio.run(scenario())
+
+
+async def _rolled_back(r: Rig) -> bool:
+    return await r.parts.repos.rollbacks.last(MODEL) is not None
 
 
 def test_an_alert_naming_an_invalid_model_is_recorded_and_does_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with rig(tmp_path) as r:
             receiver = _receiver(r)
-            [answer] = receiver.receive([_alert(AlertStatus.FIRING, model="../etc")])
+            [answer] = await receiver.receive([_alert(AlertStatus.FIRING, model="../etc")])
             assert answer.receipt is Receipt.NEW
             assert "nothing done" in answer.action
-            assert r.parts.repo.list_operations(None, 50) == []
-            assert len(r.parts.repo.list_alerts()) == 1
+            assert await r.parts.repos.operations.recent(None, 50) == []
+            assert len(await r.parts.repos.alerts.recent()) == 1
 
     asyncio.run(scenario())

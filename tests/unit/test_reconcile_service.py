@@ -1,21 +1,26 @@
-"""Start-up reconcile with a fake Triton and the real store, staging and SQLite on ``tmp_path``.
+"""The reconcile loop with a fake Triton and the real store, staging and SQLite on ``tmp_path``.
 
 A "restart" is a second :func:`deploy_service` on the same ``tmp_path`` after the first was
 closed: same store, repository, staging dir and database, a fresh service. Passing the same
-:class:`FakeTriton` means Triton kept running; a new one means Triton restarted too.
+:class:`FakeTriton` means Triton kept running; a new one (or :meth:`FakeTriton.restart`) means
+Triton restarted too. Each test asserts what an operator would see afterwards: what serves,
+the repository, the slots, and the operations recorded (a repair is an operation of kind
+``repair``, trigger ``reconcile``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from controlplane.adapters.staging.fs import MARKER_NAME
-from controlplane.domain.errors import TritonError
+from controlplane.domain.drift import Action
 from controlplane.domain.operations import (
+    CancelReason,
     Operation,
     OperationKind,
     OperationStatus,
@@ -23,8 +28,10 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.slots import SlotState
+from controlplane.domain.traffic import TrafficPolicy
+from controlplane.ports import Serving
 from controlplane.services.deploy import DeployService
-from controlplane.services.reconcile import ReconcileReport, reconcile_until_done
+from controlplane.services.reconcile import PassReport
 from tests.support.fakes import (
     START,
     FakeTriton,
@@ -33,10 +40,12 @@ from tests.support.fakes import (
     Parts,
     deploy_service,
     make_reconciler,
+    started,
 )
 from tests.support.polling import until
 from tests.support.service_views import marker_release, publish, record, slot
 from tests.support.tree import snapshot
+from tests.unit.test_bluegreen_service import BLUE, GREEN, blue_green
 
 MODEL = "scale"
 DEADLINE = 5.0
@@ -49,27 +58,21 @@ def staging_left(parts: Parts) -> list[str]:
     return sorted(p.name for p in parts.staging_path.iterdir())
 
 
-def converged(report: ReconcileReport) -> dict[str, object]:
-    """The parts of a report that say what reconcile did to models."""
-    return {
-        "loaded": report.loaded,
-        "redeployed": report.redeployed,
-        "removed": report.removed,
-        "failed": report.failed,
-    }
-
-
-NOTHING_DONE: dict[str, object] = {"loaded": [], "redeployed": [], "removed": [], "failed": {}}
+def actions(report: PassReport) -> dict[str, str]:
+    """What the pass found to do for each model (``none`` when it serves as it should)."""
+    return {model: a.action.value for model, a in report.assessments.items()}
 
 
 async def deploy_and_wait(service: DeployService, release: str, model: str = MODEL) -> Operation:
-    submitted = await service.deploy(model, release, trigger=Trigger.API)
+    submitted = await started(service, model, release)
     return await service.wait(submitted.id)
 
 
-async def deployed(tmp_path: Path, triton: FakeTriton, *releases: str) -> None:
+async def deployed(
+    tmp_path: Path, triton: FakeTriton, *releases: str, traffic: TrafficPolicy | None = None
+) -> None:
     """A first daemon life: publish and deploy ``releases`` in order, then shut down."""
-    async with deploy_service(tmp_path, triton) as (service, parts):
+    async with deploy_service(tmp_path, triton, traffic=traffic) as (service, parts):
         publish(parts, *releases)
         for release in releases:
             op = await deploy_and_wait(service, release)
@@ -88,15 +91,21 @@ async def shut_down_mid_load(
         publish(parts, release)
         blocked = LoadBlocks()
         triton.script_load(MODEL, blocked)
-        running = await service.deploy(MODEL, release, trigger=Trigger.API)
+        running = await started(service, MODEL, release)
         async with asyncio.timeout(DEADLINE):
             await blocked.entered.wait()
-        last_write = service.get_operation(running.id)
+        last_write = await service.get_operation(running.id)
         assert last_write.status is OperationStatus.RUNNING
-        await parts.tasks.close()
+        await parts.runner.close()
         if killed:
-            parts.repo.save_operation(last_write)
+            parts.repos.operations.save(last_write)
         return running.id
+
+
+async def repairs(service: DeployService) -> list[Operation]:
+    return [
+        op for op in await service.list_operations(MODEL, 20) if op.kind is OperationKind.REPAIR
+    ]
 
 
 # --- start-up bookkeeping -----------------------------------------------------------------
@@ -106,7 +115,7 @@ def test_running_operations_are_interrupted_and_staging_is_emptied(tmp_path: Pat
     async def scenario() -> None:
         async with deploy_service(tmp_path) as (_service, parts):
             # What a daemon killed mid-fetch leaves: a running operation and its staging dir.
-            parts.repo.save_operation(
+            parts.repos.operations.save(
                 Operation(
                     id="deadbeef00000001",
                     kind=OperationKind.DEPLOY,
@@ -123,17 +132,16 @@ def test_running_operations_are_interrupted_and_staging_is_emptied(tmp_path: Pat
             (parts.staging_path / "removed-0123").mkdir()
 
         async with deploy_service(tmp_path) as (service, parts):
-            report = await make_reconciler(service, parts).run()
+            report = await make_reconciler(service, parts).startup()
 
             assert report.interrupted == ["deadbeef00000001"]
             assert sorted(report.staging_removed) == ["deadbeef00000001", "removed-0123"]
-            assert converged(report) == NOTHING_DONE
-            op = service.get_operation("deadbeef00000001")
+            op = await service.get_operation("deadbeef00000001")
             assert op.status is OperationStatus.INTERRUPTED
             assert op.error is not None
             assert op.error.code == "interrupted"
             assert op.steps[-1].status is StepStatus.FAILED
-            assert parts.repo.unfinished_operations() == []
+            assert await parts.repos.operations.unfinished() == []
             assert staging_left(parts) == []
 
     asyncio.run(scenario())
@@ -150,56 +158,72 @@ def test_nothing_to_do_when_the_desired_release_serves(tmp_path: Path) -> None:
 
         async with deploy_service(tmp_path, triton) as (service, parts):
             before = snapshot(parts.repository)
-            report = await make_reconciler(service, parts).run()
+            report = await make_reconciler(service, parts).run_pass()
 
-            assert report.interrupted == []
-            assert report.staging_removed == []
-            assert converged(report) == NOTHING_DONE
+            assert actions(report) == {MODEL: "none"}
+            assert report.repairs == {}
             assert triton.called("load", MODEL) == loads_before
             assert triton.called("unload", MODEL) == 0
             assert snapshot(parts.repository) == before
-            assert record(parts).active_release == "r1"
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r1"
+            assert (await record(parts)).active_release == "r1"
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert await repairs(service) == []
 
     asyncio.run(scenario())
 
 
-def test_desired_release_on_disk_is_loaded_after_a_triton_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["triton-restarted", "unloaded-behind-our-back"])
+def test_the_desired_release_on_disk_is_loaded_again(tmp_path: Path, how: str) -> None:
     async def scenario() -> None:
-        await deployed(tmp_path, FakeTriton(), "r1")
-        restarted = FakeTriton()
+        triton = FakeTriton()
+        await deployed(tmp_path, triton, "r1")
+        if how == "triton-restarted":
+            triton.restart()
+        else:
+            await triton.unload(MODEL)  # someone used Triton's own API
 
-        async with deploy_service(tmp_path, restarted) as (service, parts):
-            report = await make_reconciler(service, parts).run()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            report = await make_reconciler(service, parts).run_pass()
 
-            assert converged(report) == {**NOTHING_DONE, "loaded": [MODEL]}
-            assert restarted.called("load", MODEL) == 1
-            assert restarted.state(MODEL) == "READY"
+            assert list(report.repairs) == [MODEL]
+            assert report.not_serving == {}  # the pass repaired what it found
+            assert triton.state(MODEL) == "READY"
             assert marker_release(parts) == "r1"
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r1"
-            # Loading what is on disk is no deploy: no operation was recorded for it.
-            assert len(service.list_operations(MODEL, 10)) == 1
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r1"
+            [repair] = await repairs(service)
+            assert (repair.trigger, repair.status) == (Trigger.RECONCILE, OperationStatus.SUCCEEDED)
+            assert [s.name for s in repair.steps] == ["load", "record"]
+            assert repair.detail["action"] == "load"
 
     asyncio.run(scenario())
 
 
-def test_a_load_that_fails_at_start_up_is_reported_per_model(tmp_path: Path) -> None:
+def test_a_repair_that_fails_is_reported_and_tried_again_at_the_next_beat(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         await deployed(tmp_path, FakeTriton(), "r1")
         restarted = FakeTriton()
         restarted.script_load(MODEL, LoadFails("out of memory"))
 
         async with deploy_service(tmp_path, restarted) as (service, parts):
-            report = await make_reconciler(service, parts).run()
+            reconciler = make_reconciler(service, parts)
+            report = await reconciler.run_pass()
 
             assert list(report.failed) == [MODEL]
             assert "out of memory" in report.failed[MODEL]
-            assert report.loaded == []
+            assert report.not_serving == {MODEL: report.assessments[MODEL].why}
             assert marker_release(parts) == "r1"  # the files stay for the next attempt
-            assert record(parts).active_release == "r1"
-            assert slot(parts).state is SlotState.UNAVAILABLE
+            assert (await record(parts)).active_release == "r1"
+            assert (await slot(parts)).state is SlotState.UNAVAILABLE
+
+            again = await reconciler.run_pass()  # the next load succeeds
+
+            assert list(again.repairs) == [MODEL]
+            assert again.failed == {}
+            assert restarted.state(MODEL) == "READY"
+            assert (await slot(parts)).state is SlotState.ACTIVE
 
     asyncio.run(scenario())
 
@@ -217,21 +241,24 @@ def test_another_release_on_disk_is_replaced_by_the_desired_one(
 
         async with deploy_service(tmp_path, triton) as (service, parts):
             assert marker_release(parts) == "r2"
-            report = await make_reconciler(service, parts).run()
+            reconciler = make_reconciler(service, parts)
+            await reconciler.startup()
+            report = await reconciler.run_pass()
 
-            assert converged(report) == {**NOTHING_DONE, "redeployed": [MODEL]}
+            assert actions(report) == {MODEL: "none"}  # repaired: redeployed
+            assert list(report.repairs) == [MODEL]
             assert marker_release(parts) == "r1"
             assert (parts.repository / MODEL / "1" / "model.py").read_bytes() == (
                 parts.store_path / MODEL / "r1" / "1" / "model.py"
             ).read_bytes()
-            assert record(parts).active_release == "r1"
-            assert slot(parts).state is SlotState.ACTIVE
-            assert slot(parts).release == "r1"
+            assert (await record(parts)).active_release == "r1"
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r1"
             assert triton.state(MODEL) == "READY"
-            latest, interrupted = service.list_operations(MODEL, 2)
+            latest, interrupted = await service.list_operations(MODEL, 2)
             assert interrupted.id == cut
             assert interrupted.status is OperationStatus.INTERRUPTED
-            assert latest.trigger is Trigger.RECONCILE
+            assert (latest.kind, latest.trigger) == (OperationKind.REPAIR, Trigger.RECONCILE)
             assert latest.release == "r1"
             assert latest.status is OperationStatus.SUCCEEDED
             assert staging_left(parts) == []
@@ -245,13 +272,13 @@ def test_a_missing_dir_is_deployed_again(tmp_path: Path) -> None:
         shutil.rmtree(tmp_path / "repository" / MODEL)
 
         async with deploy_service(tmp_path) as (service, parts):
-            report = await make_reconciler(service, parts).run()
+            report = await make_reconciler(service, parts).run_pass()
 
-            assert converged(report) == {**NOTHING_DONE, "redeployed": [MODEL]}
+            assert list(report.repairs) == [MODEL]
             assert marker_release(parts) == "r2"
-            assert record(parts).active_release == "r2"
-            assert record(parts).previous_release == "r1"
-            assert slot(parts).state is SlotState.ACTIVE
+            assert (await record(parts)).active_release == "r2"
+            assert (await record(parts)).previous_release == "r1"
+            assert (await slot(parts)).state is SlotState.ACTIVE
 
     asyncio.run(scenario())
 
@@ -266,30 +293,20 @@ def test_a_killed_first_deploy_is_taken_back_out(tmp_path: Path, triton_loaded_i
 
         async with deploy_service(tmp_path, triton) as (service, parts):
             assert marker_release(parts) == "r1"
-            report = await make_reconciler(service, parts).run()
+            reconciler = make_reconciler(service, parts)
+            startup = await reconciler.startup()
+            report = await reconciler.run_pass()
 
-            assert report.interrupted == [cut]
-            assert converged(report) == {**NOTHING_DONE, "removed": [MODEL]}
+            assert startup.interrupted == [cut]
+            [repair] = await repairs(service)
+            assert repair.detail["action"] == Action.REMOVE.value
+            assert report.repairs == {MODEL: repair.id}
             assert list(parts.repository.iterdir()) == []
-            assert triton.called("unload", MODEL) == (1 if triton_loaded_it else 0)
+            assert triton.called("unload", MODEL) == 1
             assert triton.state(MODEL) in (None, "UNAVAILABLE")
-            assert record(parts).active_release is None
-            assert slot(parts).state is SlotState.ABSENT
-            assert service.get_operation(cut).status is OperationStatus.INTERRUPTED
-
-    asyncio.run(scenario())
-
-
-def test_a_first_deploy_cut_by_shutdown_is_taken_back_out(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        triton = FakeTriton()
-        await shut_down_mid_load(tmp_path, triton, "r1", killed=False)
-
-        async with deploy_service(tmp_path, triton) as (service, parts):
-            report = await make_reconciler(service, parts).run()
-
-            assert report.removed == [MODEL]
-            assert list(parts.repository.iterdir()) == []
+            assert (await record(parts)).active_release is None
+            assert (await slot(parts)).state is SlotState.ABSENT
+            assert (await service.get_operation(cut)).status is OperationStatus.INTERRUPTED
 
     asyncio.run(scenario())
 
@@ -307,20 +324,211 @@ def test_a_model_the_database_does_not_know_is_left_alone(tmp_path: Path) -> Non
             )
             before = snapshot(parts.repository)
 
-            report = await make_reconciler(service, parts).run()
+            report = await make_reconciler(service, parts).run_pass()
 
-            assert converged(report) == NOTHING_DONE
+            assert report.assessments == {}
             assert snapshot(parts.repository) == before
             assert [call for call in triton.calls if call[1] == "foreign"] == []
-            assert parts.repo.get_model("foreign") is None
+            assert await parts.repos.serving.get("foreign") is None
 
     asyncio.run(scenario())
 
 
-# --- retrying until Triton answers --------------------------------------------------------
+def test_a_model_with_an_operation_running_is_left_to_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            publish(parts, "r1", "r2")
+            await deploy_and_wait(service, "r1")
+            blocked = LoadBlocks()
+            triton.script_load(MODEL, blocked)
+            running = await started(service, MODEL, "r2")
+            async with asyncio.timeout(DEADLINE):
+                await blocked.entered.wait()
+            await triton.unload(MODEL)  # and Triton lost it meanwhile
+
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert report.busy == [MODEL]
+            assert report.repairs == {}
+            blocked.release.set()
+            done = await service.wait(running.id)
+            assert done.status is OperationStatus.SUCCEEDED
+
+    asyncio.run(scenario())
 
 
-def test_reconcile_retries_while_triton_is_unreachable(tmp_path: Path) -> None:
+def test_a_reload_cut_short_is_reloaded_from_disk_once_triton_is_idle(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            publish(parts, "r1", "r2")
+            await deploy_and_wait(service, "r1")
+            blocked = LoadBlocks()
+            triton.script_load(MODEL, blocked)
+            running = await started(service, MODEL, "r2")
+            async with asyncio.timeout(DEADLINE):
+                await blocked.entered.wait()
+            cut = await service.cancel(running.id, CancelReason.BUDGET)
+            assert cut.error is not None
+            assert cut.error.code == "budget_exceeded"
+            assert marker_release(parts) == "r1"  # the placement went back at once
+            assert (await slot(parts)).state is SlotState.STALE
+            loads = triton.called("load", MODEL)
+
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert list(report.repairs) == [MODEL]
+            assert triton.called("load", MODEL) == loads + 1
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            assert (await slot(parts)).release == "r1"
+            assert (await record(parts)).active_release == "r1"
+
+    asyncio.run(scenario())
+
+
+def test_repairs_of_several_models_run_at_once_and_a_wait_for_a_load_slot_shows(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        models = [f"m{i}" for i in range(3)]
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton, load_slots=2) as (service, parts):
+            for name in models:
+                publish(parts, "r1", model=name)
+                op = await deploy_and_wait(service, "r1", model=name)
+                assert op.status is OperationStatus.SUCCEEDED
+            triton.restart()
+            gates = {name: LoadBlocks() for name in models}
+            for name, gate in gates.items():
+                triton.script_load(name, gate)
+            reconciler = make_reconciler(service, parts)
+
+            running = asyncio.create_task(reconciler.run_pass())
+
+            # Two loads at once (the bound), the third waits for a slot.
+            async def third_queued() -> bool:
+                ops = [await service.get_operation(i) for i in parts.runner.running()]
+                return any(op.steps and op.steps[-1].name == "queue" for op in ops)
+
+            await until(third_queued, "the third repair waits for a load slot")
+            assert sum(g.entered.is_set() for g in gates.values()) == 2
+            for gate in gates.values():
+                gate.release.set()
+            report = await running
+
+            assert sorted(report.repairs) == models
+            assert all(triton.state(name) == "READY" for name in models)
+            steps = {
+                name: [s.name for s in (await service.get_operation(report.repairs[name])).steps]
+                for name in models
+            }
+            assert sorted(steps.values()) == [
+                ["load", "record"],
+                ["load", "record"],
+                ["queue", "load", "record"],
+            ]
+
+    asyncio.run(scenario())
+
+
+# --- blue-green -------------------------------------------------------------------------------
+
+
+def test_after_a_triton_restart_the_slot_is_loaded_and_the_alias_pointed_at_it(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        policy = blue_green()
+        await deployed(tmp_path, triton, "r1", "r2", traffic=policy)
+        triton.restart()
+
+        async with deploy_service(tmp_path, triton, traffic=policy) as (service, parts):
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert list(report.repairs) == [MODEL]
+            assert triton.state(GREEN) == "READY"
+            assert await triton.alias_target(MODEL) == GREEN
+            assert triton.state(BLUE) is None  # the warm r1 is not loaded again
+            assert not (parts.repository / BLUE).exists()  # its dir is taken down
+            [repair] = await repairs(service)
+            assert [s.name for s in repair.steps] == ["load", "switch", "record", "unload"]
+            slots = {s.name: s.state for s in (await record(parts)).slots}
+            assert slots == {BLUE: SlotState.ABSENT, GREEN: SlotState.ACTIVE}
+
+    asyncio.run(scenario())
+
+
+def test_an_alias_pointed_elsewhere_is_pointed_back_at_the_desired_slot(tmp_path: Path) -> None:
+    """A crash between Triton's switch and its record: the alias serves r2 from green, the
+    database (one transaction, not written) still says r1 on blue. r1 wins."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        policy = blue_green()
+        await deployed(tmp_path, triton, "r1", traffic=policy)
+        async with deploy_service(tmp_path, triton, traffic=policy) as (service, parts):
+            publish(parts, "r2")
+            op = await deploy_and_wait(service, "r2")
+            assert op.status is OperationStatus.SUCCEEDED
+            # What the database held before the switch's record: r1 on blue, green loading.
+            blue = next(s for s in (await record(parts)).slots if s.name == BLUE)
+            green = next(s for s in (await record(parts)).slots if s.name == GREEN)
+            await parts.repos.serving.commit(
+                MODEL,
+                START,
+                serving=Serving(active="r1", previous=None),
+                slots=[
+                    replace(blue, state=SlotState.ACTIVE),
+                    replace(green, state=SlotState.LOADING),
+                ],
+            )
+
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert report.assessments[MODEL].serving
+            assert await triton.alias_target(MODEL) == BLUE
+            assert triton.state(GREEN) == "UNAVAILABLE"
+            assert not (parts.repository / GREEN).exists()
+            assert (await record(parts)).active_release == "r1"
+
+    asyncio.run(scenario())
+
+
+# --- the loop -------------------------------------------------------------------------------
+
+
+def test_the_loop_is_not_ready_while_triton_is_down_and_repairs_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        await deployed(tmp_path, FakeTriton(), "r1")
+        restarted = FakeTriton()
+        restarted.live = False
+
+        async with deploy_service(tmp_path, restarted) as (service, parts):
+            ready = asyncio.Event()
+            reconciler = make_reconciler(service, parts)
+            loop = asyncio.create_task(reconciler.run(0.01, ready))
+            try:
+                await until(lambda: restarted.called("is_live", "") >= 3, "liveness polled")
+                assert not ready.is_set()
+                assert reconciler.last is not None
+                assert not reconciler.last.triton_live
+
+                restarted.live = True
+                await until(ready.is_set, "ready once Triton answers")
+                await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
+            finally:
+                loop.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await loop
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_pass_does_not_stop_the_loop(tmp_path: Path) -> None:
     async def scenario() -> None:
         await deployed(tmp_path, FakeTriton(), "r1")
         restarted = FakeTriton()
@@ -328,53 +536,15 @@ def test_reconcile_retries_while_triton_is_unreachable(tmp_path: Path) -> None:
 
         async with deploy_service(tmp_path, restarted) as (service, parts):
             ready = asyncio.Event()
-            async with asyncio.timeout(DEADLINE):
-                await reconcile_until_done(
-                    make_reconciler(service, parts), ready, retry_interval=0.01
-                )
-
-            assert ready.is_set()
-            assert restarted.called("index", "") == 4
-            assert restarted.called("load", MODEL) == 1
-            assert slot(parts).state is SlotState.ACTIVE
-
-    asyncio.run(scenario())
-
-
-def test_not_ready_while_triton_stays_unreachable(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        triton = FakeTriton()
-        triton.fail_index(1_000_000)
-        async with deploy_service(tmp_path, triton) as (service, parts):
-            ready = asyncio.Event()
-            task = asyncio.create_task(
-                reconcile_until_done(make_reconciler(service, parts), ready, retry_interval=0.01)
-            )
+            loop = asyncio.create_task(make_reconciler(service, parts).run(0.01, ready))
             try:
-                await until(
-                    lambda: triton.called("index", "") >= 3, "reconcile did not retry 3 times"
-                )
-                assert not ready.is_set()
+                async with asyncio.timeout(DEADLINE):
+                    await ready.wait()
+                await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
+                assert restarted.called("index", "") >= 4
             finally:
-                task.cancel()
+                loop.cancel()
                 with pytest.raises(asyncio.CancelledError):
-                    await task
-
-    asyncio.run(scenario())
-
-
-def test_a_permanent_error_ends_the_retries(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        triton = FakeTriton()
-        triton.fail_index(1, TritonError("Triton refused the index request"))
-        async with deploy_service(tmp_path, triton) as (service, parts):
-            ready = asyncio.Event()
-            async with asyncio.timeout(DEADLINE):
-                await reconcile_until_done(
-                    make_reconciler(service, parts), ready, retry_interval=0.01
-                )
-
-            assert ready.is_set()  # the API starts; the error is in the log
-            assert triton.called("index", "") == 1
+                    await loop
 
     asyncio.run(scenario())

@@ -17,6 +17,7 @@ from controlplane.domain.errors import (
     ChecksumMismatch,
     InvalidModelConfig,
     InvalidName,
+    NameConflict,
     StagingFailed,
     UnsafeRelease,
 )
@@ -24,7 +25,11 @@ from controlplane.ports import Placement, ReleaseMarker
 
 Tree = tuple[frozenset[str], dict[str, bytes]]
 
-OLD = {"config.pbtxt": b'name: "m"\nbackend: "python"\n', "1/model.py": b"OLD = 1\n"}
+OLD = {
+    "config.pbtxt": b'name: "m"\nbackend: "python"\n',
+    "1/model.py": b"OLD = 1\n",
+    MARKER_NAME: b'{"model": "m", "release": "r1", "operation_id": "op-0"}',
+}
 NEW = {
     "config.pbtxt": b'name: "m"\nbackend: "python"\nmax_batch_size: 4\n',
     "1/model.py": b"NEW = 2\n",
@@ -123,7 +128,7 @@ def test_create_gives_a_fresh_dir_per_operation(area: StagingArea) -> None:
 def test_place_into_an_empty_repository(area: StagingArea) -> None:
     source = staged(area, "op-1", NEW)
 
-    placement = area.place(source, "m")
+    placement = area.place(source, "m", owner="m")
 
     target = area.repository / "m"
     assert placement == Placement(model="m", target=target, replaced=None)
@@ -137,7 +142,7 @@ def test_place_over_an_existing_dir_exchanges_them(area: StagingArea) -> None:
     source = staged(area, "op-1", NEW)
     new_tree = tree(source)
 
-    placement = area.place(source, "m")
+    placement = area.place(source, "m", owner="m")
 
     assert placement == Placement(model="m", target=area.repository / "m", replaced=source)
     assert tree(area.repository / "m") == new_tree
@@ -147,16 +152,50 @@ def test_place_over_an_existing_dir_exchanges_them(area: StagingArea) -> None:
 def test_place_refuses_an_invalid_model_name(area: StagingArea) -> None:
     source = staged(area, "op-1", NEW)
     with pytest.raises(InvalidName):
-        area.place(source, "../escape")
+        area.place(source, "../escape", owner="m")
     assert tree(source)[1] == NEW
     assert list(area.repository.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("holder", "says"),
+    [
+        (b'{"model": "m__green", "release": "r7", "operation_id": "op-9"}', "'m__green'"),
+        (None, "did not place"),
+    ],
+    ids=["another-model", "not-placed-by-the-daemon"],
+)
+def test_place_refuses_a_dir_that_belongs_to_someone_else(
+    area: StagingArea, holder: bytes | None, says: str
+) -> None:
+    theirs = {k: v for k, v in OLD.items() if k != MARKER_NAME}
+    if holder is not None:
+        theirs[MARKER_NAME] = holder
+    write_tree(area.repository / "m", theirs)
+    before = tree(area.repository)
+    source = staged(area, "op-1", NEW)
+
+    with pytest.raises(NameConflict) as caught:
+        area.place(source, "m", owner="m")
+
+    assert caught.value.code == "name_conflict"
+    assert says in caught.value.message
+    assert tree(area.repository) == before  # nothing moved
+    assert tree(source)[1] == NEW
+
+
+def test_placed_lists_the_dirs_with_a_marker(area: StagingArea) -> None:
+    write_tree(area.repository / "m", OLD)
+    write_tree(area.repository / "foreign", {"config.pbtxt": b"x"})
+    (area.repository / "not..a-slot-name").mkdir()
+    assert area.placed() == {"m": ReleaseMarker(model="m", release="r1", operation_id="op-0")}
 
 
 def test_restore_after_an_exchange_puts_the_old_content_back_exactly(area: StagingArea) -> None:
     write_tree(area.repository / "m", {**OLD, "1/sub/deep.txt": b"deep", "empty-dir/.keep": b""})
     (area.repository / "m" / "only-a-dir").mkdir()
     before = tree(area.repository)
-    placement = area.place(staged(area, "op-1", NEW), "m")
+    placement = area.place(staged(area, "op-1", NEW), "m", owner="m")
     assert tree(area.repository) != before
 
     area.restore(placement)
@@ -169,7 +208,7 @@ def test_restore_after_an_exchange_puts_the_old_content_back_exactly(area: Stagi
 def test_restore_after_a_fresh_placement_removes_the_dir(area: StagingArea) -> None:
     write_tree(area.repository / "other", OLD)
     before = tree(area.repository)
-    placement = area.place(staged(area, "op-1", NEW), "m")
+    placement = area.place(staged(area, "op-1", NEW), "m", owner="m")
 
     area.restore(placement)
 
@@ -180,7 +219,7 @@ def test_restore_after_a_fresh_placement_removes_the_dir(area: StagingArea) -> N
 
 def test_discard_deletes_the_replaced_dir(area: StagingArea) -> None:
     write_tree(area.repository / "m", OLD)
-    placement = area.place(staged(area, "op-1", NEW), "m")
+    placement = area.place(staged(area, "op-1", NEW), "m", owner="m")
     assert placement.replaced is not None
 
     area.discard(placement)
@@ -190,7 +229,7 @@ def test_discard_deletes_the_replaced_dir(area: StagingArea) -> None:
 
 
 def test_discard_after_a_fresh_placement_keeps_the_model(area: StagingArea) -> None:
-    placement = area.place(staged(area, "op-1", NEW), "m")
+    placement = area.place(staged(area, "op-1", NEW), "m", owner="m")
     area.discard(placement)
     assert tree(area.repository / "m")[1] == NEW
 
@@ -221,7 +260,7 @@ def test_finalize_writes_a_marker_that_read_marker_returns(area: StagingArea) ->
     marker = ReleaseMarker(model="m", release="r2", operation_id="op-1")
 
     area.finalize(source, marker)
-    area.place(source, "m")
+    area.place(source, "m", owner="m")
 
     assert (area.repository / "m" / MARKER_NAME).is_file()
     assert area.read_marker("m") == marker
@@ -252,7 +291,7 @@ def test_finalize_survives_a_syntax_error_and_logs_it(
 
 def test_read_marker_of_a_model_without_one(area: StagingArea) -> None:
     assert area.read_marker("m") is None
-    write_tree(area.repository / "m", OLD)
+    write_tree(area.repository / "m", {k: v for k, v in OLD.items() if k != MARKER_NAME})
     assert area.read_marker("m") is None
     (area.repository / "m" / MARKER_NAME).write_text("{not json", encoding="utf-8")
     assert area.read_marker("m") is None

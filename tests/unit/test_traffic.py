@@ -14,16 +14,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.adapters.triton.overrides import alias_config, alias_target, signature_of
 from controlplane.domain.errors import PermanentError, PreflightFailed, UnsupportedByAlias
 from controlplane.domain.smoke import SMOKE_NAME, SmokeTensor, parse_smoke
-from controlplane.domain.traffic import (
-    Strategy,
-    TrafficPolicy,
-    alias_config,
-    alias_target,
-    check_aliasable,
-    same_signature,
-)
+from controlplane.domain.traffic import Strategy, TrafficPolicy, check_aliasable
 
 MODEL = "resnet"
 SLOT = "resnet__green"
@@ -50,8 +44,17 @@ def slot_config() -> dict[str, Any]:
 # --- the alias ----------------------------------------------------------------------------
 
 
+def alias_of(slot: dict[str, Any]) -> dict[str, Any]:
+    """The alias the Triton adapter builds onto ``slot`` (a served config)."""
+    return alias_config(MODEL, str(slot["name"]), signature_of(slot))
+
+
+def same_signature(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return signature_of(a).same_as(signature_of(b))
+
+
 def test_alias_config_is_a_one_step_ensemble_onto_the_slot() -> None:
-    config = alias_config(MODEL, slot_config())
+    config = alias_of(slot_config())
 
     assert config["name"] == MODEL
     assert config["platform"] == "ensemble"
@@ -61,7 +64,7 @@ def test_alias_config_is_a_one_step_ensemble_onto_the_slot() -> None:
     assert config["input"][0] == {
         "name": "IMAGE",
         "data_type": "TYPE_FP32",
-        "dims": ["3", "224", "224"],
+        "dims": [3, 224, 224],
     }
     (step,) = config["ensemble_scheduling"]["step"]
     assert step["model_name"] == SLOT
@@ -74,7 +77,7 @@ def test_alias_config_is_a_one_step_ensemble_onto_the_slot() -> None:
 
 
 def test_alias_config_is_plain_json_and_keeps_the_same_signature() -> None:
-    config = alias_config(MODEL, slot_config())
+    config = alias_of(slot_config())
 
     assert json.loads(json.dumps(config)) == config
     assert same_signature(config, slot_config())
@@ -87,22 +90,27 @@ def test_alias_config_without_batching_or_dims() -> None:
         "output": [{"name": "Y", "data_type": "TYPE_INT64"}],
     }
 
-    config = alias_config(MODEL, bare)
+    config = alias_of(bare)
 
     assert config["max_batch_size"] == 0
     assert config["input"] == [{"name": "X", "data_type": "TYPE_INT64", "dims": []}]
 
 
 def test_alias_target_reads_the_slot_back() -> None:
-    assert alias_target(alias_config(MODEL, slot_config())) == SLOT
+    assert alias_target(alias_of(slot_config())) == SLOT
 
 
 @pytest.mark.parametrize(
     "config",
     [
         {"name": SLOT, "backend": "python"},
-        {"ensemble_scheduling": {"step": []}},
-        {"ensemble_scheduling": {"step": [{"model_name": "a__blue"}, {"model_name": "a__green"}]}},
+        {"platform": "ensemble", "ensemble_scheduling": {"step": []}},
+        {
+            "platform": "ensemble",
+            "ensemble_scheduling": {
+                "step": [{"model_name": "a__blue"}, {"model_name": "a__green"}]
+            },
+        },
     ],
     ids=["not-an-ensemble", "no-step", "two-steps"],
 )
@@ -149,6 +157,19 @@ def _changed(change: str) -> dict[str, Any]:
 def test_same_signature_notices_a_change(change: str) -> None:
     assert not same_signature(slot_config(), _changed(change))
     assert not same_signature(_changed(change), slot_config())
+
+
+# --- slot names ---------------------------------------------------------------------------
+
+
+def test_a_model_owns_its_two_slots_and_their_spares_only() -> None:
+    policy = TrafficPolicy()
+    assert policy.slots("c") == ("c__blue", "c__green")
+    assert policy.spare("c__green", 2) == "c__green-2"
+    for name in ("c__blue", "c__green", "c__green-2", "c__blue-13"):
+        assert policy.owns("c", name), name
+    for name in ("c", "c__green-", "c__green-x", "cc__green", "c__greenish", "d__blue"):
+        assert not policy.owns("c", name), name
 
 
 # --- what an alias cannot front -----------------------------------------------------------

@@ -20,9 +20,10 @@ def _watcher(service: DeployService, parts: Parts, auto_deploy: Policy) -> Relea
     return ReleaseWatcher(
         store=parts.store,
         deploy=service,
-        repo=parts.repo,
+        releases=parts.repos.releases,
+        serving=parts.repos.serving,
+        rollbacks=parts.repos.rollbacks,
         clock=parts.clock,
-        locks=parts.locks,
         tasks=parts.tasks,
         auto_deploy=auto_deploy,
         interval=60.0,
@@ -42,7 +43,7 @@ def test_without_auto_deploy_new_releases_are_only_recorded(tmp_path: Path) -> N
             assert [r.name for r in result.new] == ["r1"]
             assert result.deploys == []
             assert parts.triton.calls == []
-            assert [r.name for r in parts.repo.list_releases("m")] == ["r1"]
+            assert [r.name for r in await parts.repos.releases.seen("m")] == ["r1"]
             again = await watcher.scan()
             assert again.new == []  # seen once is not new again
 
@@ -68,7 +69,7 @@ def test_auto_deploy_waits_for_sha256sums_then_deploys_the_newest(tmp_path: Path
             second = await watcher.scan()
             assert [op.release for op in second.deploys] == ["r2"]
             await _settle([op.id for op in second.deploys], service)
-            record = parts.repo.get_model("m")
+            record = await parts.repos.serving.get("m")
             assert record is not None
             assert (record.active_release, record.previous_release) == ("r2", "r1")
 
@@ -90,7 +91,7 @@ def test_a_rollback_by_a_person_is_not_undone(tmp_path: Path) -> None:
             after = await watcher.scan()
 
             assert after.deploys == []
-            record = parts.repo.get_model("m")
+            record = await parts.repos.serving.get("m")
             assert record is not None
             assert record.active_release == "r1"
 
@@ -127,14 +128,16 @@ def test_a_release_latched_degraded_is_not_pushed_even_when_republished(tmp_path
             write_scale_release(parts.store_path, "m", "r1", k=1.0)
             first = await watcher.scan()
             await _settle([op.id for op in first.deploys], service)
-            parts.repo.mark_degraded(DegradedRelease("m", "r2", parts.clock.now(), "GPU overload"))
+            await parts.repos.rollbacks.latch(
+                DegradedRelease("m", "r2", parts.clock.now(), "GPU overload")
+            )
             release_dir = write_scale_release(parts.store_path, "m", "r2", k=2.0)
 
             assert (await watcher.scan()).deploys == []
             marker = release_dir / "SHA256SUMS"
             marker.write_text(marker.read_text() + "\n")  # republished
             assert (await watcher.scan()).deploys == []
-            record = parts.repo.get_model("m")
+            record = await parts.repos.serving.get("m")
             assert record is not None
             assert record.active_release == "r1"
 

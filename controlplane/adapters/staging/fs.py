@@ -24,8 +24,14 @@ from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.staging import renameat
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
-from controlplane.domain.errors import InvalidModelConfig, StagingFailed, UnsafeRelease
-from controlplane.domain.names import validate_model_name
+from controlplane.domain.errors import (
+    InvalidModelConfig,
+    InvalidName,
+    NameConflict,
+    StagingFailed,
+    UnsafeRelease,
+)
+from controlplane.domain.names import validate_model_name, validate_slot_name
 from controlplane.ports import Placement, ReleaseMarker
 
 log = logging.getLogger(__name__)
@@ -111,15 +117,17 @@ class StagingArea:
                     "model": marker.model,
                     "release": marker.release,
                     "operation_id": marker.operation_id,
+                    "revision": marker.revision,
                 }
             ),
             encoding="utf-8",
         )
         _fsync_tree(root)
 
-    def place(self, staged: Path, model: str) -> Placement:
-        target = self.repository / validate_model_name(model)
+    def place(self, staged: Path, name: str, *, owner: str) -> Placement:
+        target = self.repository / validate_slot_name(name)
         if os.path.lexists(target):
+            self._check_owner(name, owner)
             renameat.exchange(staged, target)
             replaced: Path | None = staged
         else:
@@ -127,7 +135,25 @@ class StagingArea:
             replaced = None
         _fsync_dir(self.repository)
         _fsync_dir(staged.parent)
-        return Placement(model=model, target=target, replaced=replaced)
+        return Placement(model=name, target=target, replaced=replaced)
+
+    def _check_owner(self, name: str, owner: str) -> None:
+        """Refuse to replace a dir that was not placed for ``owner``: another model's, or one
+        the daemon did not place at all."""
+        target = self.repository / name
+        marker = self.read_marker(name)
+        if marker is not None and marker.model == owner:
+            return
+        holder = (
+            f"model {marker.model!r}'s release {marker.release}"
+            if marker is not None
+            else "a model dir the daemon did not place"
+        )
+        raise NameConflict(
+            f"{target} holds {holder}, not a release of {owner!r}; nothing was replaced. "
+            "Unload that model (or move the dir away) before deploying here",
+            details={"dir": name, "holder": marker.model if marker else None},
+        )
 
     def restore(self, placement: Placement) -> None:
         if placement.replaced is not None:
@@ -142,7 +168,7 @@ class StagingArea:
             shutil.rmtree(placement.replaced, ignore_errors=True)
 
     def remove(self, model: str) -> bool:
-        target = self.repository / validate_model_name(model)
+        target = self.repository / validate_slot_name(model)
         if not os.path.lexists(target):
             return False
         grave = self.staging / f"removed-{uuid.uuid4().hex}"
@@ -156,9 +182,16 @@ class StagingArea:
         if self.is_alias_dir(model):
             return
         if os.path.lexists(target):
-            raise StagingFailed(
-                f"{target} holds a model that is not a blue-green alias (deployed inplace?); "
-                "unload it before switching the model to blue-green"
+            marker = self.read_marker(model)
+            raise NameConflict(
+                f"{target} holds a model that is not a blue-green alias "
+                + (
+                    f"(release {marker.release} of {marker.model!r}, deployed inplace); unload "
+                    "it before switching the model to blue-green"
+                    if marker is not None
+                    else "(a dir the daemon did not place); move it away or unload it"
+                ),
+                details={"dir": model},
             )
         built = self.staging / f"alias-{uuid.uuid4().hex}"
         (built / "1").mkdir(parents=True)
@@ -168,19 +201,38 @@ class StagingArea:
         _fsync_dir(self.repository)
 
     def is_alias_dir(self, model: str) -> bool:
-        return (self.repository / validate_model_name(model) / ALIAS_MARKER).is_file()
+        path = self.repository / validate_slot_name(model) / ALIAS_MARKER
+        try:
+            return bool(json.loads(path.read_text(encoding="utf-8")).get("alias") == model)
+        except (OSError, ValueError, AttributeError):
+            return False
 
-    def read_marker(self, model: str) -> ReleaseMarker | None:
-        path = self.repository / validate_model_name(model) / MARKER_NAME
+    def read_marker(self, name: str) -> ReleaseMarker | None:
+        path = self.repository / validate_slot_name(name) / MARKER_NAME
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+            revision = data.get("revision")
             return ReleaseMarker(
                 model=str(data["model"]),
                 release=str(data["release"]),
                 operation_id=str(data["operation_id"]),
+                revision=None if revision is None else str(revision),
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def placed(self) -> dict[str, ReleaseMarker]:
+        found: dict[str, ReleaseMarker] = {}
+        for entry in sorted(self.repository.iterdir()):
+            if not entry.is_dir() or entry.is_symlink():
+                continue
+            try:
+                marker = self.read_marker(entry.name)
+            except InvalidName:
+                continue  # not a name the daemon gives: someone else's
+            if marker is not None:
+                found[entry.name] = marker
+        return found
 
     def cleanup(self, operation_id: str) -> None:
         shutil.rmtree(self.staging / operation_id, ignore_errors=True)

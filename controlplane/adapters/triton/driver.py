@@ -1,15 +1,19 @@
 """The Triton driver: the only module that talks to Triton's gRPC API.
 
-It loads, unloads, reads the repository index, model configs and metadata, and runs single
-inferences for smoke checks. Every call has a timeout; transient failures (UNAVAILABLE,
-DEADLINE_EXCEEDED) are retried with backoff by tenacity, a bounded number of times; everything
-else is mapped to the project's own errors, most specific first, and never retried. ``load``
-returns only when the model is READY in the repository index, or raises with Triton's reason.
+It speaks the daemon's intents (load, unload, abandon a load, point an alias, reload on CPU,
+a checked inference) and owns Triton's JSON for them (:mod:`.overrides`). Every call has a
+timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by
+tenacity, a bounded number of times; everything else is mapped to the project's own errors,
+most specific first, and never retried. ``load`` returns only when the model is READY in the
+repository index, or raises with Triton's reason; its timeout bounds the whole call, retries
+included, because it is what the user waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -23,6 +27,12 @@ from tenacity import (
 from tritonclient.grpc import aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from controlplane.adapters.triton.overrides import (
+    alias_config,
+    alias_target,
+    cpu_only_config,
+    signature_of,
+)
 from controlplane.adapters.triton.preflight import check_outputs, generated_inputs, sample_inputs
 from controlplane.domain.errors import (
     ControlPlaneError,
@@ -34,10 +44,13 @@ from controlplane.domain.errors import (
     TritonUnavailable,
 )
 from controlplane.domain.smoke import SmokeSample
+from controlplane.domain.traffic import Signature
 from controlplane.ports import IndexEntry
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+ABANDON_CALL = 1.0  # the unload asked for after a load timed out: sent, not waited on
 
 
 class TritonDriver:
@@ -57,34 +70,69 @@ class TritonDriver:
         self._attempts = attempts
         self._poll_interval = poll_interval
 
+    @property
+    def url(self) -> str:
+        return self._url
+
     async def is_live(self) -> bool:
         try:
             return bool(await self._client.is_server_live(client_timeout=self._call_timeout))
         except InferenceServerException:
             return False
 
-    async def load(self, model: str, *, config_json: str | None = None) -> None:
-        async def call() -> None:
-            await self._client.load_model(
-                model, config=config_json, client_timeout=self._load_timeout
-            )
+    # --- model control --------------------------------------------------------------------
 
-        # A timed-out load is not retried: Triton may still be loading, and a second request
-        # would only queue behind the first.
-        await self._retrying(call, what=f"load of {model!r}", load_of=model)
-        entry = await self._entry(model)
-        if entry is None or entry.state != "READY":
-            state = entry.state if entry else "absent"
-            reason = entry.reason if entry else ""
-            raise TritonLoadFailed(
-                f"Triton accepted the load of {model!r} but its index shows {state} {reason}"
-            )
+    async def load(self, model: str) -> None:
+        await self._load(model, None)
+
+    async def point_alias(self, alias: str, slot: str, signature: Signature) -> None:
+        await self._load(alias, json.dumps(alias_config(alias, slot, signature)))
+
+    async def reload_cpu_only(self, model: str) -> list[dict[str, object]]:
+        config = cpu_only_config(await self.model_config(model))
+        await self._load(model, json.dumps(config))
+        groups: list[dict[str, object]] = config["instance_group"]
+        return groups
 
     async def unload(self, model: str) -> None:
         async def call() -> None:
             await self._client.unload_model(model, client_timeout=self._call_timeout)
 
         await self._retrying(call, what=f"unload of {model!r}")
+
+    async def abandon(self, model: str, wait: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        try:  # Triton answers only once the load it waits for has ended: do not wait for it
+            await self._client.unload_model(model, client_timeout=min(ABANDON_CALL, wait))
+        except InferenceServerException as exc:
+            log.info("unload of %s after its load timed out: %s", model, exc.message())
+        while True:
+            try:
+                entry = await self._entry(model)
+            except ControlPlaneError as exc:
+                log.warning("cannot read Triton's index after abandoning %s: %s", model, exc)
+                return False
+            if entry is None or entry.state != "LOADING":
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(self._poll_interval)
+
+    async def wait_unavailable(self, model: str, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            entry = await self._entry(model)
+            if entry is None or entry.state == "UNAVAILABLE":
+                return
+            if loop.time() >= deadline:
+                raise TritonTimeout(
+                    f"{model!r} was still {entry.state} {timeout:.0f} s after its unload"
+                )
+            await asyncio.sleep(self._poll_interval)
+
+    # --- reading ----------------------------------------------------------------------------
 
     async def index(self) -> list[IndexEntry]:
         async def call() -> Any:
@@ -103,18 +151,14 @@ class TritonDriver:
             for m in raw.get("models", [])
         ]
 
-    async def wait_unavailable(self, model: str, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            entry = await self._entry(model)
-            if entry is None or entry.state == "UNAVAILABLE":
-                return
-            if loop.time() >= deadline:
-                raise TritonTimeout(
-                    f"{model!r} was still {entry.state} {timeout:.0f} s after its unload"
-                )
-            await asyncio.sleep(self._poll_interval)
+    async def signature(self, model: str) -> Signature:
+        return signature_of(await self.model_config(model))
+
+    async def alias_target(self, alias: str) -> str | None:
+        try:
+            return alias_target(await self.model_config(alias))
+        except TritonError:  # not loaded (or never was): it points nowhere
+            return None
 
     async def model_config(self, model: str) -> dict[str, Any]:
         """The config Triton is serving ``model`` with (after its own auto-completion)."""
@@ -138,6 +182,8 @@ class TritonDriver:
 
         metadata: dict[str, Any] = await self._retrying(call, what=f"metadata of {model!r}")
         return metadata
+
+    # --- inference ----------------------------------------------------------------------------
 
     async def infer(
         self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]]
@@ -172,6 +218,8 @@ class TritonDriver:
     async def close(self) -> None:
         await self._client.close()
 
+    # --- plumbing -----------------------------------------------------------------------------
+
     async def _entry(self, model: str) -> IndexEntry | None:
         # Triton lists one row per version; the model is READY when any version is.
         rows = [e for e in await self.index() if e.name == model]
@@ -179,6 +227,34 @@ class TritonDriver:
             return None
         ready = [e for e in rows if e.state == "READY"]
         return ready[0] if ready else rows[0]
+
+    async def _load(self, model: str, config_json: str | None) -> None:
+        """One load (from files, or with a config override), bounded as a whole by the load
+        timeout: an unreachable Triton is retried within it; a load that timed out is not
+        (Triton may still be loading, and a second request would only queue behind it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._load_timeout
+        limit = f"{self._load_timeout:g} s (triton.load_timeout_seconds)"
+
+        async def call() -> None:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TritonTimeout(f"load of {model!r} did not end within {limit}")
+            await self._client.load_model(model, config=config_json, client_timeout=left)
+
+        try:
+            await self._retrying(call, what=f"load of {model!r}", load_of=model)
+        except TritonTimeout as exc:
+            if loop.time() < deadline:
+                raise
+            raise TritonTimeout(f"load of {model!r} did not end within {limit}") from exc
+        entry = await self._entry(model)
+        if entry is None or entry.state != "READY":
+            state = entry.state if entry else "absent"
+            reason = entry.reason if entry else ""
+            raise TritonLoadFailed(
+                f"Triton accepted the load of {model!r} but its index shows {state} {reason}"
+            )
 
     async def _retrying(
         self, call: Callable[[], Awaitable[T]], *, what: str, load_of: str | None = None

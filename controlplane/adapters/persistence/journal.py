@@ -1,0 +1,180 @@
+"""The journal in SQLite: operations (table ``operations``) and releases seen (``releases``).
+
+Operations are saved at every step boundary and as downloads progress; :meth:`save` queues the
+write and returns at once, so a download thread never waits on the disk, and the single
+database thread keeps the records in the order they were made.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from controlplane.adapters.persistence.database import Database
+from controlplane.domain.operations import (
+    Operation,
+    OperationError,
+    OperationKind,
+    OperationStatus,
+    Step,
+    StepStatus,
+    Trigger,
+)
+from controlplane.domain.releases import ReleaseInfo
+
+
+class SqliteOperationLog:
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    def save(self, operation: Operation) -> None:
+        row = _operation_to_row(operation)
+
+        def job(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO operations (id, kind, model, release, from_release, trigger, "
+                "status, created_at, finished_at, error_code, error_message, steps, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "status = excluded.status, from_release = excluded.from_release, "
+                "finished_at = excluded.finished_at, error_code = excluded.error_code, "
+                "error_message = excluded.error_message, steps = excluded.steps, "
+                "detail = excluded.detail",
+                row,
+            )
+
+        self._db.enqueue(job, f"operation {operation.id}")
+
+    async def get(self, operation_id: str) -> Operation | None:
+        def job(db: sqlite3.Connection) -> Operation | None:
+            row = db.execute("SELECT * FROM operations WHERE id = ?", (operation_id,)).fetchone()
+            return None if row is None else _operation_from_row(row)
+
+        return await self._db.read(job)
+
+    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]:
+        def job(db: sqlite3.Connection) -> list[Operation]:
+            if model is None:
+                rows = db.execute(
+                    "SELECT * FROM operations ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                    (limit,),
+                )
+            else:
+                rows = db.execute(
+                    "SELECT * FROM operations WHERE model = ? "
+                    "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                    (model, limit),
+                )
+            return [_operation_from_row(row) for row in rows.fetchall()]
+
+        return await self._db.read(job)
+
+    async def unfinished(self) -> list[Operation]:
+        def job(db: sqlite3.Connection) -> list[Operation]:
+            rows = db.execute(
+                "SELECT * FROM operations WHERE status IN (?, ?) ORDER BY created_at",
+                (OperationStatus.PENDING.value, OperationStatus.RUNNING.value),
+            )
+            return [_operation_from_row(row) for row in rows.fetchall()]
+
+        return await self._db.read(job)
+
+
+class SqliteReleaseBook:
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def record(self, releases: Sequence[ReleaseInfo], at: datetime) -> None:
+        stamp = at.isoformat()
+        rows = [(r.model, r.name, int(r.complete), stamp, stamp, r.revision) for r in releases]
+
+        def job(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT INTO releases (model, release, complete, first_seen, last_seen, revision) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(model, release) DO UPDATE SET "
+                "complete = excluded.complete, last_seen = excluded.last_seen, "
+                "revision = excluded.revision",
+                rows,
+            )
+
+        await self._db.write(job)
+
+    async def seen(self, model: str) -> list[ReleaseInfo]:
+        def job(db: sqlite3.Connection) -> list[ReleaseInfo]:
+            rows = db.execute("SELECT * FROM releases WHERE model = ?", (model,)).fetchall()
+            return [
+                ReleaseInfo(row["model"], row["release"], bool(row["complete"]), row["revision"])
+                for row in rows
+            ]
+
+        return await self._db.read(job)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _parse(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _operation_to_row(op: Operation) -> tuple[Any, ...]:
+    steps = [
+        {
+            "name": s.name,
+            "status": s.status.value,
+            "started_at": s.started_at.isoformat(),
+            "finished_at": _iso(s.finished_at),
+            "detail": dict(s.detail),
+        }
+        for s in op.steps
+    ]
+    return (
+        op.id,
+        op.kind.value,
+        op.model,
+        op.release,
+        op.from_release,
+        op.trigger.value,
+        op.status.value,
+        op.created_at.isoformat(),
+        _iso(op.finished_at),
+        op.error.code if op.error else None,
+        op.error.message if op.error else None,
+        json.dumps(steps),
+        json.dumps(dict(op.detail)),
+    )
+
+
+def _operation_from_row(row: sqlite3.Row) -> Operation:
+    steps = tuple(
+        Step(
+            name=s["name"],
+            status=StepStatus(s["status"]),
+            started_at=datetime.fromisoformat(s["started_at"]),
+            finished_at=_parse(s["finished_at"]),
+            detail=s["detail"],
+        )
+        for s in json.loads(row["steps"])
+    )
+    error = (
+        OperationError(code=row["error_code"], message=row["error_message"] or "")
+        if row["error_code"]
+        else None
+    )
+    return Operation(
+        id=row["id"],
+        kind=OperationKind(row["kind"]),
+        model=row["model"],
+        release=row["release"],
+        from_release=row["from_release"],
+        trigger=Trigger(row["trigger"]),
+        status=OperationStatus(row["status"]),
+        created_at=datetime.fromisoformat(row["created_at"]),
+        finished_at=_parse(row["finished_at"]),
+        steps=steps,
+        error=error,
+        detail=json.loads(row["detail"]),
+    )

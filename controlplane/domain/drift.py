@@ -1,0 +1,173 @@
+"""Drift: how what Triton serves differs from what should serve, and what puts it back.
+
+Pure decisions over what the daemon observed (its records, the markers of the dirs it placed,
+Triton's repository index, the alias's target); the reconcile loop gathers the observations,
+asks :func:`assess`, and acts. Level-triggered: the same observations give the same answer
+whether the daemon missed an event, restarted, or Triton did, so a repair is never a reaction
+to *how* things went wrong, only to *what* is wrong now.
+
+What a model needs, by strategy:
+
+* ``inplace``: the model's dir holds the desired release and Triton has it READY (and it is
+  not STALE, a reload cut short that Triton may have finished with other files).
+* ``blue-green``: a slot holds the desired release and is READY, and the alias is READY and
+  points at it. Other slots of the model that hold something are retired, unless they are a
+  warm previous release (RETIRING and READY), which keep their retire window.
+
+Triton busy with a name (LOADING, UNLOADING) is waited for, never acted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from controlplane.domain.slots import Slot, SlotState
+
+BUSY = frozenset({"LOADING", "UNLOADING"})
+
+
+class Action(StrEnum):
+    NONE = "none"  # serves as it should
+    WAIT = "wait"  # Triton is busy with it; look again at the next beat
+    LOAD = "load"  # the desired release is on disk, not loaded: load it (and point the alias)
+    REPOINT = "repoint"  # the slot serves, the alias does not point at it
+    REDEPLOY = "redeploy"  # no dir holds the desired release: deploy it from the store
+    REMOVE = "remove"  # nothing should serve, but a dir of an unfinished first deploy is there
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One model as the daemon sees it now."""
+
+    model: str
+    desired: str | None
+    blue_green: bool
+    slots: Sequence[Slot]  # the records (blue-green: every slot; inplace: the model's own)
+    on_disk: Mapping[str, str]  # dir name -> release its marker names (this model's dirs)
+    triton: Mapping[str, str]  # name -> Triton's state (READY, LOADING, UNAVAILABLE, ...)
+    alias_target: str | None = None  # blue-green: the slot the alias points at, if READY
+
+
+@dataclass(frozen=True)
+class Assessment:
+    model: str
+    action: Action
+    why: str
+    slot: str | None = None  # the slot that serves (or should)
+    retire: tuple[str, ...] = ()  # slots to take down (blue-green)
+    serving: bool = False  # clients get the desired release now
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def assess(seen: Observed) -> Assessment:
+    if seen.blue_green:
+        return _blue_green(seen)
+    return _inplace(seen)
+
+
+def _inplace(seen: Observed) -> Assessment:
+    model = seen.model
+    state = seen.triton.get(model, "UNAVAILABLE")
+    placed = seen.on_disk.get(model)
+    record = next((s for s in seen.slots if s.name == model), None)
+    if seen.desired is None:
+        if placed is not None:
+            return Assessment(model, Action.REMOVE, f"{model} holds {placed}, nothing should serve")
+        return Assessment(model, Action.NONE, "nothing should serve", serving=True)
+    if placed != seen.desired:
+        return Assessment(
+            model,
+            Action.REDEPLOY,
+            f"the repository holds {placed or 'nothing'}, {seen.desired} should serve",
+            slot=model,
+        )
+    if state in BUSY:
+        return Assessment(model, Action.WAIT, f"Triton is {state} {model}", slot=model)
+    stale = record is not None and record.state is SlotState.STALE
+    if state != "READY" or stale:
+        why = (
+            f"a reload of {model} was cut short; reloading {seen.desired} from disk"
+            if stale and state == "READY"
+            else f"Triton has {model} {state}; {seen.desired} is on disk"
+        )
+        return Assessment(model, Action.LOAD, why, slot=model, serving=state == "READY")
+    return Assessment(model, Action.NONE, f"serves {seen.desired}", slot=model, serving=True)
+
+
+def _blue_green(seen: Observed) -> Assessment:
+    model = seen.model
+    records = {s.name: s for s in seen.slots}
+    holders = [name for name, release in seen.on_disk.items() if release == seen.desired]
+    # The slot the records say is active comes first, then any other holding the release.
+    holders.sort(
+        key=lambda name: (
+            records.get(name) is None or records[name].state is not SlotState.ACTIVE,
+            name,
+        )
+    )
+    serving = holders[0] if holders and seen.desired is not None else None
+    retire = tuple(
+        sorted(
+            name
+            for name in set(seen.on_disk) | {s.name for s in seen.slots if _holds(s)}
+            if name != serving
+            and not _warm(records.get(name), seen.triton.get(name))
+            and seen.triton.get(name) not in BUSY
+        )
+    )
+    if seen.desired is None:
+        return Assessment(model, Action.NONE, "nothing should serve", retire=retire, serving=True)
+    if serving is None:
+        return Assessment(
+            model,
+            Action.REDEPLOY,
+            f"no slot holds {seen.desired}",
+            retire=retire,
+        )
+    slot_state = seen.triton.get(serving, "UNAVAILABLE")
+    alias_state = seen.triton.get(model, "UNAVAILABLE")
+    if slot_state in BUSY or alias_state in BUSY:
+        busy = serving if slot_state in BUSY else model
+        return Assessment(
+            model, Action.WAIT, f"Triton is {seen.triton[busy]} {busy}", slot=serving, retire=retire
+        )
+    if slot_state != "READY":
+        return Assessment(
+            model,
+            Action.LOAD,
+            f"{serving} holds {seen.desired} but Triton has it {slot_state}",
+            slot=serving,
+            retire=retire,
+        )
+    if alias_state != "READY" or seen.alias_target != serving:
+        where = seen.alias_target if alias_state == "READY" else alias_state
+        return Assessment(
+            model,
+            Action.REPOINT,
+            f"the alias {model} is {where or 'nowhere'}, not {serving}",
+            slot=serving,
+            retire=retire,
+        )
+    record = records.get(serving)
+    notes = () if record is not None and record.state is SlotState.ACTIVE else ("record",)
+    return Assessment(
+        model,
+        Action.NONE,
+        f"serves {seen.desired} from {serving}",
+        slot=serving,
+        retire=retire,
+        serving=True,
+        notes=notes,
+    )
+
+
+def _holds(slot: Slot) -> bool:
+    """The record says the slot holds something Triton may have loaded."""
+    return slot.state not in (SlotState.ABSENT, SlotState.UNAVAILABLE)
+
+
+def _warm(record: Slot | None, state: str | None) -> bool:
+    """A previous release kept loaded for a quick rollback: it keeps its retire window."""
+    return record is not None and record.state is SlotState.RETIRING and state == "READY"

@@ -1,0 +1,255 @@
+"""The operation runner: the one place that starts, tracks, cancels and ends operations.
+
+It owns, for every operation: the model's lock (taken before anything is recorded, released
+after everything is cleaned), the task that runs the body, the tracker that records it, the
+reason it may be cut short, and the clean-up of its staging dir. Bodies (the blue-green and
+inplace pipelines, the CPU-only reload, retire, repair) receive a :class:`Run` and nothing else
+of the runner's.
+
+Cancellation always has a reason (:class:`~controlplane.domain.operations.CancelReason`),
+set on the :class:`Run` before the task is cancelled, because the right clean-up depends on
+it: at shutdown a load cut short is left for start-up reconcile (Triton may still read the
+placed files, and the daemon is going away); when a rollback budget runs out the daemon goes
+on, so the body puts placement and slot state back at once and leaves to reconcile only what
+has to wait for Triton. A body's clean-up on cancellation must be quick (no waiting on Triton):
+:meth:`OperationRunner.cancel` returns within :data:`CANCEL_GRACE` either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from controlplane.domain.errors import ControlPlaneError, OperationNotFound
+from controlplane.domain.operations import (
+    CancelReason,
+    Operation,
+    OperationKind,
+    OperationStatus,
+    Step,
+    Trigger,
+)
+from controlplane.ports import Clock, OperationLog, Staging, Telemetry
+from controlplane.services.coordination import ModelLocks
+from controlplane.services.telemetry import NO_TELEMETRY
+from controlplane.services.tracker import OperationTracker, current_operation
+
+log = logging.getLogger(__name__)
+CANCEL_GRACE = 1.0  # what a cut-short operation may take to put things back
+
+
+@dataclass
+class Run:
+    """What an operation's body works with: its record, and why it may be stopped."""
+
+    tracker: OperationTracker
+    cancel_reason: CancelReason | None = None
+
+    @property
+    def operation(self) -> Operation:
+        return self.tracker.operation
+
+    @property
+    def model(self) -> str:
+        return self.tracker.operation.model
+
+    @property
+    def trigger(self) -> Trigger:
+        return self.tracker.operation.trigger
+
+    @property
+    def stopping(self) -> bool:
+        """Cut short because the daemon stops: leave what Triton still works on to start-up
+        reconcile."""
+        return self.cancel_reason in (None, CancelReason.SHUTDOWN)
+
+
+Body = Callable[[Run], Awaitable[None]]
+AfterSuccess = Callable[[Operation], Awaitable[None]]
+
+
+class OperationRunner:
+    def __init__(
+        self,
+        *,
+        journal: OperationLog,
+        staging: Staging,
+        clock: Clock,
+        locks: ModelLocks,
+        telemetry: Telemetry = NO_TELEMETRY,
+    ) -> None:
+        self._journal = journal
+        self._staging = staging
+        self._clock = clock
+        self._locks = locks
+        self._telemetry = telemetry
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, Run] = {}
+
+    # --- starting -------------------------------------------------------------------------
+
+    def claim(self, model: str) -> str:
+        """Take ``model``'s lock for a new operation; its id. Refused while another runs."""
+        operation_id = uuid.uuid4().hex[:16]
+        self._locks.claim(model, operation_id)
+        return operation_id
+
+    def release(self, model: str, operation_id: str) -> None:
+        """Give back a lock taken by :meth:`claim` for an operation that was never started."""
+        self._locks.release(model, operation_id)
+
+    async def start(
+        self,
+        operation_id: str,
+        *,
+        kind: OperationKind,
+        model: str,
+        release: str | None,
+        trigger: Trigger,
+        from_release: str | None,
+        body: Body,
+        done_steps: Sequence[Step] = (),
+        after: AfterSuccess | None = None,
+    ) -> Operation:
+        """Record the operation (with the checks already made) and run ``body`` in a task.
+
+        The lock taken by :meth:`claim` passes to the task, which releases it at its end."""
+        try:
+            tracker = OperationTracker(
+                Operation(
+                    id=operation_id,
+                    kind=kind,
+                    model=model,
+                    release=release,
+                    trigger=trigger,
+                    status=OperationStatus.RUNNING,
+                    created_at=done_steps[0].started_at if done_steps else self._clock.now(),
+                    from_release=from_release,
+                ),
+                self._journal,
+                self._clock,
+                self._telemetry,
+            )
+            for step in done_steps:
+                tracker.done_step(step)
+        except BaseException:
+            self._locks.release(model, operation_id)
+            raise
+        run = Run(tracker)
+        self._runs[operation_id] = run
+        task = asyncio.get_running_loop().create_task(
+            self._run(run, body, after), name=f"operation-{operation_id}"
+        )
+        self._tasks[operation_id] = task
+        task.add_done_callback(lambda _done: self._forget(operation_id))
+        return tracker.operation
+
+    async def run_now(
+        self,
+        *,
+        kind: OperationKind,
+        model: str,
+        release: str | None,
+        trigger: Trigger,
+        from_release: str | None,
+        body: Body,
+    ) -> Operation:
+        """Claim, start and wait: for the daemon's own operations (retire, repair)."""
+        operation_id = self.claim(model)
+        operation = await self.start(
+            operation_id,
+            kind=kind,
+            model=model,
+            release=release,
+            trigger=trigger,
+            from_release=from_release,
+            body=body,
+        )
+        return await self.wait(operation.id)
+
+    # --- following ------------------------------------------------------------------------
+
+    def holder(self, model: str) -> str | None:
+        return self._locks.holder(model)
+
+    def running(self) -> list[str]:
+        return list(self._tasks)
+
+    async def wait(self, operation_id: str) -> Operation:
+        """The operation once it has ended (waiting does not cancel it)."""
+        task = self._tasks.get(operation_id)
+        if task is not None:
+            await asyncio.wait([task])
+        return await self.get(operation_id)
+
+    async def get(self, operation_id: str) -> Operation:
+        operation = await self._journal.get(operation_id)
+        if operation is None:
+            raise OperationNotFound(f"no operation with id {operation_id!r}")
+        return operation
+
+    async def cancel(self, operation_id: str, reason: CancelReason) -> Operation:
+        """Cut an operation short for ``reason``; its own clean-up runs (bounded by
+        :data:`CANCEL_GRACE`); return its record."""
+        task = self._tasks.get(operation_id)
+        run = self._runs.get(operation_id)
+        if task is not None and run is not None and not task.done():
+            run.cancel_reason = reason
+            task.cancel(f"cancelled: {reason.value}")
+            _done, pending = await asyncio.wait([task], timeout=CANCEL_GRACE)
+            if pending:
+                log.error(
+                    "operation %s did not end within %.1f s of being cut short (%s)",
+                    operation_id,
+                    CANCEL_GRACE,
+                    reason.value,
+                )
+        return await self.get(operation_id)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Shutdown: cut every running operation short and wait for their clean-up."""
+        tasks = list(self._tasks.items())
+        for operation_id, task in tasks:
+            run = self._runs.get(operation_id)
+            if run is not None:
+                run.cancel_reason = CancelReason.SHUTDOWN
+            task.cancel("cancelled: shutdown")
+        if tasks:
+            _done, pending = await asyncio.wait([t for _, t in tasks], timeout=timeout)
+            for task in pending:
+                log.warning("operation task %s did not stop within %.0f s", task, timeout)
+
+    # --- running --------------------------------------------------------------------------
+
+    async def _run(self, run: Run, body: Body, after: AfterSuccess | None) -> None:
+        tracker = run.tracker
+        operation = tracker.operation
+        current_operation.set(operation.id)  # this task's own context: every log line names it
+        try:
+            await body(run)
+            tracker.succeed()
+            if after is not None:
+                try:
+                    await after(tracker.operation)
+                except Exception:  # the work is done; a follow-up must not say otherwise
+                    log.exception("follow-up of %s failed", operation.id)
+        except ControlPlaneError as exc:
+            tracker.fail(exc)
+        except asyncio.CancelledError:
+            tracker.interrupt(run.cancel_reason or CancelReason.SHUTDOWN)
+            raise
+        except Exception as exc:
+            log.exception("operation %s failed unexpectedly", operation.id)
+            tracker.fail(ControlPlaneError(f"unexpected error: {exc!r}"))
+        finally:
+            try:
+                await asyncio.shield(asyncio.to_thread(self._staging.cleanup, operation.id))
+            finally:
+                self._locks.release(operation.model, operation.id)
+
+    def _forget(self, operation_id: str) -> None:
+        self._tasks.pop(operation_id, None)
+        self._runs.pop(operation_id, None)

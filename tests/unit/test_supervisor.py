@@ -1,0 +1,177 @@
+"""The supervisor: a background job that fails is logged, counted and started again, and the
+others (automatic rollback among them) go on meanwhile.
+
+The jobs are the daemon's own (the release watcher over a store that raises, the overload
+watcher over scripted GPU readings); only what cannot happen on cue is a fake injected
+through its Protocol: the store's failure and the GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from controlplane.domain.releases import ReleaseInfo
+from controlplane.domain.rollback import RollbackOutcome
+from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.services.supervisor import JobState, Supervisor
+from controlplane.services.telemetry import NoTelemetry
+from controlplane.services.watcher import ReleaseWatcher
+from tests.support.fakes import FakeClock
+from tests.support.polling import until
+from tests.unit.test_auto_rollback import rig
+from tests.unit.test_bluegreen_service import MODEL
+from tests.unit.test_overload_watcher import ScriptedSource, _watcher
+
+
+class CountingTelemetry(NoTelemetry):
+    def __init__(self) -> None:
+        self.restarts: list[str] = []
+
+    def job_restarted(self, job: str) -> None:
+        self.restarts.append(job)
+
+
+class FullDiskStore:
+    """A store whose listing fails as a full disk or a lost mount does: ``OSError``."""
+
+    uri = "file:///models"
+
+    def close(self) -> None:
+        return None
+
+    def list_models(self) -> list[str]:
+        raise OSError(28, "No space left on device")
+
+    def list_releases(self, model: str) -> list[ReleaseInfo]:
+        raise OSError(28, "No space left on device")
+
+    def describe(self, model: str, release: str) -> ReleaseInfo:
+        raise OSError(28, "No space left on device")
+
+    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
+        raise OSError(28, "No space left on device")
+
+    def fetch(
+        self,
+        model: str,
+        release: str,
+        dest: Path,
+        *,
+        have: Mapping[str, object] | None = None,
+        progress: Callable[[FetchProgress], None] | None = None,
+    ) -> FetchedRelease:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_job_is_restarted_and_counted_while_automatic_rollback_works(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path) as r:
+            await r.serving_r2()
+            telemetry = CountingTelemetry()
+            supervisor = Supervisor(r.parts.clock, telemetry, first_backoff=0.01, max_backoff=0.02)
+            watcher = ReleaseWatcher(
+                store=FullDiskStore(),
+                deploy=r.service,
+                releases=r.parts.repos.releases,
+                serving=r.parts.repos.serving,
+                rollbacks=r.parts.repos.rollbacks,
+                clock=r.parts.clock,
+                tasks=r.parts.tasks,
+                auto_deploy=lambda _model: True,
+                interval=0.01,
+            )
+            overload = _watcher(r, ScriptedSource({"gpu0": 0.99}))
+
+            async def sample_every_second() -> None:  # the watcher's beat, on the fake clock
+                while True:
+                    await overload.tick()
+                    r.parts.clock.advance(1.0)
+                    await asyncio.sleep(0.001)
+
+            supervisor.add("release-watcher", watcher.run)
+            supervisor.add("overload-watcher", sample_every_second)
+            jobs = asyncio.create_task(supervisor.run())
+            try:
+                await until(lambda: telemetry.restarts.count("release-watcher") >= 3, "restarts")
+
+                async def rolled_back() -> bool:
+                    last = await r.parts.repos.rollbacks.last(MODEL)
+                    return last is not None and last.outcome is RollbackOutcome.FALLBACK
+
+                await until(rolled_back, "the automatic rollback", timeout=10.0)
+                statuses = {s.name: s for s in supervisor.statuses()}
+                failing = statuses["release-watcher"]
+                assert failing.restarts >= 3
+                assert failing.last_error == "OSError: [Errno 28] No space left on device"
+                assert statuses["overload-watcher"].state is JobState.RUNNING
+                assert statuses["overload-watcher"].restarts == 0
+                assert "overload-watcher" not in telemetry.restarts
+            finally:
+                jobs.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await jobs
+            assert {s.state for s in supervisor.statuses()} == {JobState.STOPPED}
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    failures = [r for r in caplog.records if "job release-watcher failed" in r.getMessage()]
+    assert failures
+    assert failures[0].exc_info is not None  # the traceback is in the log
+
+
+def test_a_job_that_ends_on_its_own_is_started_again() -> None:
+    async def scenario() -> int:
+        runs = 0
+
+        async def short() -> None:
+            nonlocal runs
+            runs += 1
+
+        telemetry = CountingTelemetry()
+        supervisor = Supervisor(FakeClock(), telemetry, first_backoff=0.001, max_backoff=0.001)
+        supervisor.add("short", short)
+        jobs = asyncio.create_task(supervisor.run())
+        await until(lambda: runs >= 3, "three runs")
+        jobs.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await jobs
+        assert telemetry.restarts[:2] == ["short", "short"]
+        return runs
+
+    assert asyncio.run(scenario()) >= 3
+
+
+def test_backoff_doubles_up_to_its_bound_and_is_visible() -> None:
+    async def scenario() -> dict[int, float]:
+        waits: dict[int, float] = {}  # restart number -> the wait before it
+
+        async def failing() -> None:
+            raise RuntimeError("broken")
+
+        supervisor = Supervisor(FakeClock(), first_backoff=0.05, max_backoff=0.2)
+        supervisor.add("broken", failing)
+        jobs = asyncio.create_task(supervisor.run())
+
+        def seen() -> bool:
+            status = supervisor.statuses()[0]
+            if status.state is JobState.BACKING_OFF:
+                assert status.restart_at is not None
+                assert status.since is not None
+                waits[status.restarts] = (status.restart_at - status.since).total_seconds()
+            return len(waits) >= 4
+
+        await until(seen, "four restarts")
+        jobs.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await jobs
+        return waits
+
+    waits = asyncio.run(scenario())
+    assert [waits[n] for n in (1, 2, 3, 4)] == [0.05, 0.1, 0.2, 0.2]
