@@ -132,6 +132,13 @@ def status(
         typer.echo("no models managed here or in the store")
     for view in models:
         _print_model(view)
+    for job in _call(lambda: client.get("/healthz")).get("jobs", []):
+        if job["state"] != "running":
+            typer.echo(
+                f"job {job['name']}: {job['state']} after {job['restarts']} restart(s): "
+                f"{job.get('last_error') or '-'}",
+                err=True,
+            )
 
 
 def _operation(client: Client, path: str, body: dict[str, Any], wait: bool, timeout: float) -> None:
@@ -208,6 +215,14 @@ def _print_model(view: dict[str, Any]) -> None:
         )
     if view.get("running_operation"):
         typer.echo(f"  running:   {view['running_operation']}")
+    if view.get("drift"):
+        typer.echo(f"  drift:     {view['drift']} (the reconcile loop repairs it)")
+    repair = view.get("last_repair")
+    if repair:
+        why = (repair.get("detail") or {}).get("why", "")
+        typer.echo(
+            f"  repaired:  {repair['status']} at {repair['created_at']}: {why} [{repair['id']}]"
+        )
     _print_rollback(view)
 
 

@@ -218,6 +218,51 @@ def test_a_fallback_past_its_budget_is_cut_short_for_the_cpu_only_reload(
     asyncio.run(scenario())
 
 
+def test_a_chain_whose_every_step_hangs_ends_within_its_budgets(tmp_path: Path) -> None:
+    """The user (or the overload watcher) waits the budgets, not the loads: both steps are
+    cut short, each puts its records back, and the chain ends within its budget plus the
+    one-second grace of that clean-up."""
+
+    async def scenario() -> float:
+        triton = FakeTriton()
+        budgets = RollbackBudgets(fallback=0.3, cold_fallback=0.3, cpu=0.3, cooldown=300.0)
+        async with rig(tmp_path, fallback={MODEL: "r3"}, budgets=budgets, triton=triton) as r:
+            await r.serving_r2("r3")
+            triton.script_load(BLUE, LoadBlocks())  # the fallback's load never ends
+            triton.script_load(GREEN, LoadBlocks())  # nor does the CPU-only reload
+            loop = asyncio.get_running_loop()
+
+            started = loop.time()
+            result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+            took = loop.time() - started
+
+            assert not result.acted
+            last = await r.last()
+            assert last.outcome is RollbackOutcome.FAILED
+            assert last.detail["fallback_budget"] == {
+                "kind": "cold",
+                "seconds": 0.3,
+                "why": "r3 must be loaded (rollback.cold_fallback_budget_seconds)",
+            }
+            assert [code for _, code in await _codes(r, last)] == [
+                "budget_exceeded",
+                "budget_exceeded",
+            ]
+            assert (await record(r.parts)).active_release == "r2"
+            slots = {s.name: s.state.value for s in (await record(r.parts)).slots}
+            assert slots[GREEN] == "ACTIVE"  # the serving slot is put back as it was
+            assert r.parts.runner.holder(MODEL) is None
+            return took
+
+    took = asyncio.run(scenario())
+    assert took <= 0.3 + 0.3 + 1.0, took
+
+
+async def _codes(r: Rig, record: RollbackRecord) -> list[tuple[str, str | None]]:
+    found = [await r.parts.repos.operations.get(i) for i in record.operation_ids]
+    return [(op.kind.value, op.error.code if op.error else None) for op in found if op]
+
+
 def test_when_every_step_fails_the_serving_release_stays_and_it_says_so(
     tmp_path: Path,
 ) -> None:

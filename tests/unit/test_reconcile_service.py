@@ -11,6 +11,7 @@ the repository, the slots, and the operations recorded (a repair is an operation
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,8 @@ from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import TrafficPolicy
 from controlplane.ports import Serving
 from controlplane.services.deploy import DeployService
-from controlplane.services.reconcile import PassReport
+from controlplane.services.reconcile import PassReport, Reconciler
+from controlplane.services.supervisor import Supervisor
 from tests.support.fakes import (
     START,
     FakeTriton,
@@ -548,3 +550,64 @@ def test_a_failing_pass_does_not_stop_the_loop(tmp_path: Path) -> None:
                     await loop
 
     asyncio.run(scenario())
+
+
+class FlakyStaging:
+    """The real staging area, whose first start-up clean-up fails as a full or read-only
+    disk would."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+        self.failures = 1
+
+    def clean_all(self) -> list[str]:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(30, "Read-only file system")
+        return self._real.clean_all()  # type: ignore[attr-defined,no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        await deployed(tmp_path, FakeTriton(), "r1")
+        restarted = FakeTriton()
+        async with deploy_service(tmp_path, restarted) as (service, parts):
+            staging = FlakyStaging(parts.staging)
+            reconciler = Reconciler(
+                deploy=service,
+                bluegreen=parts.bluegreen,
+                runner=parts.runner,
+                staging=staging,  # type: ignore[arg-type]
+                triton=restarted,
+                slots=parts.slots,
+                serving=parts.repos.serving,
+                journal=parts.repos.operations,
+                load_slots=parts.load_slots,
+                clock=parts.clock,
+                policy_for=lambda _model: parts.policy,
+                unload_timeout=5.0,
+            )
+            ready = asyncio.Event()
+            supervisor = Supervisor(parts.clock, first_backoff=0.01)
+            supervisor.add("reconcile", lambda: reconciler.run(0.01, ready))
+            jobs = asyncio.create_task(supervisor.run())
+            try:
+                async with asyncio.timeout(DEADLINE):
+                    await ready.wait()
+                await until(lambda: restarted.state(MODEL) == "READY", "repaired")
+                [status] = supervisor.statuses()
+                assert status.restarts == 1
+                assert status.last_error == "OSError: [Errno 30] Read-only file system"
+            finally:
+                jobs.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await jobs
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert any("job reconcile failed" in r.getMessage() for r in caplog.records)
