@@ -5,6 +5,10 @@ operation: 200 when it succeeded, the error's status (with the operation) when i
 The app owns the daemon's lifetime: the lifespan builds the services, runs start-up
 reconcile in the background (``/readyz`` answers 503 until it is done), and stops every
 background task on shutdown.
+
+Requests pass three ASGI gates before any route, in this order: the token (401, from the
+headers alone), the media type (415), the body's size (413). Each route names the error codes
+it can answer (the tuples below); the OpenAPI document derives its statuses from them.
 """
 
 from __future__ import annotations
@@ -21,9 +25,14 @@ from fastapi.responses import JSONResponse, Response
 from controlplane import __version__
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
+from controlplane.api.media import JsonBodies
+from controlplane.api.openapi import DocumentedAPI, answers
 from controlplane.api.schemas import (
     AlertmanagerNotification,
     DeployRequest,
+    OperationEnvelope,
+    OperationFailure,
+    RollbackFailure,
     RollbackRequest,
     UnloadRequest,
     alert_json,
@@ -33,7 +42,7 @@ from controlplane.api.schemas import (
     operation_json,
     rollback_result_json,
 )
-from controlplane.api.security import check_token
+from controlplane.api.security import Authenticate
 from controlplane.domain.errors import (
     InvalidRequest,
     NoFallback,
@@ -54,14 +63,64 @@ class NotReady(TransientError):
     code = "not_ready"
 
 
+# The error codes each route can answer besides success (statuses: api/errors.py).
+# A mutating request can be refused by the gates and by a daemon still reconciling.
+WRITE_REFUSALS = ("invalid_request", "unsupported_media_type", "request_too_large", "not_ready")
+DEPLOY_REFUSALS = (
+    "invalid_name",
+    "release_not_found",
+    "release_incomplete",
+    "operation_in_progress",
+    "store_error",
+    "store_unavailable",
+)
+ROLLBACK_REFUSALS = (*DEPLOY_REFUSALS, "model_not_found", "no_previous_release")
+UNLOAD_REFUSALS = ("invalid_name", "model_not_found", "operation_in_progress")
+RELOAD_REFUSALS = ("invalid_name", "model_not_found", "no_fallback", "rollback_failed")
+# What a waited deploy or rollback can end with: every step of the pipeline can fail.
+LOAD_FAILURES = (
+    "release_not_found",
+    "release_incomplete",
+    "release_changed",
+    "checksum_mismatch",
+    "invalid_release",
+    "invalid_model_config",
+    "strategy_unsupported",
+    "insufficient_memory",
+    "triton_load_failed",
+    "preflight_failed",
+    "invalid_transition",
+    "store_error",
+    "store_unavailable",
+    "triton_error",
+    "triton_unavailable",
+    "triton_timeout",
+    "staging_failed",
+    "interrupted",
+)
+UNLOAD_FAILURES = (
+    "invalid_transition",
+    "triton_error",
+    "triton_unavailable",
+    "triton_timeout",
+    "staging_failed",
+    "interrupted",
+)
+STARTED: dict[int | str, dict[str, Any]] = {
+    202: {"model": OperationEnvelope, "description": "The operation started."}
+}
+SUCCEEDED: dict[int | str, dict[str, Any]] = {
+    200: {"model": OperationEnvelope, "description": "With wait: the operation succeeded."}
+}
+
+
 def _container(request: Request) -> Container:
     found: Container = request.app.state.container
     return found
 
 
 def _mutating(request: Request) -> Container:
-    check_token(request, request.app.state.token)
-    found = _container(request)
+    found = _container(request)  # the token was checked before the request got here
     if not found.ready.is_set():
         raise NotReady("the daemon is reconciling at start-up; retry in a few seconds")
     return found
@@ -91,14 +150,17 @@ def create_app(settings: Settings) -> FastAPI:
             await asyncio.gather(runner, return_exceptions=True)
             await container.close()
 
-    app = FastAPI(
+    token = settings.api.token.get_secret_value() if settings.api.token else None
+    app = DocumentedAPI(
+        bearer=token is not None,
         title="controlplane",
         version=__version__,
         description="Safe, fast model updates for NVIDIA Triton Inference Server.",
         lifespan=lifespan,
+        strict_content_type=False,  # a JSON body without Content-Type is read as JSON
     )
     install_handlers(app)
-    app.state.token = settings.api.token.get_secret_value() if settings.api.token else None
+    writes = (*(("unauthorized",) if token else ()), *WRITE_REFUSALS)
 
     def trigger_of(request: Request) -> Trigger:
         return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
@@ -119,7 +181,7 @@ def create_app(settings: Settings) -> FastAPI:
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["probes"])
+    @app.get("/readyz", tags=["probes"], responses=answers(("not_ready", "triton_unavailable")))
     async def readyz(c: Reader) -> JSONResponse:
         """Readiness: start-up reconcile is done and Triton is reachable."""
         if not c.ready.is_set():
@@ -162,12 +224,23 @@ def create_app(settings: Settings) -> FastAPI:
         """Every model managed here or present in the store."""
         return {"models": [model_json(view) for view in await c.status.list_models()]}
 
-    @app.get("/v1/models/{name}", tags=["models"])
+    @app.get(
+        "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
+    )
     async def get_model(name: str, c: Reader) -> dict[str, Any]:
         """One model: active and previous release, Triton's state, releases in the store."""
         return model_json(await c.status.get_model(name))
 
-    @app.post("/v1/models/{name}/deploy", tags=["operations"], status_code=202)
+    @app.post(
+        "/v1/models/{name}/deploy",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **SUCCEEDED,
+            **answers((*writes, *DEPLOY_REFUSALS), LOAD_FAILURES, body=OperationFailure),
+        },
+    )
     async def deploy(name: str, body: DeployRequest, request: Request, c: Writer) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
         operation = await c.deploy.deploy(
@@ -175,7 +248,16 @@ def create_app(settings: Settings) -> FastAPI:
         )
         return await answer(c, operation, body.wait)
 
-    @app.post("/v1/models/{name}/rollback", tags=["operations"], status_code=202)
+    @app.post(
+        "/v1/models/{name}/rollback",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **SUCCEEDED,
+            **answers((*writes, *ROLLBACK_REFUSALS), LOAD_FAILURES, body=OperationFailure),
+        },
+    )
     async def rollback(
         name: str, body: RollbackRequest, request: Request, c: Writer
     ) -> JSONResponse:
@@ -183,20 +265,40 @@ def create_app(settings: Settings) -> FastAPI:
         operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
         return await answer(c, operation, body.wait)
 
-    @app.post("/v1/models/{name}/unload", tags=["operations"], status_code=202)
+    @app.post(
+        "/v1/models/{name}/unload",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **SUCCEEDED,
+            **answers((*writes, *UNLOAD_REFUSALS), UNLOAD_FAILURES, body=OperationFailure),
+        },
+    )
     async def unload(name: str, body: UnloadRequest, request: Request, c: Writer) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
         operation = await c.deploy.unload(name, trigger=trigger_of(request))
         return await answer(c, operation, body.wait)
 
-    @app.get("/v1/operations/{operation_id}", tags=["operations"])
+    @app.get(
+        "/v1/operations/{operation_id}",
+        tags=["operations"],
+        responses={
+            200: {"model": OperationEnvelope, "description": "The operation."},
+            **answers(("operation_not_found",)),
+        },
+    )
     async def get_operation(operation_id: str, c: Reader) -> dict[str, Any]:
         """One operation with its steps, timings, trigger and outcome."""
         if not (len(operation_id) <= 64 and operation_id.isalnum()):
             raise OperationNotFound(f"no operation with id {operation_id[:64]!r}")
         return {"operation": operation_json(c.deploy.get_operation(operation_id))}
 
-    @app.get("/v1/operations", tags=["operations"])
+    @app.get(
+        "/v1/operations",
+        tags=["operations"],
+        responses=answers(("invalid_request", "invalid_name")),
+    )
     async def list_operations(
         c: Reader,
         model: str | None = None,
@@ -206,7 +308,7 @@ def create_app(settings: Settings) -> FastAPI:
         operations = c.deploy.list_operations(model, limit)
         return {"operations": [operation_json(op) for op in operations]}
 
-    @app.post("/v1/alerts", tags=["alerts"])
+    @app.post("/v1/alerts", tags=["alerts"], responses=answers(writes))
     async def receive_alerts(body: AlertmanagerNotification, c: Writer) -> dict[str, Any]:
         """Alertmanager's webhook (version 4): each alert stored, deduped on
         (fingerprint, startsAt); a new firing alert rolls back the model its label names,
@@ -224,14 +326,18 @@ def create_app(settings: Settings) -> FastAPI:
             ]
         }
 
-    @app.get("/v1/alerts", tags=["alerts"])
+    @app.get("/v1/alerts", tags=["alerts"], responses=answers(("invalid_request",)))
     async def list_alerts(
         c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50
     ) -> dict[str, Any]:
         """Alerts received, newest first, with how often Alertmanager sent each."""
         return {"alerts": [alert_json(record) for record in c.repo.list_alerts(limit)]}
 
-    @app.post("/api/v1/model/reload", tags=["operations"])
+    @app.post(
+        "/api/v1/model/reload",
+        tags=["operations"],
+        responses=answers((*writes, *RELOAD_REFUSALS), body=RollbackFailure),
+    )
     async def reload_fallback(
         request: Request,
         c: Writer,
@@ -262,5 +368,8 @@ def create_app(settings: Settings) -> FastAPI:
             status_code=status_for("rollback_failed"),
         )
 
+    # Added innermost first: the token is checked before the media type, the size after both.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(JsonBodies)
+    app.add_middleware(Authenticate, token=token)
     return app

@@ -1,4 +1,8 @@
-"""Request bodies, and how domain values are rendered as JSON."""
+"""Request bodies, how domain values are rendered as JSON, and the documented answer shapes.
+
+The ``*Answer`` / ``*Failure`` models below only document answers in the OpenAPI document (the
+routes render with the ``*_json`` functions); the API fuzzer checks that the two agree.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,13 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
 from controlplane.domain.memory import LeakTrend, MemorySample
-from controlplane.domain.operations import Operation
+from controlplane.domain.operations import (
+    Operation,
+    OperationKind,
+    OperationStatus,
+    StepStatus,
+    Trigger,
+)
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
@@ -222,3 +232,68 @@ def model_json(view: ModelView) -> dict[str, Any]:
             "cooldown_until": _time(view.cooldown_until),
         },
     }
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepAnswer(_Answer):
+    name: str
+    status: StepStatus
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    detail: dict[str, Any]
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="Machine-readable error code; see the table in the README.")
+    message: str = Field(description="What is wrong and what to do about it.")
+
+
+class OperationAnswer(_Answer):
+    id: str
+    kind: OperationKind
+    model: str
+    release: str | None
+    from_release: str | None
+    trigger: Trigger
+    status: OperationStatus
+    created_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    steps: list[StepAnswer]
+    error: ErrorDetail | None
+    detail: dict[str, Any]
+
+
+class OperationEnvelope(_Answer):
+    """A mutating route's answer: the operation started (202) or finished (200)."""
+
+    operation: OperationAnswer
+
+
+class ErrorBody(_Answer):
+    """Every error answer."""
+
+    error: ErrorDetail
+    operation_id: str | None = Field(
+        None, description="The operation concerned: the running one for operation_in_progress."
+    )
+
+
+class OperationFailure(ErrorBody):
+    """An error answer of a mutating route: with ``wait``, the finished, failed operation."""
+
+    operation: OperationAnswer | None = Field(
+        None, description="With wait: the operation, which failed with this error."
+    )
+
+
+class RollbackFailure(ErrorBody):
+    """The runbook route's answer when the fallback and the CPU-only reload both failed."""
+
+    rollbacks: list[dict[str, Any]] | None = Field(
+        None, description="What was tried for each model, as in the route's 200 answer."
+    )

@@ -135,6 +135,84 @@ def test_a_10_mb_body_is_refused_before_it_is_read(daemon: Daemon) -> None:
     assert response.json()["error"]["code"] == "request_too_large"
 
 
+MUTATING_ROUTES = [
+    f"/v1/models/{MODEL}/deploy",
+    f"/v1/models/{MODEL}/rollback",
+    f"/v1/models/{MODEL}/unload",
+    "/v1/alerts",
+    "/api/v1/model/reload?target=fallback",
+]
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize("path", MUTATING_ROUTES)
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"{not json", {"content-type": "application/json"}),
+        (b"release=r1", {"content-type": "application/x-www-form-urlencoded"}),
+        (b'{"surprise": []}', {"content-type": "application/json"}),
+        (b'{"release": "' + b"x" * (2 * 1024 * 1024) + b'"}', {}),
+        (b'{"release": "r1"}', {"authorization": "Bearer not-the-token"}),
+        (b'{"release": "r1"}', {"authorization": f"Basic {TOKEN}"}),
+    ],
+    ids=["broken-json", "form", "invalid-fields", "2-mb", "wrong-token", "not-bearer"],
+)
+def test_a_request_without_the_token_is_refused_before_its_body_is_read(
+    daemon: Daemon, path: str, content: bytes, headers: dict[str, str]
+) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30) as anonymous:
+        response = anonymous.post(path, content=content, headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert "Bearer" in response.headers["www-authenticate"]
+    message = response.json()["error"]["message"].lower()
+    assert not any(word in message for word in ("json", "body", "content", "release"))
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize("path", MUTATING_ROUTES)
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data"]
+)
+def test_a_body_that_is_not_json_is_refused_naming_the_header_to_send(
+    daemon: Daemon, path: str, content_type: str
+) -> None:
+    response = _post_raw(daemon, path, b'{"release": "r1"}', **{"content-type": content_type})
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert "-H 'Content-Type: application/json'" in response.json()["error"]["message"]
+    assert content_type in response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"content-type": "application/json"},
+        {"content-type": "application/json; charset=utf-8"},
+        {"content-type": "Application/JSON"},
+        {"content-type": "application/vnd.controlplane+json"},
+    ],
+    ids=["no-content-type", "json", "json-charset", "json-capitals", "plus-json"],
+)
+def test_a_json_body_is_read_with_a_json_content_type_or_none(
+    daemon: Daemon, headers: dict[str, str]
+) -> None:
+    # A name that is refused proves the body was read and parsed as JSON.
+    response = _post_raw(daemon, f"/v1/models/{MODEL}/deploy", b'{"release": "../x"}', **headers)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_name"
+
+
+def test_a_method_a_route_does_not_have_is_405_with_the_methods_it_has(daemon: Daemon) -> None:
+    response = daemon.http.delete(f"/v1/models/{MODEL}")
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert response.headers["allow"] == "GET"
+
+
 @pytest.mark.usefixtures("unchanged")
 def test_mutating_routes_need_the_token(daemon: Daemon) -> None:
     with httpx.Client(base_url=daemon.url, timeout=30) as anonymous:
