@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from controlplane import __version__
 from controlplane.api.errors import error_body, install_handlers, status_for
@@ -28,6 +28,7 @@ from controlplane.api.limits import BodyLimit
 from controlplane.api.media import JsonBodies
 from controlplane.api.openapi import DocumentedAPI, answers
 from controlplane.api.schemas import (
+    NAME_SCHEMA,
     AlertmanagerNotification,
     DeployRequest,
     OperationEnvelope,
@@ -128,6 +129,10 @@ def _mutating(request: Request) -> Container:
 
 Reader = Annotated[Container, Depends(_container)]
 Writer = Annotated[Container, Depends(_mutating)]
+ModelName = Annotated[str, Path(description="The model's name.", json_schema_extra=NAME_SCHEMA)]
+ModelFilter = Annotated[
+    str | None, Query(description="Only this model.", json_schema_extra=NAME_SCHEMA)
+]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -197,7 +202,7 @@ def create_app(settings: Settings) -> FastAPI:
             )
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", tags=["probes"])
+    @app.get("/metrics", tags=["probes"], response_class=PlainTextResponse)
     async def metrics(c: Reader) -> Response:
         """Prometheus metrics: operations, step durations, rollbacks, alerts, what serves."""
         try:  # a scrape must not hang on a Triton that does not answer
@@ -227,7 +232,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get(
         "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
     )
-    async def get_model(name: str, c: Reader) -> dict[str, Any]:
+    async def get_model(name: ModelName, c: Reader) -> dict[str, Any]:
         """One model: active and previous release, Triton's state, releases in the store."""
         return model_json(await c.status.get_model(name))
 
@@ -241,7 +246,9 @@ def create_app(settings: Settings) -> FastAPI:
             **answers((*writes, *DEPLOY_REFUSALS), LOAD_FAILURES, body=OperationFailure),
         },
     )
-    async def deploy(name: str, body: DeployRequest, request: Request, c: Writer) -> JSONResponse:
+    async def deploy(
+        name: ModelName, body: DeployRequest, request: Request, c: Writer
+    ) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
         operation = await c.deploy.deploy(
             name, body.release, trigger=trigger_of(request), force=body.force
@@ -259,7 +266,7 @@ def create_app(settings: Settings) -> FastAPI:
         },
     )
     async def rollback(
-        name: str, body: RollbackRequest, request: Request, c: Writer
+        name: ModelName, body: RollbackRequest, request: Request, c: Writer
     ) -> JSONResponse:
         """Serve the previous release again (or the one named in ``to``)."""
         operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
@@ -275,7 +282,9 @@ def create_app(settings: Settings) -> FastAPI:
             **answers((*writes, *UNLOAD_REFUSALS), UNLOAD_FAILURES, body=OperationFailure),
         },
     )
-    async def unload(name: str, body: UnloadRequest, request: Request, c: Writer) -> JSONResponse:
+    async def unload(
+        name: ModelName, body: UnloadRequest, request: Request, c: Writer
+    ) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
         operation = await c.deploy.unload(name, trigger=trigger_of(request))
         return await answer(c, operation, body.wait)
@@ -301,7 +310,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     async def list_operations(
         c: Reader,
-        model: str | None = None,
+        model: ModelFilter = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 20,
     ) -> dict[str, Any]:
         """Recent operations, newest first, optionally for one model."""
@@ -341,8 +350,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def reload_fallback(
         request: Request,
         c: Writer,
-        target: str,
-        model: str | None = None,
+        target: Annotated[
+            str, Query(description="What to serve now.", json_schema_extra={"enum": ["fallback"]})
+        ],
+        model: ModelFilter = None,
     ) -> JSONResponse:
         """Runbook action: serve the fallback now (``target=fallback``), for ``model`` or for
         every model with a fallback; the CPU-only reload if the fallback fails. Not held back

@@ -8,15 +8,20 @@ the other direction: that every answer the real daemon gives is one documented h
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controlplane.api.app import create_app  # also defines the API's own error classes
 from controlplane.api.errors import STATUS_BY_CODE
+from controlplane.api.schemas import NAME_PATTERN
 from controlplane.domain import errors as domain_errors
-from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.errors import ControlPlaneError, InvalidName
+from controlplane.domain.names import MAX_NAME_LENGTH, validate_model_name
 from controlplane.settings import Settings
 
 WRITE = ("invalid_request", "unsupported_media_type", "request_too_large", "not_ready")
@@ -184,3 +189,17 @@ def test_mutating_routes_declare_the_bearer_token_only_when_one_is_set(
         assert ("security" in operation) == needs
     schemes = document.get("components", {}).get("securitySchemes", {})
     assert (schemes == {}) == (token is None)
+
+
+NAME_ALPHABET = st.sampled_from("aZ09._-/ é")
+
+
+@given(st.text(NAME_ALPHABET, max_size=12) | st.from_regex(NAME_PATTERN, fullmatch=True))
+def test_the_documented_name_pattern_is_the_domains_rule(name: str) -> None:
+    try:
+        validate_model_name(name)
+        valid = True
+    except InvalidName:
+        valid = False
+    documented = re.fullmatch(NAME_PATTERN, name) is not None and len(name) <= MAX_NAME_LENGTH
+    assert documented == valid
