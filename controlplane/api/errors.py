@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Send
 
 from controlplane.domain.errors import ControlPlaneError
@@ -110,6 +111,17 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method the request's path has (RFC 9110's Allow). Starlette names only those of
+    the first route that matched the path, so ``GET`` and ``POST /v1/alerts`` need this."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ControlPlaneError)
     async def _domain(_request: Request, exc: ControlPlaneError) -> JSONResponse:
@@ -139,11 +151,11 @@ def install_handlers(app: FastAPI) -> None:
                 f"no route for {request.method} {request.url.path}; model and release names "
                 "cannot contain '/' (see /docs)",
             )
-        if exc.status_code == 405:  # keeps Starlette's Allow header (RFC 9110)
+        if exc.status_code == 405:
             return error_response(
                 "method_not_allowed",
                 f"{request.method} is not allowed on {request.url.path}",
-                headers=exc.headers,
+                headers={"Allow": _allowed_methods(request)},
             )
         code = "unauthorized" if exc.status_code == 401 else "invalid_request"
         return JSONResponse(

@@ -6,9 +6,9 @@ routes render with the ``*_json`` functions); the API fuzzer checks that the two
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
 from controlplane.domain.memory import LeakTrend, MemorySample
@@ -34,8 +34,22 @@ NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
 NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN, "maxLength": MAX_NAME_LENGTH}
 
 
+def _encodable(text: str) -> str:
+    # JSON can spell a lone surrogate ("\ud800"); such a string cannot be stored or answered
+    # as UTF-8, so it is refused here rather than failing later in SQLite or in an answer.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (a lone surrogate is not)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "wait": "yes" is refused, not read as true; the document says boolean.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class DeployRequest(_Body):
@@ -65,10 +79,19 @@ class AlertmanagerAlert(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     status: Literal["firing", "resolved"]
-    labels: dict[str, str] = Field(max_length=64)
-    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: dict[Text, Text] = Field(max_length=64)
+    annotations: dict[Text, Text] = Field(default_factory=dict, max_length=64)
     startsAt: AwareDatetime  # noqa: N815 (Alertmanager's field name)
     fingerprint: str = Field(pattern=r"^[A-Za-z0-9]{1,64}$")
+
+    @field_validator("startsAt", mode="before")
+    @classmethod
+    def _rfc3339_text(cls, value: object) -> object:
+        # Lax datetime parsing would take a number as seconds since 1970: the document says a
+        # date-time string, and a number is a broken sender, not an alert from 1970.
+        if not isinstance(value, str):
+            raise ValueError("startsAt must be an RFC 3339 date-time string")
+        return value
 
     def to_domain(self) -> Alert:
         return Alert(
@@ -86,7 +109,7 @@ class AlertmanagerNotification(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: str = Field(json_schema_extra={"enum": ["4"]})  # refused below with a reason
     status: Literal["firing", "resolved"]
-    receiver: str = ""
+    receiver: Text = ""
     alerts: list[AlertmanagerAlert] = Field(min_length=1, max_length=1000)
 
     @field_validator("version")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,10 +112,21 @@ def test_an_unknown_model_is_404(daemon: Daemon) -> None:
         (b"{}", "release"),
         (b'{"release": 5}', "release"),
         (b'{"release": "r1", "wait": "maybe"}', "wait"),
+        (b'{"release": "r1", "wait": "yes"}', "wait"),
+        (b'{"release": "r1", "force": 1}', "force"),
         (b'{"release": "r1", "surprise": 1}', "surprise"),
         (b"[]", "body"),
     ],
-    ids=["malformed", "missing-release", "wrong-type", "bad-wait", "unknown-field", "array"],
+    ids=[
+        "malformed",
+        "missing-release",
+        "wrong-type",
+        "bad-wait",
+        "wait-yes",
+        "force-1",
+        "unknown-field",
+        "array",
+    ],
 )
 def test_malformed_bodies_are_refused(daemon: Daemon, content: bytes, says: str) -> None:
     response = _post_raw(
@@ -123,6 +135,32 @@ def test_malformed_bodies_are_refused(daemon: Daemon, content: bytes, says: str)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request"
     assert says in response.json()["error"]["message"]
+
+
+def _alert(**fields: object) -> dict[str, object]:
+    alert = {"status": "firing", "labels": {}, "startsAt": "2026-11-29T10:00:00Z"}
+    return {"version": "4", "status": "firing", "alerts": [{**alert, **fields}]}
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    ("alert", "says"),
+    [
+        (_alert(fingerprint="f1", labels={"team": "\ud800"}), "lone surrogate"),
+        (_alert(fingerprint="f2", annotations={"\udfff": "x"}), "lone surrogate"),
+        (_alert(fingerprint="f3", startsAt=0), "startsAt"),
+    ],
+    ids=["surrogate-label", "surrogate-annotation-key", "numeric-starts-at"],
+)
+def test_alerts_that_cannot_be_stored_as_sent_are_refused(
+    daemon: Daemon, alert: dict[str, object], says: str
+) -> None:
+    content = json.dumps(alert).encode()  # a lone surrogate travels as its JSON escape
+    response = _post_raw(daemon, "/v1/alerts", content, **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert says in response.json()["error"]["message"]
+    assert daemon.get("/v1/alerts").status_code == 200
 
 
 @pytest.mark.usefixtures("unchanged")
@@ -206,11 +244,18 @@ def test_a_json_body_is_read_with_a_json_content_type_or_none(
     assert response.json()["error"]["code"] == "invalid_name"
 
 
-def test_a_method_a_route_does_not_have_is_405_with_the_methods_it_has(daemon: Daemon) -> None:
-    response = daemon.http.delete(f"/v1/models/{MODEL}")
-    assert response.status_code == 405
-    assert response.json()["error"]["code"] == "method_not_allowed"
-    assert response.headers["allow"] == "GET"
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [(f"/v1/models/{MODEL}", "GET"), ("/v1/alerts", "GET, POST"), ("/healthz", "GET")],
+)
+def test_a_method_a_path_does_not_have_is_405_naming_every_method_it_has(
+    daemon: Daemon, path: str, allowed: str
+) -> None:
+    for method in ("DELETE", "OPTIONS"):
+        response = daemon.http.request(method, path)
+        assert response.status_code == 405
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert response.headers["allow"] == allowed
 
 
 @pytest.mark.usefixtures("unchanged")
