@@ -203,3 +203,15 @@ def test_the_documented_name_pattern_is_the_domains_rule(name: str) -> None:
         valid = False
     documented = re.fullmatch(NAME_PATTERN, name) is not None and len(name) <= MAX_NAME_LENGTH
     assert documented == valid
+
+
+def test_the_readmes_status_table_is_the_api_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("The status of each code", 1)[1].split("\n\n", 2)[1]
+    documented: dict[int, set[str]] = {}
+    for row in re.finditer(r"^\| (\d{3}) \| (.+) \|$", table, flags=re.MULTILINE):
+        documented[int(row[1])] = set(re.findall(r"`([a-z_]+)`", row[2]))
+    expected: dict[int, set[str]] = {}
+    for code, status in STATUS_BY_CODE.items():
+        expected.setdefault(status, set()).add(code)
+    assert documented == expected
