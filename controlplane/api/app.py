@@ -8,7 +8,7 @@ background task on shutdown.
 
 Requests pass three ASGI gates before any route, in this order: the token (401, from the
 headers alone), the media type (415), the body's size (413). Each route names the error codes
-it can answer (the tuples below); the OpenAPI document derives its statuses from them.
+it can answer (``api/answers.py``); the OpenAPI document derives its statuses from them.
 """
 
 from __future__ import annotations
@@ -23,10 +23,22 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from controlplane import __version__
+from controlplane.api.answers import (
+    DEPLOY_REFUSALS,
+    LOAD_FAILURES,
+    RELOAD_REFUSALS,
+    ROLLBACK_REFUSALS,
+    STARTED,
+    SUCCEEDED,
+    UNLOAD_FAILURES,
+    UNLOAD_REFUSALS,
+    WRITE_REFUSALS,
+    answers,
+)
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
 from controlplane.api.media import JsonBodies
-from controlplane.api.openapi import DocumentedAPI, answers
+from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.schemas import (
     NAME_SCHEMA,
     AlertmanagerNotification,
@@ -62,57 +74,6 @@ METRICS_LIVENESS_TIMEOUT = 2.0
 
 class NotReady(TransientError):
     code = "not_ready"
-
-
-# The error codes each route can answer besides success (statuses: api/errors.py).
-# A mutating request can be refused by the gates and by a daemon still reconciling.
-WRITE_REFUSALS = ("invalid_request", "unsupported_media_type", "request_too_large", "not_ready")
-DEPLOY_REFUSALS = (
-    "invalid_name",
-    "release_not_found",
-    "release_incomplete",
-    "operation_in_progress",
-    "store_error",
-    "store_unavailable",
-)
-ROLLBACK_REFUSALS = (*DEPLOY_REFUSALS, "model_not_found", "no_previous_release")
-UNLOAD_REFUSALS = ("invalid_name", "model_not_found", "operation_in_progress")
-RELOAD_REFUSALS = ("invalid_name", "model_not_found", "no_fallback", "rollback_failed")
-# What a waited deploy or rollback can end with: every step of the pipeline can fail.
-LOAD_FAILURES = (
-    "release_not_found",
-    "release_incomplete",
-    "release_changed",
-    "checksum_mismatch",
-    "invalid_release",
-    "invalid_model_config",
-    "strategy_unsupported",
-    "insufficient_memory",
-    "triton_load_failed",
-    "preflight_failed",
-    "invalid_transition",
-    "store_error",
-    "store_unavailable",
-    "triton_error",
-    "triton_unavailable",
-    "triton_timeout",
-    "staging_failed",
-    "interrupted",
-)
-UNLOAD_FAILURES = (
-    "invalid_transition",
-    "triton_error",
-    "triton_unavailable",
-    "triton_timeout",
-    "staging_failed",
-    "interrupted",
-)
-STARTED: dict[int | str, dict[str, Any]] = {
-    202: {"model": OperationEnvelope, "description": "The operation started."}
-}
-SUCCEEDED: dict[int | str, dict[str, Any]] = {
-    200: {"model": OperationEnvelope, "description": "With wait: the operation succeeded."}
-}
 
 
 def _container(request: Request) -> Container:

@@ -1,61 +1,22 @@
-"""The OpenAPI document: it lists exactly the statuses the API answers, from the one table.
+"""The OpenAPI document, corrected once when it is built so that it says what the API does.
 
-Each route names the error codes it can answer (:func:`answers`); their statuses come from
-``STATUS_BY_CODE`` in ``api/errors.py``, so a status is never written twice. Every error
-status carries the error body's schema, a description naming the codes behind it, and the
-same codes as a list under ``x-error-codes`` for tools (the API fuzzer checks every answer's
-code against it). Two things FastAPI would add are corrected once, when the document is built:
-its default ``422 Validation Error`` (this API answers validation errors with 400
-``invalid_request``) is removed, and with ``api.token`` set the mutating operations declare the
-bearer scheme they really need.
+The routes' ``responses`` come from ``api/answers.py``. Two things FastAPI adds on its own are
+corrected here: its default ``422 Validation Error`` is removed (this API answers validation
+errors with 400 ``invalid_request`` and never sends it), and with ``api.token`` set the
+mutating operations declare the bearer scheme they really need (``api/security.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
-from controlplane.api.errors import statuses_for
-from controlplane.api.schemas import ErrorBody
 from controlplane.api.security import needs_token
 
-ERROR_CODES_KEY = "x-error-codes"
 BEARER = "bearer"
 _FASTAPI_VALIDATION = ("HTTPValidationError", "ValidationError")
-
-
-def _codes(codes: Iterable[str]) -> str:
-    return ", ".join(f"`{code}`" for code in codes)
-
-
-def answers(
-    refusals: Iterable[str] = (),
-    failures: Iterable[str] = (),
-    *,
-    body: type[BaseModel] = ErrorBody,
-) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` of a route that refuses a request with ``refusals`` at once and,
-    with ``"wait": true``, answers an operation that failed with one of ``failures``."""
-    refused = statuses_for(refusals)
-    failed = statuses_for(failures)
-    documented: dict[int | str, dict[str, Any]] = {}
-    for status in sorted(set(refused) | set(failed)):
-        parts = [f"{HTTPStatus(status).phrase}."]
-        if status in refused:
-            parts.append(f"Refused: {_codes(refused[status])}.")
-        if status in failed:
-            parts.append(f"The waited operation failed: {_codes(failed[status])}.")
-        codes = list(dict.fromkeys([*refused.get(status, []), *failed.get(status, [])]))
-        documented[status] = {
-            "model": body,
-            "description": " ".join(parts),
-            ERROR_CODES_KEY: codes,
-        }
-    return documented
 
 
 class DocumentedAPI(FastAPI):
