@@ -18,7 +18,9 @@ real releases in Triton, not only on names that do not exist.
 Schemathesis runs as its own process (its CLI, the supported interface), so what it prints on
 a failure (the check, the answer, a curl command that reproduces it) is the assertion message.
 Bounded: ``MAX_EXAMPLES`` per operation and phase, a timeout per request, and a deadline for
-the whole run.
+the whole run; about 30 s per run on 2 idle cores, most of it real loads and unloads. One worker:
+Schemathesis' threads trip a CPython 3.11 bug (``SystemError: AST constructor recursion depth
+mismatch``) in its own generators, so concurrency is not fuzzed here.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tests.support.models import write_scale_release
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "fuzz-token-0123456789"
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 20
 REQUEST_TIMEOUT = 60.0  # a waited deploy loads a model; nothing should come near this
 RUN_DEADLINE = 240.0
 # A 5xx a real condition may cause (Triton or the store down, start-up reconcile): allowed when
