@@ -97,7 +97,8 @@ def _guide(triton: RunningTriton, api: str, log: Path) -> str:
     if not os.path.relpath(cli).startswith(".."):
         cli = os.path.relpath(cli)  # `.venv/bin/controlplane` when run from the checkout
     infer = (
-        f"curl -s -X POST {triton.http_url}/v2/models/example/infer -d "
+        f"curl -s -X POST {triton.http_url}/v2/models/example/infer "
+        "-H 'Content-Type: application/json' -d "
         """'{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","data":[1,2]}]}'"""
     )
     return f"""

@@ -6,6 +6,10 @@ The app owns the daemon's lifetime: the lifespan builds the services, runs start
 reconcile and the other background jobs under a supervisor (``/readyz`` answers 503 until
 start-up reconcile is done and while a managed model does not serve), and stops every
 background task on shutdown.
+
+Requests pass three ASGI gates before any route, in this order: the token (401, from the
+headers alone), the media type (415), the body's size (413). Each route names the error codes
+it can answer (``api/answers.py``); the OpenAPI document derives its statuses from them.
 """
 
 from __future__ import annotations
@@ -16,15 +20,34 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from controlplane import __version__
+from controlplane.api.answers import (
+    DEPLOY_REFUSALS,
+    DEPLOYED,
+    LOAD_FAILURES,
+    RELOAD_REFUSALS,
+    ROLLBACK_REFUSALS,
+    STARTED,
+    SUCCEEDED,
+    UNLOAD_FAILURES,
+    UNLOAD_REFUSALS,
+    WRITE_REFUSALS,
+    answers,
+)
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
+from controlplane.api.media import JsonBodies
+from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.schemas import (
+    NAME_SCHEMA,
     AlertmanagerNotification,
     DeployRequest,
+    OperationEnvelope,
+    OperationFailure,
+    RollbackFailure,
     RollbackRequest,
     UnloadRequest,
     alert_json,
@@ -35,7 +58,7 @@ from controlplane.api.schemas import (
     operation_json,
     rollback_result_json,
 )
-from controlplane.api.security import check_token
+from controlplane.api.security import Authenticate
 from controlplane.domain.errors import (
     InvalidRequest,
     NoFallback,
@@ -62,8 +85,7 @@ def _container(request: Request) -> Container:
 
 
 def _mutating(request: Request) -> Container:
-    check_token(request, request.app.state.token)
-    found = _container(request)
+    found = _container(request)  # the token was checked before the request got here
     if not found.ready.is_set():
         raise NotReady(_starting(found))
     return found
@@ -88,6 +110,10 @@ def _starting(c: Container) -> str:
 
 Reader = Annotated[Container, Depends(_container)]
 Writer = Annotated[Container, Depends(_mutating)]
+ModelName = Annotated[str, Path(description="The model's name.", json_schema_extra=NAME_SCHEMA)]
+ModelFilter = Annotated[
+    str | None, Query(description="Only this model.", json_schema_extra=NAME_SCHEMA)
+]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -103,14 +129,17 @@ def create_app(settings: Settings) -> FastAPI:
             await asyncio.gather(jobs, return_exceptions=True)
             await container.close()
 
-    app = FastAPI(
+    token = settings.api.token.get_secret_value() if settings.api.token else None
+    app = DocumentedAPI(
+        bearer=token is not None,
         title="controlplane",
         version=__version__,
         description="Safe, fast model updates for NVIDIA Triton Inference Server.",
         lifespan=lifespan,
+        strict_content_type=False,  # a JSON body without Content-Type is read as JSON
     )
     install_handlers(app)
-    app.state.token = settings.api.token.get_secret_value() if settings.api.token else None
+    writes = (*(("unauthorized",) if token else ()), *WRITE_REFUSALS)
 
     def trigger_of(request: Request) -> Trigger:
         return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
@@ -142,7 +171,11 @@ def create_app(settings: Settings) -> FastAPI:
         (a job that fails is restarted; restarting the process would not help it)."""
         return {"status": "ok", "jobs": [job_json(s) for s in c.supervisor.statuses()]}
 
-    @app.get("/readyz", tags=["probes"])
+    @app.get(
+        "/readyz",
+        tags=["probes"],
+        responses=answers(("not_ready", "triton_unavailable", "not_serving")),
+    )
     async def readyz(c: Reader) -> JSONResponse:
         """Readiness: start-up reconcile is done, Triton is live, and every managed model
         serves its desired release."""
@@ -172,7 +205,7 @@ def create_app(settings: Settings) -> FastAPI:
             )
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", tags=["probes"])
+    @app.get("/metrics", tags=["probes"], response_class=PlainTextResponse)
     async def metrics(c: Reader) -> Response:
         """Prometheus metrics: operations, step durations, rollbacks, alerts, what serves."""
         try:  # a scrape must not hang on a Triton that does not answer
@@ -204,51 +237,95 @@ def create_app(settings: Settings) -> FastAPI:
         """Every model managed here or present in the store."""
         return {"models": [model_json(view) for view in await c.status.list_models()]}
 
-    @app.get("/v1/models/{name}", tags=["models"])
-    async def get_model(name: str, c: Reader) -> dict[str, Any]:
+    @app.get(
+        "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
+    )
+    async def get_model(name: ModelName, c: Reader) -> dict[str, Any]:
         """One model: active and previous release, Triton's state, releases in the store."""
         return model_json(await c.status.get_model(name))
 
-    @app.post("/v1/models/{name}/deploy", tags=["operations"], status_code=202)
-    async def deploy(name: str, body: DeployRequest, request: Request, c: Writer) -> JSONResponse:
+    @app.post(
+        "/v1/models/{name}/deploy",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **DEPLOYED,
+            **answers((*writes, *DEPLOY_REFUSALS), LOAD_FAILURES, body=OperationFailure),
+        },
+    )
+    async def deploy(
+        name: ModelName, body: DeployRequest, request: Request, c: Writer
+    ) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
         operation = await c.deploy.deploy(
             name, body.release, trigger=trigger_of(request), force=body.force
         )
         return await answer(c, operation, body.wait)
 
-    @app.post("/v1/models/{name}/rollback", tags=["operations"], status_code=202)
+    @app.post(
+        "/v1/models/{name}/rollback",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **SUCCEEDED,
+            **answers((*writes, *ROLLBACK_REFUSALS), LOAD_FAILURES, body=OperationFailure),
+        },
+    )
     async def rollback(
-        name: str, body: RollbackRequest, request: Request, c: Writer
+        name: ModelName, body: RollbackRequest, request: Request, c: Writer
     ) -> JSONResponse:
         """Serve the previous release again (or the one named in ``to``)."""
         operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
         return await answer(c, operation, body.wait)
 
-    @app.post("/v1/models/{name}/unload", tags=["operations"], status_code=202)
-    async def unload(name: str, body: UnloadRequest, request: Request, c: Writer) -> JSONResponse:
+    @app.post(
+        "/v1/models/{name}/unload",
+        tags=["operations"],
+        status_code=202,
+        responses={
+            **STARTED,
+            **SUCCEEDED,
+            **answers((*writes, *UNLOAD_REFUSALS), UNLOAD_FAILURES, body=OperationFailure),
+        },
+    )
+    async def unload(
+        name: ModelName, body: UnloadRequest, request: Request, c: Writer
+    ) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
         operation = await c.deploy.unload(name, trigger=trigger_of(request))
         return await answer(c, operation, body.wait)
 
-    @app.get("/v1/operations/{operation_id}", tags=["operations"])
+    @app.get(
+        "/v1/operations/{operation_id}",
+        tags=["operations"],
+        responses={
+            200: {"model": OperationEnvelope, "description": "The operation."},
+            **answers(("operation_not_found",)),
+        },
+    )
     async def get_operation(operation_id: str, c: Reader) -> dict[str, Any]:
         """One operation with its steps, timings, trigger and outcome."""
         if not (len(operation_id) <= 64 and operation_id.isalnum()):
             raise OperationNotFound(f"no operation with id {operation_id[:64]!r}")
         return {"operation": operation_json(await c.deploy.get_operation(operation_id))}
 
-    @app.get("/v1/operations", tags=["operations"])
+    @app.get(
+        "/v1/operations",
+        tags=["operations"],
+        responses=answers(("invalid_request", "invalid_name")),
+    )
     async def list_operations(
         c: Reader,
-        model: str | None = None,
+        model: ModelFilter = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 20,
     ) -> dict[str, Any]:
         """Recent operations, newest first, optionally for one model."""
         operations = await c.deploy.list_operations(model, limit)
         return {"operations": [operation_json(op) for op in operations]}
 
-    @app.post("/v1/alerts", tags=["alerts"])
+    @app.post("/v1/alerts", tags=["alerts"], responses=answers(writes))
     async def receive_alerts(body: AlertmanagerNotification, c: Writer) -> dict[str, Any]:
         """Alertmanager's webhook (version 4): each alert stored, deduped on
         (fingerprint, startsAt); a new firing alert rolls back the model its label names,
@@ -266,19 +343,25 @@ def create_app(settings: Settings) -> FastAPI:
             ]
         }
 
-    @app.get("/v1/alerts", tags=["alerts"])
+    @app.get("/v1/alerts", tags=["alerts"], responses=answers(("invalid_request",)))
     async def list_alerts(
         c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50
     ) -> dict[str, Any]:
         """Alerts received, newest first, with how often Alertmanager sent each."""
         return {"alerts": [alert_json(record) for record in await c.alerts.recent(limit)]}
 
-    @app.post("/api/v1/model/reload", tags=["operations"])
+    @app.post(
+        "/api/v1/model/reload",
+        tags=["operations"],
+        responses=answers((*writes, *RELOAD_REFUSALS), body=RollbackFailure),
+    )
     async def reload_fallback(
         request: Request,
         c: Writer,
-        target: str,
-        model: str | None = None,
+        target: Annotated[
+            str, Query(description="What to serve now.", json_schema_extra={"enum": ["fallback"]})
+        ],
+        model: ModelFilter = None,
     ) -> JSONResponse:
         """Runbook action: serve the fallback now (``target=fallback``), for ``model`` or for
         every model with a fallback; the CPU-only reload if the fallback fails. Not held back
@@ -304,5 +387,8 @@ def create_app(settings: Settings) -> FastAPI:
             status_code=status_for("rollback_failed"),
         )
 
+    # Added innermost first: the token is checked before the media type, the size after both.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(JsonBodies)
+    app.add_middleware(Authenticate, token=token)
     return app

@@ -1,19 +1,25 @@
-"""The one table from error code to HTTP status, and the error body every route uses.
+"""The one table from error code to HTTP status, and the error body every answer uses.
 
-Every error answer is ``{"error": {"code": ..., "message": ...}}``; a failed operation also
-carries the ``operation``. Domain errors know nothing of HTTP; this module is the only
-place that maps them.
+Every error answer is ``{"error": {"code": ..., "message": ...}}``; a refusal that names an
+operation also carries its ``operation_id``, and a failed waited operation the ``operation``.
+Domain errors know nothing of HTTP; this module is the only place that maps them, for the
+exception handlers, for the ASGI gates that answer before a route runs (:func:`send_error`),
+and for the OpenAPI document (``api/openapi.py`` derives each route's statuses from here).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Send
 
 from controlplane.domain.errors import ControlPlaneError
 
@@ -63,12 +69,60 @@ def status_for(code: str) -> int:
     return STATUS_BY_CODE.get(code, 500)
 
 
+def statuses_for(codes: Iterable[str]) -> dict[int, list[str]]:
+    """The statuses ``codes`` are answered with, each with its codes in the given order."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        if code not in STATUS_BY_CODE:
+            raise KeyError(f"error code {code!r} has no status in STATUS_BY_CODE")
+        named = by_status.setdefault(STATUS_BY_CODE[code], [])
+        if code not in named:
+            named.append(code)
+    return dict(sorted(by_status.items()))
+
+
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}, **extra}
 
 
-def error_response(code: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse(error_body(code, message, **extra), status_code=status_for(code))
+def error_response(
+    code: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(code, message, **extra), status_code=status_for(code), headers=headers
+    )
+
+
+async def send_error(
+    send: Send, code: str, message: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer from an ASGI gate, before any route runs. The connection is closed after it,
+    since the request's body (if any) was never read."""
+    body = json.dumps(error_body(code, message)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status_for(code),
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method the request's path has (RFC 9110's Allow). Starlette names only those of
+    the first route that matched the path, so ``GET`` and ``POST /v1/alerts`` need this."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -102,7 +156,9 @@ def install_handlers(app: FastAPI) -> None:
             )
         if exc.status_code == 405:
             return error_response(
-                "method_not_allowed", f"{request.method} is not allowed on {request.url.path}"
+                "method_not_allowed",
+                f"{request.method} is not allowed on {request.url.path}",
+                headers={"Allow": _allowed_methods(request)},
             )
         code = "unauthorized" if exc.status_code == 401 else "invalid_request"
         return JSONResponse(

@@ -6,9 +6,9 @@ bytes pass the limit, so a 10 MB upload costs at most the limit in memory.
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controlplane.api.errors import send_error
 
 
 class BodyLimit:
@@ -24,7 +24,7 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _reject(send, 400, "invalid_request", "Content-Length is not a number")
+                await send_error(send, "invalid_request", "Content-Length is not a number")
                 return
             if int(declared) > self._max:
                 await self._too_large(send)
@@ -51,25 +51,8 @@ class BodyLimit:
         await self._app(scope, replay, send)
 
     async def _too_large(self, send: Send) -> None:
-        await _reject(
+        await send_error(
             send,
-            413,
             "request_too_large",
             f"request body is larger than {self._max} bytes (api.max_body_bytes)",
         )
-
-
-async def _reject(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

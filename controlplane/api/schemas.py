@@ -1,14 +1,25 @@
-"""Request bodies, and how domain values are rendered as JSON."""
+"""Request bodies, how domain values are rendered as JSON, and the documented answer shapes.
+
+The ``*Answer`` / ``*Failure`` models below only document answers in the OpenAPI document (the
+routes render with the ``*_json`` functions); the API fuzzer checks that the two agree.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
 from controlplane.domain.memory import LeakTrend, MemorySample
-from controlplane.domain.operations import Operation
+from controlplane.domain.names import MAX_NAME_LENGTH
+from controlplane.domain.operations import (
+    Operation,
+    OperationKind,
+    OperationStatus,
+    StepStatus,
+    Trigger,
+)
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
@@ -16,13 +27,37 @@ from controlplane.services.rollback import RollbackResult
 from controlplane.services.status import ModelView
 from controlplane.services.supervisor import JobStatus
 
+# domain/names.py's rule for model and release names, written for the OpenAPI document without
+# a lookahead so that client generators and fuzzers can use it: a letter or digit, then letters,
+# digits, '.', '_' and '-', never two dots in a row. Documented, not enforced here: the domain
+# check answers 400 invalid_name with the rule that was broken. A unit test keeps them equal.
+NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
+NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN, "maxLength": MAX_NAME_LENGTH}
+
+
+def _encodable(text: str) -> str:
+    # JSON can spell a lone surrogate ("\ud800"); such a string cannot be stored or answered
+    # as UTF-8, so it is refused here rather than failing later in SQLite or in an answer.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (a lone surrogate is not)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "wait": "yes" is refused, not read as true; the document says boolean.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class DeployRequest(_Body):
-    release: str = Field(description="Release name in the store, e.g. 'r2' or '2026-11-29.1'.")
+    release: str = Field(
+        description="Release name in the store, e.g. 'r2' or '2026-11-29.1'.",
+        json_schema_extra=NAME_SCHEMA,
+    )
     wait: bool = Field(False, description="Answer only when the operation has finished.")
     force: bool = Field(
         False, description="Load even when the headroom check finds too little free memory."
@@ -30,7 +65,9 @@ class DeployRequest(_Body):
 
 
 class RollbackRequest(_Body):
-    to: str = Field("previous", description="'previous' or a release name.")
+    to: str = Field(
+        "previous", description="'previous' or a release name.", json_schema_extra=NAME_SCHEMA
+    )
     wait: bool = Field(False, description="Answer only when the operation has finished.")
 
 
@@ -43,10 +80,19 @@ class AlertmanagerAlert(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     status: Literal["firing", "resolved"]
-    labels: dict[str, str] = Field(max_length=64)
-    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: dict[Text, Text] = Field(max_length=64)
+    annotations: dict[Text, Text] = Field(default_factory=dict, max_length=64)
     startsAt: AwareDatetime  # noqa: N815 (Alertmanager's field name)
     fingerprint: str = Field(pattern=r"^[A-Za-z0-9]{1,64}$")
+
+    @field_validator("startsAt", mode="before")
+    @classmethod
+    def _rfc3339_text(cls, value: object) -> object:
+        # Lax datetime parsing would take a number as seconds since 1970: the document says a
+        # date-time string, and a number is a broken sender, not an alert from 1970.
+        if not isinstance(value, str):
+            raise ValueError("startsAt must be an RFC 3339 date-time string")
+        return value
 
     def to_domain(self) -> Alert:
         return Alert(
@@ -62,9 +108,9 @@ class AlertmanagerNotification(BaseModel):
     """Alertmanager's webhook body, version 4."""
 
     model_config = ConfigDict(extra="ignore")
-    version: str
+    version: str = Field(json_schema_extra={"enum": ["4"]})  # refused below with a reason
     status: Literal["firing", "resolved"]
-    receiver: str = ""
+    receiver: Text = ""
     alerts: list[AlertmanagerAlert] = Field(min_length=1, max_length=1000)
 
     @field_validator("version")
@@ -236,3 +282,77 @@ def job_json(status: JobStatus) -> dict[str, Any]:
         "since": _time(status.since),
         "restart_at": _time(status.restart_at),
     }
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepAnswer(_Answer):
+    name: str
+    status: StepStatus
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    detail: dict[str, Any]
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="Machine-readable error code; see the table in the README.")
+    message: str = Field(description="What is wrong and what to do about it.")
+
+
+class OperationAnswer(_Answer):
+    id: str
+    kind: OperationKind
+    model: str
+    release: str | None
+    from_release: str | None
+    trigger: Trigger
+    status: OperationStatus
+    created_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    steps: list[StepAnswer]
+    error: ErrorDetail | None
+    detail: dict[str, Any]
+
+
+class OperationEnvelope(_Answer):
+    """A mutating route's answer: the operation started (202) or finished (200)."""
+
+    operation: OperationAnswer
+
+
+class UnchangedAnswer(_Answer):
+    """A deploy of the release that already serves, unchanged in the store: nothing to do."""
+
+    unchanged: Literal[True]
+    model: str
+    release: str
+    message: str
+
+
+class ErrorBody(_Answer):
+    """Every error answer."""
+
+    error: ErrorDetail
+    operation_id: str | None = Field(
+        None, description="The operation concerned: the running one for operation_in_progress."
+    )
+
+
+class OperationFailure(ErrorBody):
+    """An error answer of a mutating route: with ``wait``, the finished, failed operation."""
+
+    operation: OperationAnswer | None = Field(
+        None, description="With wait: the operation, which failed with this error."
+    )
+
+
+class RollbackFailure(ErrorBody):
+    """The runbook route's answer when the fallback and the CPU-only reload both failed."""
+
+    rollbacks: list[dict[str, Any]] | None = Field(
+        None, description="What was tried for each model, as in the route's 200 answer."
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,10 +112,21 @@ def test_an_unknown_model_is_404(daemon: Daemon) -> None:
         (b"{}", "release"),
         (b'{"release": 5}', "release"),
         (b'{"release": "r1", "wait": "maybe"}', "wait"),
+        (b'{"release": "r1", "wait": "yes"}', "wait"),
+        (b'{"release": "r1", "force": 1}', "force"),
         (b'{"release": "r1", "surprise": 1}', "surprise"),
         (b"[]", "body"),
     ],
-    ids=["malformed", "missing-release", "wrong-type", "bad-wait", "unknown-field", "array"],
+    ids=[
+        "malformed",
+        "missing-release",
+        "wrong-type",
+        "bad-wait",
+        "wait-yes",
+        "force-1",
+        "unknown-field",
+        "array",
+    ],
 )
 def test_malformed_bodies_are_refused(daemon: Daemon, content: bytes, says: str) -> None:
     response = _post_raw(
@@ -125,6 +137,32 @@ def test_malformed_bodies_are_refused(daemon: Daemon, content: bytes, says: str)
     assert says in response.json()["error"]["message"]
 
 
+def _alert(**fields: object) -> dict[str, object]:
+    alert = {"status": "firing", "labels": {}, "startsAt": "2026-11-29T10:00:00Z"}
+    return {"version": "4", "status": "firing", "alerts": [{**alert, **fields}]}
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    ("alert", "says"),
+    [
+        (_alert(fingerprint="f1", labels={"team": "\ud800"}), "lone surrogate"),
+        (_alert(fingerprint="f2", annotations={"\udfff": "x"}), "lone surrogate"),
+        (_alert(fingerprint="f3", startsAt=0), "startsAt"),
+    ],
+    ids=["surrogate-label", "surrogate-annotation-key", "numeric-starts-at"],
+)
+def test_alerts_that_cannot_be_stored_as_sent_are_refused(
+    daemon: Daemon, alert: dict[str, object], says: str
+) -> None:
+    content = json.dumps(alert).encode()  # a lone surrogate travels as its JSON escape
+    response = _post_raw(daemon, "/v1/alerts", content, **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert says in response.json()["error"]["message"]
+    assert daemon.get("/v1/alerts").status_code == 200
+
+
 @pytest.mark.usefixtures("unchanged")
 def test_a_10_mb_body_is_refused_before_it_is_read(daemon: Daemon) -> None:
     body = b'{"release": "' + b"x" * (10 * 1024 * 1024) + b'"}'
@@ -133,6 +171,91 @@ def test_a_10_mb_body_is_refused_before_it_is_read(daemon: Daemon) -> None:
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+MUTATING_ROUTES = [
+    f"/v1/models/{MODEL}/deploy",
+    f"/v1/models/{MODEL}/rollback",
+    f"/v1/models/{MODEL}/unload",
+    "/v1/alerts",
+    "/api/v1/model/reload?target=fallback",
+]
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize("path", MUTATING_ROUTES)
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"{not json", {"content-type": "application/json"}),
+        (b"release=r1", {"content-type": "application/x-www-form-urlencoded"}),
+        (b'{"surprise": []}', {"content-type": "application/json"}),
+        (b'{"release": "' + b"x" * (2 * 1024 * 1024) + b'"}', {}),
+        (b'{"release": "r1"}', {"authorization": "Bearer not-the-token"}),
+        (b'{"release": "r1"}', {"authorization": f"Basic {TOKEN}"}),
+    ],
+    ids=["broken-json", "form", "invalid-fields", "2-mb", "wrong-token", "not-bearer"],
+)
+def test_a_request_without_the_token_is_refused_before_its_body_is_read(
+    daemon: Daemon, path: str, content: bytes, headers: dict[str, str]
+) -> None:
+    with httpx.Client(base_url=daemon.url, timeout=30) as anonymous:
+        response = anonymous.post(path, content=content, headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert "Bearer" in response.headers["www-authenticate"]
+    message = response.json()["error"]["message"].lower()
+    assert not any(word in message for word in ("json", "body", "content", "release"))
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize("path", MUTATING_ROUTES)
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data"]
+)
+def test_a_body_that_is_not_json_is_refused_naming_the_header_to_send(
+    daemon: Daemon, path: str, content_type: str
+) -> None:
+    response = _post_raw(daemon, path, b'{"release": "r1"}', **{"content-type": content_type})
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert "-H 'Content-Type: application/json'" in response.json()["error"]["message"]
+    assert content_type in response.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"content-type": "application/json"},
+        {"content-type": "application/json; charset=utf-8"},
+        {"content-type": "Application/JSON"},
+        {"content-type": "application/vnd.controlplane+json"},
+    ],
+    ids=["no-content-type", "json", "json-charset", "json-capitals", "plus-json"],
+)
+def test_a_json_body_is_read_with_a_json_content_type_or_none(
+    daemon: Daemon, headers: dict[str, str]
+) -> None:
+    # A name that is refused proves the body was read and parsed as JSON.
+    response = _post_raw(daemon, f"/v1/models/{MODEL}/deploy", b'{"release": "../x"}', **headers)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_name"
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [(f"/v1/models/{MODEL}", "GET"), ("/v1/alerts", "GET, POST"), ("/healthz", "GET")],
+)
+def test_a_method_a_path_does_not_have_is_405_naming_every_method_it_has(
+    daemon: Daemon, path: str, allowed: str
+) -> None:
+    for method in ("DELETE", "OPTIONS"):
+        response = daemon.http.request(method, path)
+        assert response.status_code == 405
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert response.headers["allow"] == allowed
 
 
 @pytest.mark.usefixtures("unchanged")
