@@ -32,7 +32,6 @@ from controlplane.domain.operations import (
     CancelReason,
     Operation,
     OperationKind,
-    OperationStatus,
     Step,
     StepStatus,
     Trigger,
@@ -312,8 +311,8 @@ class DeployService:
         )
 
     async def _after_swap(self, operation: Operation) -> None:
-        if operation.status is not OperationStatus.SUCCEEDED:
-            return
+        """After a deploy or rollback succeeded, still holding the model: sample Triton's
+        memory, and update the latches of the releases a person chose or rejected."""
         if operation.kind in (OperationKind.DEPLOY, OperationKind.ROLLBACK):
             await self._memory.after_swap(operation)
         if operation.trigger not in PEOPLE or operation.release is None:

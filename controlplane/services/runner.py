@@ -22,6 +22,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from controlplane.domain.errors import ControlPlaneError, OperationNotFound
 from controlplane.domain.operations import (
@@ -225,30 +226,38 @@ class OperationRunner:
     # --- running --------------------------------------------------------------------------
 
     async def _run(self, run: Run, body: Body, after: AfterSuccess | None) -> None:
+        """Run ``body``; then clean up, let go of the model, and only then record the outcome,
+        so that whoever sees the operation finished can start the next one at once."""
         tracker = run.tracker
         operation = tracker.operation
         current_operation.set(operation.id)  # this task's own context: every log line names it
+        finish: Callable[[], object]
+        cancelled: asyncio.CancelledError | None = None
         try:
             await body(run)
-            tracker.succeed()
+            finish = tracker.succeed
             if after is not None:
                 try:
                     await after(tracker.operation)
                 except Exception:  # the work is done; a follow-up must not say otherwise
                     log.exception("follow-up of %s failed", operation.id)
         except ControlPlaneError as exc:
-            tracker.fail(exc)
-        except asyncio.CancelledError:
-            tracker.interrupt(run.cancel_reason or CancelReason.SHUTDOWN)
-            raise
+            finish = partial(tracker.fail, exc)
+        except asyncio.CancelledError as exc:
+            finish = partial(tracker.interrupt, run.cancel_reason or CancelReason.SHUTDOWN)
+            cancelled = exc
         except Exception as exc:
             log.exception("operation %s failed unexpectedly", operation.id)
-            tracker.fail(ControlPlaneError(f"unexpected error: {exc!r}"))
+            finish = partial(tracker.fail, ControlPlaneError(f"unexpected error: {exc!r}"))
+        try:
+            await asyncio.shield(asyncio.to_thread(self._staging.cleanup, operation.id))
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
         finally:
-            try:
-                await asyncio.shield(asyncio.to_thread(self._staging.cleanup, operation.id))
-            finally:
-                self._locks.release(operation.model, operation.id)
+            self._locks.release(operation.model, operation.id)
+            finish()
+        if cancelled is not None:
+            raise cancelled
 
     def _forget(self, operation_id: str) -> None:
         self._tasks.pop(operation_id, None)
