@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+AWS    := $(VENV)/awscli/bin/aws
+AWSCLI_VERSION := 1.46.3
 
 .PHONY: install system-deps run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(AWS)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "controlplane needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -14,6 +16,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[triton,test]'
 	@touch $(STAMP)
+
+# The AWS CLI, for the README's S3 publisher recipe that the tests run. It pins a botocore of
+# its own that the project's boto3 does not accept, so it lives in a venv of its own.
+$(AWS):
+	$(PYTHON) -m venv $(VENV)/awscli
+	$(VENV)/awscli/bin/pip install --quiet 'awscli==$(AWSCLI_VERSION)'
 
 # A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
 run: install

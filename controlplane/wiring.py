@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.host import HostAndGpuMemory
+from controlplane.adapters.instance_lock import InstanceLock, places
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local import LocalStore
@@ -80,6 +81,21 @@ def check_filesystem(settings: Settings) -> StagingArea:
     )
     staging.check()
     return staging
+
+
+def claim_state(settings: Settings) -> InstanceLock:
+    """Lock the repository, staging dir and database for this daemon alone, before anything
+    reads or writes them; raises ``InstanceLockError`` naming the daemon that holds them."""
+    host = settings.api.host
+    address = f"[{host}]" if ":" in host else host
+    return InstanceLock.acquire(
+        places(
+            repository=settings.repository.path,
+            staging=settings.staging_path,
+            database=settings.database_path,
+        ),
+        api=f"http://{address}:{settings.api.port}",
+    )
 
 
 def build_store(settings: Settings) -> ModelStore:

@@ -4,6 +4,8 @@
 #   prometheus               /usr/bin/prometheus and promtool (rules checks, the alert tests)
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
 #   kubernetes-client        kubectl, which renders the Kubernetes manifests (make deploy-check)
+#   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
+#                            tritonserver (tests/integration/test_readme.py runs it)
 #
 # Nothing to do when every command is on PATH. Otherwise they are installed with apt-get when
 # this runs as root or with password-less sudo; else it prints the one command to run and fails.
@@ -17,15 +19,27 @@ NEEDED=(
     kubectl:kubernetes-client
 )
 
+# library:package pairs: shared libraries, found by their soname in the linker's cache.
+LIBRARIES=(
+    libtcmalloc.so.4:libgoogle-perftools4
+)
+
 missing=()
+need() {
+    case " ${missing[*]-} " in
+        *" $1 "*) ;;
+        *) missing+=("$1") ;;
+    esac
+}
 for pair in "${NEEDED[@]}"; do
-    command=${pair%%:*}
-    package=${pair#*:}
-    if ! command -v "$command" >/dev/null 2>&1; then
-        case " ${missing[*]-} " in
-            *" $package "*) ;;
-            *) missing+=("$package") ;;
-        esac
+    if ! command -v "${pair%%:*}" >/dev/null 2>&1; then
+        need "${pair#*:}"
+    fi
+done
+cached=$(/sbin/ldconfig -p 2>/dev/null || true)
+for pair in "${LIBRARIES[@]}"; do
+    if ! grep -q "^[[:space:]]*${pair%%:*} " <<<"$cached"; then
+        need "${pair#*:}"
     fi
 done
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -1,4 +1,9 @@
-"""``controlplane serve``: load settings, check the filesystem, run the API under uvicorn."""
+"""``controlplane serve``: load settings, check the filesystem, lock the state, run the API.
+
+The locks (``wiring.claim_state``) are taken after the filesystem check, which only creates the
+dirs and probes renameat2 with uniquely named dirs, and before the app is built: schema
+migration and start-up reconcile run only in the one daemon that holds them, until it exits.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ from pathlib import Path
 
 import uvicorn
 
+from controlplane.adapters.instance_lock import InstanceLock, InstanceLockError
 from controlplane.api.app import create_app
 from controlplane.cli import logs
 from controlplane.domain.errors import ControlPlaneError
-from controlplane.settings import SettingsError, load_settings
-from controlplane.wiring import check_filesystem
+from controlplane.settings import Settings, SettingsError, load_settings
+from controlplane.wiring import check_filesystem, claim_state
 
 log = logging.getLogger("controlplane")
 
@@ -29,6 +35,17 @@ def run(config: Path | None) -> int:
     except ControlPlaneError as exc:
         print(f"controlplane: {exc.message}", file=sys.stderr)
         return 2
+    try:
+        lock = claim_state(settings)
+    except InstanceLockError as exc:
+        print(f"controlplane: {exc}", file=sys.stderr)
+        return 2
+    with lock:
+        _serve(settings, lock)
+    return 0
+
+
+def _serve(settings: Settings, lock: InstanceLock) -> None:
     log.info(
         "starting",
         extra={
@@ -39,6 +56,7 @@ def run(config: Path | None) -> int:
             "database": str(settings.database_path),
             "api": f"{settings.api.host}:{settings.api.port}",
             "auth": settings.api.token is not None,
+            "locks": [str(path) for path in lock.files],
         },
     )
     uvicorn.run(
@@ -49,4 +67,3 @@ def run(config: Path | None) -> int:
         access_log=False,
         timeout_graceful_shutdown=15,
     )
-    return 0

@@ -64,9 +64,13 @@ class Serving:
     triton: RunningTriton
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def serving(triton: RunningTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
-    """One model serving r2 (after r1), shared by the refusal tests below."""
+    """One model serving r2 (after r1), shared by the refusal tests of one class.
+
+    Class-scoped, so its daemon stops before the next test starts a daemon of its own on the
+    session Triton's repository, which only one daemon at a time may hold.
+    """
     workdir = tmp_path_factory.mktemp("serving")
     store = workdir / "store"
     model = f"refusals-{time.monotonic_ns()}"
@@ -108,43 +112,51 @@ def _no_checksums(store: Path, model: str) -> str:
     return "unpublished"
 
 
-@pytest.mark.parametrize(
-    ("make_release", "status", "code", "says"),
-    [
-        (_mismatch, 422, "checksum_mismatch", "1/model.py"),
-        (_broken_config, 422, "invalid_model_config", "config.pbtxt"),
-        (_fails_initialize, 422, "triton_load_failed", "initialize failed on purpose"),
-        (_missing, 404, "release_not_found", "does-not-exist"),
-        (_no_checksums, 409, "release_incomplete", "SHA256SUMS"),
-    ],
-    ids=["checksum-mismatch", "broken-config", "fails-initialize", "missing", "no-checksums"],
-)
-def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
-    serving: Serving, make_release: Callable[[Path, str], str], status: int, code: str, says: str
-) -> None:
-    release = make_release(serving.store, serving.model)
-    model_dir = serving.daemon.repository / serving.model
-    before = snapshot(model_dir)
+class TestBadReleases:
+    """Refusals that share one serving model (the `serving` fixture)."""
 
-    response = serving.daemon.deploy(serving.model, release)
+    @pytest.mark.parametrize(
+        ("make_release", "status", "code", "says"),
+        [
+            (_mismatch, 422, "checksum_mismatch", "1/model.py"),
+            (_broken_config, 422, "invalid_model_config", "config.pbtxt"),
+            (_fails_initialize, 422, "triton_load_failed", "initialize failed on purpose"),
+            (_missing, 404, "release_not_found", "does-not-exist"),
+            (_no_checksums, 409, "release_incomplete", "SHA256SUMS"),
+        ],
+        ids=["checksum-mismatch", "broken-config", "fails-initialize", "missing", "no-checksums"],
+    )
+    def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
+        self,
+        serving: Serving,
+        make_release: Callable[[Path, str], str],
+        status: int,
+        code: str,
+        says: str,
+    ) -> None:
+        release = make_release(serving.store, serving.model)
+        model_dir = serving.daemon.repository / serving.model
+        before = snapshot(model_dir)
 
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert says in error["message"]
-    assert snapshot(model_dir) == before
-    assert serving.daemon.staging_leftovers() == []
-    assert infer_once(serving.triton.grpc_url, serving.model) == 2.0
-    model = serving.daemon.get(f"/v1/models/{serving.model}").json()
-    assert model["active_release"] == "r2"
-    assert model["triton"]["state"] == "READY"
-    operations = serving.daemon.get(f"/v1/operations?model={serving.model}&limit=50").json()
-    tried = [op for op in operations["operations"] if op["release"] == release]
-    if code in REFUSED_BEFORE_WORK:  # a refusal before any work is an answer, not an operation
-        assert tried == []
-        assert "operation_id" not in response.json()
-    else:
-        assert [op["error"]["code"] for op in tried] == [code]
+        response = serving.daemon.deploy(serving.model, release)
+
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert error["code"] == code
+        assert says in error["message"]
+        assert snapshot(model_dir) == before
+        assert serving.daemon.staging_leftovers() == []
+        assert infer_once(serving.triton.grpc_url, serving.model) == 2.0
+        model = serving.daemon.get(f"/v1/models/{serving.model}").json()
+        assert model["active_release"] == "r2"
+        assert model["triton"]["state"] == "READY"
+        operations = serving.daemon.get(f"/v1/operations?model={serving.model}&limit=50").json()
+        tried = [op for op in operations["operations"] if op["release"] == release]
+        if code in REFUSED_BEFORE_WORK:  # a refusal before any work is an answer, not an operation
+            assert tried == []
+            assert "operation_id" not in response.json()
+        else:
+            assert [op["error"]["code"] for op in tried] == [code]
 
 
 def test_a_failed_first_deploy_leaves_no_model_behind(

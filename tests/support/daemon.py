@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.triton.launcher import RunningTriton, free_port
 
 
@@ -72,10 +73,11 @@ class Daemon:
             self._http = None
 
     def staging_leftovers(self) -> list[str]:
-        """What is in staging besides the content cache: empty between operations."""
+        """What is in staging besides the content cache and the daemon's lock: empty between
+        operations."""
         if not self.staging.is_dir():
             return []
-        return sorted(p.name for p in self.staging.iterdir() if p.name != "cas")
+        return sorted(p.name for p in self.staging.iterdir() if p.name not in ("cas", LOCK_NAME))
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -110,14 +112,19 @@ def start_daemon(
     log_name: str = "daemon.log",
     store_uri: str | None = None,
     config: str | None = None,
+    database: Path | None = None,
+    expect_exit: bool = False,
 ) -> Daemon:
     """Start `controlplane serve` against `triton` and wait until /readyz answers 200.
 
-    `config` is YAML for `--config`; `store_uri` replaces the local `store` (e.g. `s3://...`).
+    `config` is YAML for `--config`; `store_uri` replaces the local `store` (e.g. `s3://...`);
+    `database` replaces `workdir/controlplane.db`. With `expect_exit`, the daemon is expected
+    to refuse to start: this waits for it to exit and returns it (see `process.returncode`
+    and `log()`), and raises if it becomes ready instead.
     """
     repository = repository or triton.repository
     staging = workdir / "staging"
-    database = workdir / "controlplane.db"
+    database = database or workdir / "controlplane.db"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env.update(
@@ -162,9 +169,14 @@ def start_daemon(
     deadline = time.monotonic() + ready_timeout
     while True:
         if process.poll() is not None:
+            if expect_exit:
+                return daemon
             raise RuntimeError(f"daemon exited with {process.returncode}:\n{daemon.log()[-3000:]}")
         try:
             if httpx.get(f"{daemon.url}/readyz", timeout=2.0).status_code == 200:
+                if expect_exit:
+                    daemon.stop()
+                    raise RuntimeError(f"daemon started but should not have:\n{daemon.log()}")
                 return daemon
         except httpx.HTTPError:
             pass

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.staging import renameat
 from controlplane.adapters.staging.fs import MARKER_NAME, StagingArea
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest
@@ -388,6 +389,15 @@ def test_clean_all_removes_leftovers_and_names_them(area: StagingArea) -> None:
     assert list(area.staging.iterdir()) == []
     assert tree(area.repository / "m")[1] == OLD
     assert area.clean_all() == []
+
+
+def test_clean_all_keeps_the_daemons_lock_file(area: StagingArea) -> None:
+    lock_file = area.staging / LOCK_NAME
+    lock_file.write_text("{}", encoding="utf-8")
+    staged(area, "op-1", OLD)
+
+    assert area.clean_all() == ["op-1"]
+    assert lock_file.is_file()  # deleting it would let a second daemon lock a new file
 
 
 def test_clean_all_without_a_staging_dir(tmp_path: Path) -> None:

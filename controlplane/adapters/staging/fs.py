@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.staging import renameat
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
@@ -244,6 +245,8 @@ class StagingArea:
         for entry in sorted(self.staging.iterdir()):
             if entry.name == CACHE_DIR:
                 continue  # the content cache outlives restarts; evict() bounds it
+            if entry.name == LOCK_NAME:
+                continue  # held by this daemon: removing it would let a second one in
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
