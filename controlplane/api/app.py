@@ -42,7 +42,7 @@ from controlplane.api.limits import BodyLimit
 from controlplane.api.media import JsonBodies
 from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.schemas import (
-    NAME_SCHEMA,
+    MODEL_NAME_SCHEMA,
     AlertmanagerNotification,
     DeployRequest,
     OperationEnvelope,
@@ -110,9 +110,11 @@ def _starting(c: Container) -> str:
 
 Reader = Annotated[Container, Depends(_container)]
 Writer = Annotated[Container, Depends(_mutating)]
-ModelName = Annotated[str, Path(description="The model's name.", json_schema_extra=NAME_SCHEMA)]
+ModelName = Annotated[
+    str, Path(description="The model's name.", json_schema_extra=MODEL_NAME_SCHEMA)
+]
 ModelFilter = Annotated[
-    str | None, Query(description="Only this model.", json_schema_extra=NAME_SCHEMA)
+    str | None, Query(description="Only this model.", json_schema_extra=MODEL_NAME_SCHEMA)
 ]
 
 

@@ -33,6 +33,9 @@ from controlplane.services.supervisor import JobStatus
 # check answers 400 invalid_name with the rule that was broken. A unit test keeps them equal.
 NAME_PATTERN = r"^[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
 NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN, "maxLength": MAX_NAME_LENGTH}
+# A model name is a release name without '__', which the daemon's slot names reserve.
+MODEL_NAME_PATTERN = r"^(?!.*__)[A-Za-z0-9](\.?[A-Za-z0-9_-])*\.?$"
+MODEL_NAME_SCHEMA: dict[str, Any] = {"pattern": MODEL_NAME_PATTERN, "maxLength": MAX_NAME_LENGTH}
 
 
 def _encodable(text: str) -> str:

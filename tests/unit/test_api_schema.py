@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from controlplane.api.app import create_app  # also defines the API's own error classes
 from controlplane.api.errors import STATUS_BY_CODE
-from controlplane.api.schemas import NAME_PATTERN
+from controlplane.api.schemas import MODEL_NAME_PATTERN, NAME_PATTERN
 from controlplane.domain import errors as domain_errors
 from controlplane.domain.errors import ControlPlaneError, InvalidName
-from controlplane.domain.names import MAX_NAME_LENGTH, validate_model_name
+from controlplane.domain.names import MAX_NAME_LENGTH, validate_model_name, validate_release_name
 from controlplane.settings import Settings
 
 WRITE = ("invalid_request", "unsupported_media_type", "request_too_large", "not_ready")
@@ -192,18 +192,22 @@ def test_mutating_routes_declare_the_bearer_token_only_when_one_is_set(
     assert (schemes == {}) == (token is None)
 
 
-NAME_ALPHABET = st.sampled_from("aZ09._-/ é")
+NAME_ALPHABET = st.sampled_from("aZ09._-/ é_")
 
 
 @given(st.text(NAME_ALPHABET, max_size=12) | st.from_regex(NAME_PATTERN, fullmatch=True))
-def test_the_documented_name_pattern_is_the_domains_rule(name: str) -> None:
-    try:
-        validate_model_name(name)
-        valid = True
-    except InvalidName:
-        valid = False
-    documented = re.fullmatch(NAME_PATTERN, name) is not None and len(name) <= MAX_NAME_LENGTH
-    assert documented == valid
+def test_the_documented_name_patterns_are_the_domains_rules(name: str) -> None:
+    for pattern, validate in (
+        (MODEL_NAME_PATTERN, validate_model_name),
+        (NAME_PATTERN, validate_release_name),
+    ):
+        try:
+            validate(name)
+            valid = True
+        except InvalidName:
+            valid = False
+        documented = re.fullmatch(pattern, name) is not None and len(name) <= MAX_NAME_LENGTH
+        assert documented == valid, (pattern, name)
 
 
 def test_the_readmes_status_table_is_the_api_table() -> None:
