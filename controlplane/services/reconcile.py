@@ -409,7 +409,7 @@ class Reconciler:
 
     async def _keep_retire_timers(self, seen: Observed) -> None:
         """A warm previous release keeps a retire window, also after a daemon restart."""
-        if not seen.blue_green:
+        if not seen.blue_green or self._policy_for(seen.model).keep_warm:
             return
         for slot in seen.slots:
             if (

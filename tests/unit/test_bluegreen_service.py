@@ -39,6 +39,7 @@ from tests.support.fakes import (
     LoadHangs,
     Parts,
     deploy_service,
+    make_reconciler,
     started,
 )
 from tests.support.models import write_scale_release, write_sha256sums
@@ -681,5 +682,30 @@ def test_an_unload_records_the_operation_s_own_trigger_not_reconcile(tmp_path: P
             assert op.status is OperationStatus.SUCCEEDED, op.error
             blue = next(s for s in (await record(parts)).slots if s.name == BLUE)
             assert (blue.state, blue.trigger) == (SlotState.ABSENT, "cli")
+
+    asyncio.run(scenario())
+
+
+def test_keep_fallback_warm_never_retires_the_previous_release(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        policy = TrafficPolicy(
+            strategy=Strategy.BLUE_GREEN, retire_after=SOON, drain_timeout=1.0, keep_warm=True
+        )
+        async with deploy_service(tmp_path, traffic=policy, metrics=FakeMetrics()) as (
+            service,
+            parts,
+        ):
+            publish(parts, "r1", "r2")
+            await deployed(service, "r1", "r2")
+            await make_reconciler(service, parts).run_pass()  # nor does a reconcile beat
+
+            assert not parts.bluegreen.retire_timer(BLUE)  # no retire is even scheduled
+            assert await retires(service) == []
+            assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
+            assert parts.triton.state(BLUE) == "READY"
+            op = await service.wait(
+                (await service.rollback(MODEL, to=None, trigger=Trigger.API)).id
+            )
+            assert step_names(op) == ["switch", "record"]  # a re-point, no load
 
     asyncio.run(scenario())
