@@ -53,6 +53,7 @@ from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.5  # while Triton is down: how often its liveness is checked
+RETRY_FIRST, RETRY_MAX = 2.0, 300.0  # a repair that failed is tried again after this, doubling
 _LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 
 
@@ -66,6 +67,7 @@ class PassReport:
     repairs: dict[str, str] = field(default_factory=dict)  # model -> operation id
     failed: dict[str, str] = field(default_factory=dict)
     busy: list[str] = field(default_factory=list)  # an operation of ours was running
+    deferred: dict[str, float] = field(default_factory=dict)  # failed before: next try in s
 
     @property
     def not_serving(self) -> dict[str, str]:
@@ -112,6 +114,7 @@ class Reconciler:
         self.last: PassReport | None = None
         self.wake = asyncio.Event()
         self._started = False
+        self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -185,6 +188,11 @@ class Reconciler:
             if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
                 if "record" in assessment.notes and assessment.slot is not None:
                     await self._record_serving(model, assessment.slot, record.active_release)
+                self._retry.pop(model, None)
+                continue
+            next_try, _delay = self._retry.get(model, (0.0, 0.0))
+            if self._clock.monotonic() < next_try:  # it failed lately: do not hammer it
+                report.deferred[model] = next_try - self._clock.monotonic()
                 continue
             repairs.append(asyncio.create_task(self._repair(seen, assessment, report)))
         if repairs:
@@ -299,18 +307,34 @@ class Reconciler:
             report.busy.append(model)  # someone started an operation meanwhile: theirs
             return
         except ControlPlaneError as exc:
-            report.failed[model] = str(exc)
-            log.error("repair of %s refused: %s", model, exc)
+            self._failed(model, report, f"refused: {exc}", None)
             return
         if done.status is not OperationStatus.SUCCEEDED:
             error = done.error.message if done.error else done.status.value
-            report.failed[model] = error
-            log.error("repair of %s failed (%s): %s", model, done.id, error)
+            self._failed(model, report, error, done.id)
             return
+        self._retry.pop(model, None)
         if action is not Action.NONE:
             log.info("repaired %s (%s, operation %s)", model, action.value, done.id)
         report.assessments[model] = dataclasses.replace(
-            assessment, action=Action.NONE, serving=True, why=f"repaired ({action.value})"
+            assessment,
+            action=Action.NONE,
+            serving=assessment.serving or action is not Action.WAIT,
+            why=f"repaired ({action.value})",
+        )
+
+    def _failed(self, model: str, report: PassReport, error: str, operation: str | None) -> None:
+        """A repair failed: say so, and try again later, waiting longer each time."""
+        _next, last = self._retry.get(model, (0.0, 0.0))
+        delay = min(RETRY_MAX, max(RETRY_FIRST, last * 2))
+        self._retry[model] = (self._clock.monotonic() + delay, delay)
+        report.failed[model] = error
+        log.error(
+            "repair of %s failed%s: %s; trying again in %.0f s",
+            model,
+            f" ({operation})" if operation else "",
+            error,
+            delay,
         )
 
     async def _put_back(self, run: Run, seen: Observed, assessment: Assessment) -> None:

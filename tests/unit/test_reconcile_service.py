@@ -201,7 +201,7 @@ def test_the_desired_release_on_disk_is_loaded_again(tmp_path: Path, how: str) -
     asyncio.run(scenario())
 
 
-def test_a_repair_that_fails_is_reported_and_tried_again_at_the_next_beat(
+def test_a_repair_that_fails_is_reported_and_tried_again_after_a_growing_pause(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
@@ -220,6 +220,10 @@ def test_a_repair_that_fails_is_reported_and_tried_again_at_the_next_beat(
             assert (await record(parts)).active_release == "r1"
             assert (await slot(parts)).state is SlotState.UNAVAILABLE
 
+            soon = await reconciler.run_pass()  # at once: no hammering of what just failed
+            assert soon.repairs == {}
+            assert soon.deferred[MODEL] == pytest.approx(2.0)
+            parts.clock.advance(2.0)
             again = await reconciler.run_pass()  # the next load succeeds
 
             assert list(again.repairs) == [MODEL]
