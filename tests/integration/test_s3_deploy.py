@@ -12,10 +12,11 @@ import pytest
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
+from tests.support.fault_proxy import FaultProxy
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
-from tests.support.s3 import FaultProxy, aws_env, upload_release, upload_release_dir
+from tests.support.s3 import aws_env, upload_release, upload_release_dir
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
 from tests.support.tree import snapshot
 
