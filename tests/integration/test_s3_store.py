@@ -190,6 +190,23 @@ def test_describe_and_read_manifest(direct: Any, bucket: str, make_store: StoreF
     assert store.read_manifest("m", "v2") is None
 
 
+def test_a_manifest_that_is_not_utf8_is_an_invalid_release(
+    direct: Any, bucket: str, make_store: StoreFactory
+) -> None:
+    upload_release(direct, bucket, PREFIX, "m", "v1", {"a": b"1"})
+    key = f"{PREFIX}/m/v1/{MANIFEST_NAME}"
+    latin1 = f"{sha(b'1')}  caf\u00e9\n".encode("latin-1")
+    direct.put_object(Bucket=bucket, Key=key, Body=latin1)
+
+    with pytest.raises(UnsafeRelease) as caught:
+        make_store().read_manifest("m", "v1")
+
+    assert caught.value.code == "invalid_release"
+    assert f"{MANIFEST_NAME} of s3://{bucket}/{key} is not UTF-8 text (byte 0xe9" in str(
+        caught.value
+    )
+
+
 # --- fetching -----------------------------------------------------------------------------
 
 
