@@ -12,7 +12,8 @@ verified releases. Then each fault ends the way it should:
   counted in /metrics;
 - an object replaced mid-download: ``release_changed``, and the old release serves;
 - a store down for good: ``store_unavailable`` within ``store.retry_seconds`` and a little,
-  saying how long it tried and why.
+  saying how long it tried and why;
+- a daemon stopped mid-download: its fetch threads stop at once and leave no temp file.
 
 Releases carry 1.5 MiB of weights, fetched in 12 ranged parts (a 512 KiB threshold, 128 KiB
 parts). They are published without CRC32 object checksums, as many S3-compatible stores and
@@ -26,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ from tests.support.fault_proxy import FaultProxy, SeenRequest
 from tests.support.inference import LoadGenerator, infer_once
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.placements import PlacementAudit
+from tests.support.polling import eventually
 from tests.support.s3 import aws_env, s3_client, upload_release_dir
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint  # noqa: F401
 
@@ -96,13 +99,13 @@ class Campaign:
     published: dict[str, dict[str, str]] = field(default_factory=dict)  # release -> digests
     _next: int = 1
 
-    def publish(self) -> tuple[str, float]:
+    def publish(self, weights: int = 1536 * KIB) -> tuple[str, float]:
         """Upload the next release (files first, SHA256SUMS last); its name and its k."""
         number = self._next
         self._next += 1
         release, k = f"r{number}", float(number)
         root = write_scale_release(self.workdir / "src", self.model, release, k=k, checksums=False)
-        (root / "1" / "weights.bin").write_bytes(os.urandom(1536 * KIB))
+        (root / "1" / "weights.bin").write_bytes(os.urandom(weights))
         write_sha256sums(root)
         upload_release_dir(self.publisher, self.bucket, PREFIX, root)
         self.published[release] = {
@@ -379,4 +382,45 @@ def test_a_store_down_for_good_fails_within_retry_seconds_saying_why(
     assert retry_seconds <= failed_after < retry_seconds + 4.0
     _assert_nothing_broke(outcome, {old})
     assert down.serving() == old
+    assert daemon.staging_leftovers() == []
+
+
+def test_a_daemon_stopped_mid_download_ends_its_fetch_at_once_and_leaves_no_temp_file(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    triton: RunningTriton,
+) -> None:
+    bucket = f"stop-{os.getpid()}"
+    publisher = s3_client(moto_endpoint, checksums=False)
+    publisher.create_bucket(Bucket=bucket)
+    try:
+        daemon = daemons(
+            tmp_path,
+            store_uri=f"s3://{bucket}/{PREFIX}",
+            extra_env=aws_env(fault_proxy.endpoint),
+            config=CONFIG,
+        )
+        slow = Campaign(
+            daemon, fault_proxy, publisher, bucket, f"stop-{os.getpid()}", triton, tmp_path
+        )
+        release, _ = slow.publish(weights=6 * 1024 * KIB)
+    finally:
+        publisher.close()
+    fault_proxy.latency = 1.0  # 48 parts over 4 threads: 12 s, if nothing stopped them
+    weights = slow.key(release, "1/weights.bin")
+
+    submitted = daemon.deploy(slow.model, release, wait=False)
+    assert submitted.status_code == 202, submitted.text
+    eventually(lambda: fault_proxy.gets(weights) >= 1, 30, "the download of the weights began")
+    assert list(daemon.staging.rglob(".weights.bin.*.part")), "mid-download: a temp file"
+    started = time.monotonic()
+    exit_code = daemon.stop()
+    stopped_in = time.monotonic() - started
+
+    assert exit_code == -signal.SIGTERM  # uvicorn ends by the signal, after a clean shutdown
+    assert stopped_in < 5.0, f"the daemon took {stopped_in:.1f} s to stop"
+    assert fault_proxy.gets(weights) < 48  # the download did not run to its end
+    assert list(daemon.staging.rglob("*.part")) == []
     assert daemon.staging_leftovers() == []
