@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 from controlplane.domain.errors import ChecksumMismatch, ReleaseChanged, UnsafeRelease
 
 MANIFEST_NAME = "SHA256SUMS"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a million files' worth; beyond it, a mistake or worse
 _LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 
 
@@ -46,6 +47,13 @@ def decode_manifest(data: bytes, where: str) -> dict[str, str]:
             f"offset {exc.start}); write it with sha256sum and publish it again"
         ) from None
     return parse_manifest(text)
+
+
+def manifest_too_large(size: int, where: str) -> UnsafeRelease:
+    return UnsafeRelease(
+        f"{MANIFEST_NAME} of {where} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a "
+        "manifest may have; it is read into memory, so it is refused"
+    )
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -95,6 +103,8 @@ def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) 
             f"{MANIFEST_NAME} is no longer in the store's listing after it was read: the release "
             "is being republished; it will be fetched again"
         )
+    if listed[MANIFEST_NAME] > MAX_MANIFEST_BYTES:
+        raise manifest_too_large(listed[MANIFEST_NAME], "the release")
     _refuse_missing(sorted(set(manifest) - set(listed)))
     _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME}))
     return {rel: size for rel, size in listed.items() if rel in manifest or rel == MANIFEST_NAME}

@@ -234,3 +234,8 @@ def test_manifest_bytes_that_are_not_utf8_are_an_invalid_release_naming_the_byte
         decode_manifest(data, "m/r1")
     assert caught.value.code == "invalid_release"
     assert "SHA256SUMS of m/r1 is not UTF-8 text (byte 0xe9 at offset 69)" in caught.value.message
+
+
+def test_a_listed_manifest_too_large_to_read_is_refused() -> None:
+    with pytest.raises(UnsafeRelease, match="more than the 16777216 a manifest may have"):
+        select_files(_manifest("a"), {"a": 1, MANIFEST_NAME: 10 * 1024**3})

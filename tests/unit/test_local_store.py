@@ -406,3 +406,17 @@ def test_a_fetch_cancelled_before_it_starts_writes_nothing(
         store.fetch(listing, dest, manifest=None, cancel=cancel)
 
     assert [p for p in dest.rglob("*") if p.is_file()] == []
+
+
+def test_a_huge_manifest_is_neither_read_nor_held_in_memory(store_root: Path) -> None:
+    root = write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG}, manifest=False)
+    with (root / MANIFEST_NAME).open("wb") as out:
+        out.truncate(20 * 1024**3)  # sparse: 20 GiB of apparent size
+    store = LocalStore(store_root)
+
+    (info,) = store.list_releases("m")  # the watcher's scan does not read it
+
+    assert info.complete
+    assert info.revision is not None
+    with pytest.raises(UnsafeRelease, match=r"SHA256SUMS of m/r1 is 21474836480 bytes, more than"):
+        store.read_manifest("m", "r1")

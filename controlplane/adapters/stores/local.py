@@ -24,7 +24,14 @@ from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.stores.retries import report_refetch, unstable
-from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, decode_manifest, safe_relpath
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileDigest,
+    decode_manifest,
+    manifest_too_large,
+    safe_relpath,
+)
 from controlplane.domain.errors import (
     Interrupted,
     ModelNotFound,
@@ -92,9 +99,12 @@ class LocalStore:
         if path.is_symlink():
             raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
         try:
-            data = path.read_bytes()
+            with path.open("rb") as stream:
+                data = stream.read(MAX_MANIFEST_BYTES + 1)  # never more, whatever its size
         except (FileNotFoundError, IsADirectoryError):
             return None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise manifest_too_large(path.stat().st_size, f"{model}/{release}")
         return decode_manifest(data, f"{model}/{release}")
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
@@ -180,6 +190,8 @@ def _info(model: str, release: str, path: Path) -> ReleaseInfo:
         return ReleaseInfo(model, release, complete=False)
     if not stat.S_ISREG(marker.st_mode):
         return ReleaseInfo(model, release, complete=False)
+    if marker.st_size > MAX_MANIFEST_BYTES:  # not read: a deploy refuses it; still, it changed
+        return ReleaseInfo(model, release, True, f"oversized-{marker.st_size}-{marker.st_mtime_ns}")
     # The marker's content is the revision: a republished release lists other digests.
     digest = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
     return ReleaseInfo(model, release, True, revision=digest)

@@ -53,7 +53,14 @@ from controlplane.adapters.stores.s3_download import (
     TransferPolicy,
     download_objects,
 )
-from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, decode_manifest, safe_relpath
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileDigest,
+    decode_manifest,
+    manifest_too_large,
+    safe_relpath,
+)
 from controlplane.domain.errors import (
     ControlPlaneError,
     Interrupted,
@@ -76,7 +83,6 @@ from controlplane.ports import (
     Telemetry,
 )
 
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 SCAN_RETRY_SECONDS = 5.0  # budget of the watcher's and status's listings (they run again)
 
 _THROTTLING = {
@@ -282,8 +288,9 @@ class S3Store:
             response = self._client.get_object(Bucket=self._bucket, Key=key)
             body = response["Body"]
             try:
-                if int(response.get("ContentLength", 0)) > MAX_MANIFEST_BYTES:
-                    raise UnsafeRelease(f"{MANIFEST_NAME} of {self._url(key)} is too large")
+                size = int(response.get("ContentLength", 0))
+                if size > MAX_MANIFEST_BYTES:
+                    raise manifest_too_large(size, self._url(key))
                 return bytes(body.read())
             finally:
                 body.close()
