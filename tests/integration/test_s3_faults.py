@@ -180,7 +180,7 @@ def _assert_served(campaign: Campaign, outcome: Outcome, old: float, new: float)
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def campaign(
     triton: RunningTriton,
     moto_endpoint: str,  # noqa: F811
@@ -221,119 +221,121 @@ def fresh(campaign: Campaign) -> Campaign:
     return campaign
 
 
-def test_throttling_is_retried_logged_and_counted_and_the_new_release_serves(
-    fresh: Campaign,
-) -> None:
-    old = fresh.serving()
-    release, new = fresh.publish()
-    before = fresh.retries()
-    fresh.proxy.fail_next(2, "503", fresh.key(release, "SHA256SUMS"))  # read before the fetch
-    fresh.proxy.fail_next(8, "503", fresh.key(release, "1/weights.bin"))  # parts, in parallel
+class TestFaultsDuringADeploy:
+    """One daemon for the class (class-scoped: only one daemon at a time may hold the session
+    Triton's repository, and the tests after the class start their own)."""
 
-    outcome = fresh.deploy(release)
+    def test_throttling_is_retried_logged_and_counted_and_the_new_release_serves(
+        self,
+        fresh: Campaign,
+    ) -> None:
+        old = fresh.serving()
+        release, new = fresh.publish()
+        before = fresh.retries()
+        fresh.proxy.fail_next(2, "503", fresh.key(release, "SHA256SUMS"))  # read before the fetch
+        fresh.proxy.fail_next(8, "503", fresh.key(release, "1/weights.bin"))  # parts, in parallel
 
-    _assert_served(fresh, outcome, old, new)
-    assert fresh.retries()["throttled"] - before["throttled"] == 2 + 8
-    logged = fresh.retry_log(outcome.operation_id)
-    assert len(logged) == 2 + 8
-    first = logged[0]
-    assert first["level"] == "warning"
-    assert first["cause"] == "throttled"
-    assert first["key"].startswith(f"s3://{fresh.bucket}/{fresh.key(release)}")
-    assert first["attempt"] == 1
-    assert 0 <= first["retry_in_seconds"] <= 5
-    assert 100 < first["gives_up_in_seconds"] <= 120
-    assert outcome.fetch["retries"] == 8
+        outcome = fresh.deploy(release)
 
+        _assert_served(fresh, outcome, old, new)
+        assert fresh.retries()["throttled"] - before["throttled"] == 2 + 8
+        logged = fresh.retry_log(outcome.operation_id)
+        assert len(logged) == 2 + 8
+        first = logged[0]
+        assert first["level"] == "warning"
+        assert first["cause"] == "throttled"
+        assert first["key"].startswith(f"s3://{fresh.bucket}/{fresh.key(release)}")
+        assert first["attempt"] == 1
+        assert 0 <= first["retry_in_seconds"] <= 5
+        assert 100 < first["gives_up_in_seconds"] <= 120
+        assert outcome.fetch["retries"] == 8
 
-@pytest.mark.parametrize(
-    ("kind", "cause"),
-    [("500", "server_error"), ("drop_mid_body", "connection")],
-    ids=["server-errors", "connections-cut-mid-body"],
-)
-def test_server_errors_and_cut_connections_are_retried_and_the_new_release_serves(
-    fresh: Campaign, kind: Any, cause: str
-) -> None:
-    old = fresh.serving()
-    release, new = fresh.publish()
-    before = fresh.retries()
-    fresh.proxy.fail_next(6, kind, fresh.key(release, "1/weights.bin"))
-
-    outcome = fresh.deploy(release)
-
-    _assert_served(fresh, outcome, old, new)
-    assert fresh.retries()[cause] - before[cause] == 6
-    assert outcome.fetch["retries"] == 6
-
-
-def test_latency_slows_the_fetch_but_the_new_release_serves(fresh: Campaign) -> None:
-    old = fresh.serving()
-    release, new = fresh.publish()
-    fresh.proxy.latency = 0.3
-
-    outcome = fresh.deploy(release)
-
-    _assert_served(fresh, outcome, old, new)
-    assert outcome.seconds > 0.3 * 4  # SHA256SUMS, listing, three rounds of parts at least
-
-
-@pytest.mark.parametrize(
-    ("rel", "ranged"), [("1/weights.bin", True), ("1/model.py", False)], ids=["part", "whole"]
-)
-def test_a_byte_flipped_on_the_wire_is_fetched_again_and_the_new_release_serves(
-    fresh: Campaign, rel: str, ranged: bool
-) -> None:
-    old = fresh.serving()
-    release, new = fresh.publish()
-    before = fresh.retries()
-    fresh.proxy.fail_next(1, "flip", fresh.key(release, rel), ranged=ranged)
-
-    outcome = fresh.deploy(release)
-
-    _assert_served(fresh, outcome, old, new)
-    assert outcome.fetch["refetched"] == 1
-    assert fresh.retries()["corrupt"] - before["corrupt"] == 1
-    assert fresh.proxy.gets(fresh.key(release, rel), ranged=ranged) == (24 if ranged else 2)
-
-
-def test_an_object_replaced_mid_download_is_release_changed_and_the_old_release_serves(
-    fresh: Campaign,
-) -> None:
-    old = fresh.serving()
-    release, _ = fresh.publish()
-    key = fresh.key(release, "1/weights.bin")
-
-    def replace(_: SeenRequest) -> None:
-        fresh.publisher.put_object(Bucket=fresh.bucket, Key=key, Body=os.urandom(1536 * KIB))
-
-    fresh.proxy.on_get(key, replace, skip=3)  # after three of its twelve parts
-
-    outcome = fresh.deploy(release)
-
-    assert outcome.response.status_code == 409, outcome.response.text
-    error = outcome.response.json()["error"]
-    assert error["code"] == "release_changed"
-    assert "changed during the download" in error["message"]
-    _assert_nothing_broke(outcome, {old})
-    assert fresh.serving() == old
-    assert fresh.daemon.staging_leftovers() == []
-
-
-def test_a_20_s_outage_mid_download_is_waited_out_and_the_new_release_serves(
-    fresh: Campaign,
-) -> None:
-    old = fresh.serving()
-    release, new = fresh.publish()
-    before = fresh.retries()
-    fresh.proxy.on_get(
-        fresh.key(release, "1/weights.bin"), lambda _: fresh.proxy.down_for(20.0), skip=2
+    @pytest.mark.parametrize(
+        ("kind", "cause"),
+        [("500", "server_error"), ("drop_mid_body", "connection")],
+        ids=["server-errors", "connections-cut-mid-body"],
     )
+    def test_server_errors_and_cut_connections_are_retried_and_the_new_release_serves(
+        self, fresh: Campaign, kind: Any, cause: str
+    ) -> None:
+        old = fresh.serving()
+        release, new = fresh.publish()
+        before = fresh.retries()
+        fresh.proxy.fail_next(6, kind, fresh.key(release, "1/weights.bin"))
 
-    outcome = fresh.deploy(release)
+        outcome = fresh.deploy(release)
 
-    _assert_served(fresh, outcome, old, new)
-    assert outcome.seconds >= 20.0
-    assert fresh.retries()["connection"] > before["connection"]
+        _assert_served(fresh, outcome, old, new)
+        assert fresh.retries()[cause] - before[cause] == 6
+        assert outcome.fetch["retries"] == 6
+
+    def test_latency_slows_the_fetch_but_the_new_release_serves(self, fresh: Campaign) -> None:
+        old = fresh.serving()
+        release, new = fresh.publish()
+        fresh.proxy.latency = 0.3
+
+        outcome = fresh.deploy(release)
+
+        _assert_served(fresh, outcome, old, new)
+        assert outcome.seconds > 0.3 * 4  # SHA256SUMS, listing, three rounds of parts at least
+
+    @pytest.mark.parametrize(
+        ("rel", "ranged"), [("1/weights.bin", True), ("1/model.py", False)], ids=["part", "whole"]
+    )
+    def test_a_byte_flipped_on_the_wire_is_fetched_again_and_the_new_release_serves(
+        self, fresh: Campaign, rel: str, ranged: bool
+    ) -> None:
+        old = fresh.serving()
+        release, new = fresh.publish()
+        before = fresh.retries()
+        fresh.proxy.fail_next(1, "flip", fresh.key(release, rel), ranged=ranged)
+
+        outcome = fresh.deploy(release)
+
+        _assert_served(fresh, outcome, old, new)
+        assert outcome.fetch["refetched"] == 1
+        assert fresh.retries()["corrupt"] - before["corrupt"] == 1
+        assert fresh.proxy.gets(fresh.key(release, rel), ranged=ranged) == (24 if ranged else 2)
+
+    def test_an_object_replaced_mid_download_is_release_changed_and_the_old_release_serves(
+        self,
+        fresh: Campaign,
+    ) -> None:
+        old = fresh.serving()
+        release, _ = fresh.publish()
+        key = fresh.key(release, "1/weights.bin")
+
+        def replace(_: SeenRequest) -> None:
+            fresh.publisher.put_object(Bucket=fresh.bucket, Key=key, Body=os.urandom(1536 * KIB))
+
+        fresh.proxy.on_get(key, replace, skip=3)  # after three of its twelve parts
+
+        outcome = fresh.deploy(release)
+
+        assert outcome.response.status_code == 409, outcome.response.text
+        error = outcome.response.json()["error"]
+        assert error["code"] == "release_changed"
+        assert "changed during the download" in error["message"]
+        _assert_nothing_broke(outcome, {old})
+        assert fresh.serving() == old
+        assert fresh.daemon.staging_leftovers() == []
+
+    def test_a_20_s_outage_mid_download_is_waited_out_and_the_new_release_serves(
+        self,
+        fresh: Campaign,
+    ) -> None:
+        old = fresh.serving()
+        release, new = fresh.publish()
+        before = fresh.retries()
+        fresh.proxy.on_get(
+            fresh.key(release, "1/weights.bin"), lambda _: fresh.proxy.down_for(20.0), skip=2
+        )
+
+        outcome = fresh.deploy(release)
+
+        _assert_served(fresh, outcome, old, new)
+        assert outcome.seconds >= 20.0
+        assert fresh.retries()["connection"] > before["connection"]
 
 
 def test_a_store_down_for_good_fails_within_retry_seconds_saying_why(
