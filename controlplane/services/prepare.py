@@ -34,7 +34,7 @@ from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-CANCEL_GRACE_SECONDS = 5.0  # how long a cancelled fetch may take to stop (TaskOwner waits 10)
+CANCEL_GRACE_SECONDS = 5.0  # for a cancelled fetch to stop (the runner waits 10 s at shutdown)
 
 
 @dataclass(frozen=True)
