@@ -8,6 +8,7 @@ runs, and the release already serving must keep answering.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.support.inference import infer_once
 from tests.support.models import write_scale_release, write_sha256sums
 
 pytestmark = pytest.mark.triton
+log = logging.getLogger(__name__)
 MIB = 1024**2
 FEW_MB = 4 * MIB  # what staging may hold at most while it refuses: r1's cache entries, dirs
 
@@ -34,6 +36,9 @@ def _deploy_watching_staging(daemon: Daemon, model: str, release: str) -> tuple[
     with PeakUsage(daemon.staging) as usage:
         response = daemon.deploy(model, release)
     assert usage.samples > 1
+    log.info(
+        "deploy of %s: staging peaked at %d bytes (%d samples)", release, usage.peak, usage.samples
+    )
     return response, usage.peak
 
 
