@@ -6,7 +6,7 @@ hashed while written, with bounded memory. That machinery only earns its place i
 least as fast as the obvious alternative and does not cost more memory. This bench measures
 both against a real S3 API (moto's server, on loopback):
 
-* the store: `S3Store(uri, client=...).fetch(model, release, dest)`, listing included;
+* the store: `S3Store(uri, client=...).fetch(listing, dest, manifest=...)`, listing included;
 * the baseline: list the release, then `client.download_file(bucket, key, path)` for each
   object, one after the other, with boto3's default `TransferConfig` (10 threads, 8 MiB parts);
 * the matched baseline: the same loop with the store's threads, threshold and part size. moto
@@ -261,7 +261,9 @@ def child(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.child == "store":
         store = S3Store(f"s3://{BUCKET}/{PREFIX}", client=client, **knobs)
-        total = store.fetch(MODEL, RELEASE, dest).bytes_total
+        manifest = store.read_manifest(MODEL, RELEASE)
+        listing = store.list_files(MODEL, RELEASE)
+        total = store.fetch(listing, dest, manifest=manifest).bytes_total
     else:
         total = _download_loop(client, dest, transfer)
     seconds = time.perf_counter() - start

@@ -7,8 +7,9 @@ staging, state) are called from worker threads by the services; the Triton port 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +23,7 @@ from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature
+from controlplane.domain.transfer import RetryCause
 
 # --- model store -------------------------------------------------------------------------
 
@@ -35,13 +37,41 @@ class FetchProgress:
 
 
 @dataclass(frozen=True)
+class StoredFile:
+    """One file of a release as the store lists it, before anything is fetched."""
+
+    size: int  # the listed size (apparent size for a sparse file): what a fetch writes
+    version: str | None = None  # the store's version of it (an S3 ETag); a fetch insists on it
+
+
+@dataclass(frozen=True)
+class ReleaseListing:
+    """A release's files (path below the release dir -> :class:`StoredFile`), paths checked,
+    ``SHA256SUMS`` included when the release has one. What a fetch may write, and no more."""
+
+    model: str
+    release: str
+    files: Mapping[str, StoredFile]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {rel: stored.size for rel, stored in self.files.items()}
+
+    def only(self, rels: Collection[str]) -> ReleaseListing:
+        """The same listing restricted to ``rels``."""
+        return replace(self, files={r: f for r, f in self.files.items() if r in rels})
+
+
+@dataclass(frozen=True)
 class FetchedRelease:
     """What a store wrote into a staging dir, hashed while it was written."""
 
-    manifest: Mapping[str, str] | None  # parsed SHA256SUMS, None if the release has none
+    manifest: Mapping[str, str] | None  # the SHA256SUMS it wrote, parsed; None without one
     files: Mapping[str, FileDigest]
     bytes_total: int  # bytes of the whole release
     bytes_fetched: int = 0  # bytes actually transferred (the rest came from the cache)
+    refetched: int = 0  # fetches repeated because a file's digest did not match SHA256SUMS
+    retries: int = 0  # requests tried again after a transient fault (throttling, 5xx, ...)
 
 
 class ModelStore(Protocol):
@@ -51,7 +81,7 @@ class ModelStore(Protocol):
     def uri(self) -> str: ...
 
     def close(self) -> None:
-        """Release connections (a no-op for stores that hold none)."""
+        """Release connections and stop retries in flight (a no-op for stores without)."""
         ...
 
     def list_models(self) -> list[str]: ...
@@ -68,19 +98,30 @@ class ModelStore(Protocol):
         """The parsed ``SHA256SUMS``, or None when the release has none (yet)."""
         ...
 
+    def list_files(self, model: str, release: str) -> ReleaseListing:
+        """Every file of the release with its size, nothing fetched: :class:`ReleaseNotFound`
+        when it is gone, :class:`UnsafeRelease` for symlinks, special files or unsafe paths."""
+        ...
+
     def fetch(
         self,
-        model: str,
-        release: str,
+        listing: ReleaseListing,
         dest: Path,
         *,
+        manifest: Mapping[str, str] | None,
         have: Mapping[str, FileDigest] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> FetchedRelease:
-        """Write the release's files under the existing dir ``dest``.
+        """Write the files of ``listing`` (and nothing else) under the existing dir ``dest``.
 
+        Each file is hashed while it is written. One whose digest differs from ``manifest`` is
+        fetched again; the same wrong digest twice is returned as it is (verification then
+        calls it ``checksum_mismatch``), a different one every time is :class:`StoreUnavailable`.
         Files named in ``have`` are already there (linked from the content cache with the
         digest the manifest lists): they are not fetched again, and are returned as they are.
+        Once ``cancel`` is set, the fetch stops at its next chunk or backoff, deletes what it
+        was writing and raises :class:`Interrupted`.
         """
         ...
 
@@ -112,6 +153,10 @@ class Staging(Protocol):
 
     def create(self, operation_id: str) -> Path:
         """A fresh, empty staging dir for one operation; the release goes in ``<it>/model``."""
+        ...
+
+    def free_bytes(self) -> int:
+        """Bytes this process may still write on the staging filesystem."""
         ...
 
     def link_cached(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
@@ -460,6 +505,10 @@ class Telemetry(Protocol):
 
     def job_restarted(self, job: str) -> None:
         """A supervised background job failed (or ended) and is started again."""
+        ...
+
+    def store_retried(self, cause: RetryCause) -> None:
+        """A store request is being tried again, for ``cause``."""
         ...
 
 

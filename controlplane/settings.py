@@ -121,6 +121,33 @@ class StoreSettings(_Group):
     max_concurrency: int = Field(
         8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
     )
+    multipart_threshold_bytes: int = Field(
+        64 * 1024**2,
+        ge=0,
+        description="S3 objects at least this large are fetched in ranged parts, in parallel.",
+    )
+    part_size_bytes: int = Field(
+        16 * 1024**2, ge=64 * 1024, description="Size of each ranged part of a large S3 object."
+    )
+    retry_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="How long one S3 request may keep failing transiently (SlowDown, 5xx, "
+        "dropped connections, bytes corrupted on the way) before the deploy fails with "
+        "store_unavailable; retries back off exponentially with jitter, at most 5 s apart. "
+        "120 s outlasts a SlowDown storm or a MinIO pod restart, so a short outage delays a "
+        "deploy instead of failing it; a store that is really down is reported that much "
+        "later. Scans for new releases retry for at most 5 s (they run again anyway).",
+    )
+    max_release_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Largest release (the sum of the sizes the store lists) a deploy accepts; "
+        "a larger one is refused with release_too_large before anything is fetched. Default "
+        "none: models range from kilobytes to hundreds of gigabytes, so no bound fits all, "
+        "and free space in staging is checked before every fetch anyway; set it to catch a "
+        "publisher's mistake before it costs a download.",
+    )
 
     @field_validator("uri")
     @classmethod

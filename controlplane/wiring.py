@@ -19,7 +19,7 @@ from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
-from controlplane.ports import ModelStore, UtilizationSource
+from controlplane.ports import ModelStore, Telemetry, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.bluegreen import BlueGreen, Bounds
 from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
@@ -98,21 +98,30 @@ def claim_state(settings: Settings) -> InstanceLock:
     )
 
 
-def build_store(settings: Settings) -> ModelStore:
-    if settings.store.scheme == "s3":
+def build_store(settings: Settings, telemetry: Telemetry | None = None) -> ModelStore:
+    """The store the settings name; ``telemetry`` hears about its retries."""
+    store = settings.store
+    if store.scheme == "s3":
         from controlplane.adapters.stores.s3 import S3Store  # boto3 only when S3 is used
 
-        return S3Store(settings.store.uri, max_concurrency=settings.store.max_concurrency)
-    return LocalStore(settings.store.local_path)
+        return S3Store(
+            store.uri,
+            max_concurrency=store.max_concurrency,
+            multipart_threshold=store.multipart_threshold_bytes,
+            part_size=store.part_size_bytes,
+            retry_seconds=store.retry_seconds,
+            telemetry=telemetry,
+        )
+    return LocalStore(store.local_path, telemetry=telemetry)
 
 
 def build(settings: Settings) -> Container:
     """Build the object graph. Must run inside the event loop that will serve requests."""
     staging = check_filesystem(settings)
-    store = build_store(settings)
     clock = SystemClock()
     repos = SqliteRepos.open(settings.database_path)
     telemetry = PrometheusTelemetry()
+    store = build_store(settings, telemetry)
     triton = TritonDriver(
         settings.triton.grpc_url,
         call_timeout=settings.triton.call_timeout_seconds,
@@ -158,6 +167,7 @@ def build(settings: Settings) -> Container:
         staging=staging,
         editor=ProtobufConfigEditor(),
         require_checksums=settings.store.require_checksums,
+        max_release_bytes=settings.store.max_release_bytes,
     )
     headroom = HeadroomPolicy(
         figures=memory if settings.memory.headroom_check else None,

@@ -10,7 +10,8 @@ registry is this object's own, not the process-wide default, so two daemons in o
 
 Names follow Prometheus conventions: a ``controlplane_`` prefix, ``_seconds`` and ``_bytes``
 units, ``_total`` counters. Labels have bounded values only (kinds, outcomes, triggers, step
-names, model and slot names, verdicts); free text such as a rollback's reason is never a label.
+names, model and slot names, verdicts, retry causes); free text such as a rollback's reason is
+never a label.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from controlplane.domain.alerts import Receipt
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step, Trigger
 from controlplane.domain.rollback import RollbackRecord
+from controlplane.domain.transfer import RetryCause, retry_cause
 from controlplane.ports import ModelRecord, TritonMemory
 
 # From a cached re-point (ms) to a big model's load (minutes).
@@ -150,6 +152,15 @@ class PrometheusTelemetry:
         )
         for action in ("load", "repoint", "redeploy", "remove"):
             self._repairs.labels(action=action)
+        self._store_retries = Counter(
+            "controlplane_store_retries",
+            "Store requests tried again after a transient fault, by cause (throttled, "
+            "server_error, connection, timeout, corrupt, other).",
+            ["cause"],
+            registry=r,
+        )
+        for cause in RetryCause:
+            self._store_retries.labels(cause=cause.value)
         for kind in RESIDUE_KINDS:
             self._residue.labels(kind=kind)
         for receipt in Receipt:
@@ -215,6 +226,9 @@ class PrometheusTelemetry:
 
     def job_restarted(self, job: str) -> None:
         self._job_restarts.labels(job=job).inc()
+
+    def store_retried(self, cause: RetryCause) -> None:
+        self._store_retries.labels(cause=retry_cause(cause).value).inc()
 
     # --- for the API ----------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "triton_load_failed": 422,
     "preflight_failed": 422,
     "strategy_unsupported": 422,
+    "release_too_large": 422,
     "internal_error": 500,
     "rollback_failed": 502,
     "interrupted": 500,
@@ -62,6 +63,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "store_unavailable": 503,
     "triton_timeout": 504,
     "budget_exceeded": 504,
+    "insufficient_disk": 507,
 }
 
 

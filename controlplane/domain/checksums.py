@@ -1,9 +1,11 @@
-"""The ``SHA256SUMS`` manifest: parsing, path safety, and comparison with what was fetched.
+"""The ``SHA256SUMS`` manifest: parsing, path safety, and comparison with what the store
+lists and what was fetched.
 
 The publisher writes ``SHA256SUMS`` last (coreutils ``sha256sum`` format, paths relative to
 the release dir); its presence is the commit marker of a release. Every path it names is
 checked here before anything is written under it: no absolute paths, no ``..``, no empty or
-``.`` components, no backslashes.
+``.`` components, no backslashes. It also decides what a fetch copies: the files it lists,
+and nothing else (:func:`select_files`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from controlplane.domain.errors import ChecksumMismatch, UnsafeRelease
+from controlplane.domain.errors import ChecksumMismatch, ReleaseChanged, UnsafeRelease
 
 MANIFEST_NAME = "SHA256SUMS"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a million files' worth; beyond it, a mistake or worse
 _LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 
 
@@ -32,6 +35,25 @@ def safe_relpath(path: str) -> PurePosixPath:
             f"path {path!r} is not allowed in a release: no '..', '.' or empty components"
         )
     return pure
+
+
+def decode_manifest(data: bytes, where: str) -> dict[str, str]:
+    """Parse the bytes of ``SHA256SUMS`` (``where`` names it in messages)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsafeRelease(
+            f"{MANIFEST_NAME} of {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+            f"offset {exc.start}); write it with sha256sum and publish it again"
+        ) from None
+    return parse_manifest(text)
+
+
+def manifest_too_large(size: int, where: str) -> UnsafeRelease:
+    return UnsafeRelease(
+        f"{MANIFEST_NAME} of {where} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a "
+        "manifest may have; it is read into memory, so it is refused"
+    )
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -66,10 +88,30 @@ class FileDigest:
     sha256: str
 
 
+def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) -> dict[str, int]:
+    """What a fetch copies, chosen from the store's listing (path -> size) before a byte is
+    copied: the files ``manifest`` lists and ``SHA256SUMS`` itself, or, for a release without
+    a manifest, everything listed.
+
+    A listing with files the manifest does not list is refused (``invalid_release``, naming
+    them), and so is one that lacks a file it lists (``checksum_mismatch``).
+    """
+    if manifest is None:
+        return dict(listed)
+    if MANIFEST_NAME not in listed:
+        raise ReleaseChanged(
+            f"{MANIFEST_NAME} is no longer in the store's listing after it was read: the release "
+            "is being republished; it will be fetched again"
+        )
+    if listed[MANIFEST_NAME] > MAX_MANIFEST_BYTES:
+        raise manifest_too_large(listed[MANIFEST_NAME], "the release")
+    _refuse_missing(sorted(set(manifest) - set(listed)))
+    _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME}))
+    return {rel: size for rel, size in listed.items() if rel in manifest or rel == MANIFEST_NAME}
+
+
 def compare_manifest(expected: Mapping[str, str], fetched: Mapping[str, FileDigest]) -> None:
     """Check the fetched files against the manifest: nothing missing, extra or different."""
-    missing = sorted(set(expected) - set(fetched))
-    extra = sorted(set(fetched) - set(expected) - {MANIFEST_NAME})
     wrong = sorted(p for p in expected if p in fetched and fetched[p].sha256 != expected[p])
     if wrong:
         raise ChecksumMismatch(
@@ -77,12 +119,20 @@ def compare_manifest(expected: Mapping[str, str], fetched: Mapping[str, FileDige
             "republish the release or fix the manifest",
             details={"files": wrong},
         )
+    _refuse_missing(sorted(set(expected) - set(fetched)))
+    _refuse_unlisted(sorted(set(fetched) - set(expected) - {MANIFEST_NAME}))
+
+
+def _refuse_missing(missing: list[str]) -> None:
     if missing:
         raise ChecksumMismatch(
             f"{len(missing)} file(s) listed in {MANIFEST_NAME} are missing: "
             f"{', '.join(missing[:5])}",
             details={"files": missing},
         )
+
+
+def _refuse_unlisted(extra: list[str]) -> None:
     if extra:
         raise UnsafeRelease(
             f"{len(extra)} file(s) are not listed in {MANIFEST_NAME}: {', '.join(extra[:5])}; "

@@ -24,14 +24,18 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── StagingFailed          staging_failed
     │   ├── NameConflict           name_conflict     (the repository dir belongs to another model)
     │   ├── InsufficientMemory     insufficient_memory
+    │   ├── InsufficientDisk       insufficient_disk (staging has no room for the fetch)
+    │   ├── ReleaseTooLarge        release_too_large (over store.max_release_bytes)
     │   ├── NoFallback             no_fallback
     │   ├── InvalidRequest         invalid_request
     │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
         ├── TritonUnavailable      triton_unavailable
         ├── TritonTimeout          triton_timeout
-        ├── StoreUnavailable       store_unavailable (throttled, 5xx, dropped connections)
-        └── ReleaseChanged         release_changed   (objects changed during the download)
+        ├── StoreUnavailable       store_unavailable (throttled, 5xx, dropped connections,
+        │                                             bytes corrupted on the wire)
+        ├── ReleaseChanged         release_changed   (objects changed during the download)
+        └── Interrupted            interrupted       (cancelled: shutdown, a fetch stopped)
 
 HTTP status codes are not known here: ``api/errors.py`` holds the one table from code to status.
 """
@@ -131,6 +135,18 @@ class StagingFailed(PermanentError):
     code = "staging_failed"
 
 
+class InsufficientDisk(PermanentError):
+    """The staging filesystem cannot hold what a fetch would write (figures in ``details``)."""
+
+    code = "insufficient_disk"
+
+
+class ReleaseTooLarge(PermanentError):
+    """The release is larger than ``store.max_release_bytes``, wherever it is deployed."""
+
+    code = "release_too_large"
+
+
 class TritonUnavailable(TransientError):
     code = "triton_unavailable"
 
@@ -149,6 +165,12 @@ class StoreUnavailable(TransientError):
 
 class ReleaseChanged(TransientError):
     code = "release_changed"
+
+
+class Interrupted(TransientError):
+    """The work was cancelled before it finished (shutdown, or its operation was cut short)."""
+
+    code = "interrupted"
 
 
 class InvalidRequest(PermanentError):

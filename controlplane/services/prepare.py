@@ -3,18 +3,38 @@
 Shared by every strategy: the result is a complete, verified, fsynced model dir in staging
 whose ``config.pbtxt`` names ``target`` (the model itself, or a blue-green slot), which nothing
 else has seen yet. Steps ``fetch`` and ``verify`` are recorded on the operation.
+
+Nothing is copied before the store's listing has been checked: only the files ``SHA256SUMS``
+lists are fetched (a listing with others is refused, naming them), and their sizes must fit
+under ``store.max_release_bytes`` and in the staging filesystem's free space, counting only
+what the content cache does not already hold. The figures go into the fetch step's detail.
+
+The fetch runs in a worker thread with a cancel signal: when this task is cancelled
+(shutdown, an operation cut short) the signal is set and the thread is waited for, so no
+thread writes into staging after the operation's dir is cleaned up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
+from controlplane.domain.checksums import select_files
+from controlplane.domain.disk import room_for
 from controlplane.domain.errors import ReleaseChanged, ReleaseIncomplete
 from controlplane.ports import ModelConfigEditor, ModelStore, ModelSummary, ReleaseMarker, Staging
 from controlplane.services.tracker import OperationTracker
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+CANCEL_GRACE_SECONDS = 5.0  # for a cancelled fetch to stop (the runner waits 10 s at shutdown)
 
 
 @dataclass(frozen=True)
@@ -35,21 +55,34 @@ async def prepare_release(
     release: str,
     target: str,
     revision: str | None = None,
+    max_release_bytes: int | None = None,
 ) -> PreparedRelease:
     op = tracker.operation
     async with tracker.step("fetch"):
         op_dir = await asyncio.to_thread(staging.create, op.id)
         dest = staging.release_dir(op_dir)
         manifest = await asyncio.to_thread(store.read_manifest, model, release)
+        if manifest is None and require_checksums:
+            raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS before the fetch")
+        listing = await asyncio.to_thread(store.list_files, model, release)
+        plan = listing.only(select_files(manifest, listing.sizes))
         have = await asyncio.to_thread(staging.link_cached, dest, manifest)
-        fetched = await asyncio.to_thread(
-            partial(store.fetch, have=have, progress=tracker.progress), model, release, dest
+        free = await asyncio.to_thread(staging.free_bytes)
+        room = room_for(plan.sizes, have, free=free, max_release_bytes=max_release_bytes)
+        tracker.detail(**room.detail())
+        room.check()
+        fetched = await _stoppable(
+            partial(
+                store.fetch, plan, dest, manifest=manifest, have=have, progress=tracker.progress
+            )
         )
         tracker.detail(
             files=len(fetched.files),
             bytes=fetched.bytes_total,
             bytes_fetched=fetched.bytes_fetched,
             files_cached=len(have),
+            refetched=fetched.refetched,
+            retries=fetched.retries,
         )
 
     async with tracker.step("verify"):
@@ -78,6 +111,7 @@ class Preparer:
     staging: Staging
     editor: ModelConfigEditor
     require_checksums: bool = True
+    max_release_bytes: int | None = None  # store.max_release_bytes; None: unbounded
 
     async def prepare(
         self,
@@ -99,4 +133,23 @@ class Preparer:
             release=release,
             target=target,
             revision=revision,
+            max_release_bytes=self.max_release_bytes,
         )
+
+
+async def _stoppable(call: Callable[..., T]) -> T:
+    """``call(cancel=<event>)`` in a worker thread. If this task is cancelled, set the event
+    and give the thread a few seconds to stop before the cancellation goes on."""
+    cancel = threading.Event()
+    worker = asyncio.ensure_future(asyncio.to_thread(call, cancel=cancel))
+    # Whatever the thread ends with once nobody awaits it, it has been seen.
+    worker.add_done_callback(lambda done: done.cancelled() or done.exception())
+    try:
+        return await asyncio.shield(worker)
+    except asyncio.CancelledError:
+        cancel.set()
+        with contextlib.suppress(Exception):
+            _done, pending = await asyncio.wait([worker], timeout=CANCEL_GRACE_SECONDS)
+            if pending:
+                log.warning("a cancelled fetch did not stop within %.0f s", CANCEL_GRACE_SECONDS)
+        raise

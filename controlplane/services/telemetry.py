@@ -12,6 +12,7 @@ from controlplane.domain.alerts import Receipt
 from controlplane.domain.memory import LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step
 from controlplane.domain.rollback import RollbackRecord
+from controlplane.domain.transfer import RetryCause
 from controlplane.ports import TritonMemory
 
 
@@ -44,6 +45,9 @@ class NoTelemetry:
         return None
 
     def job_restarted(self, job: str) -> None:
+        return None
+
+    def store_retried(self, cause: RetryCause) -> None:
         return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions
 from tests.support.models import (
+    SHA256SUMS,
     corrupt_file,
     write_broken_config_release,
     write_scale_release,
@@ -103,6 +105,15 @@ def _fails_initialize(store: Path, model: str) -> str:
 REFUSED_BEFORE_WORK = ("release_not_found", "release_incomplete")
 
 
+def _manifest_not_utf8(store: Path, model: str) -> str:
+    release = write_scale_release(store, model, "latin1-sums", k=7.0)
+    (release / "1" / "caf\u00e9.bin").write_bytes(b"named in Latin-1 below")
+    sums = release / SHA256SUMS
+    line = f"{hashlib.sha256(b'named in Latin-1 below').hexdigest()}  1/caf\u00e9.bin\n"
+    sums.write_bytes(sums.read_bytes() + line.encode("latin-1"))
+    return "latin1-sums"
+
+
 def _missing(store: Path, model: str) -> str:
     return "does-not-exist"
 
@@ -121,10 +132,18 @@ class TestBadReleases:
             (_mismatch, 422, "checksum_mismatch", "1/model.py"),
             (_broken_config, 422, "invalid_model_config", "config.pbtxt"),
             (_fails_initialize, 422, "triton_load_failed", "initialize failed on purpose"),
+            (_manifest_not_utf8, 422, "invalid_release", "is not UTF-8 text"),
             (_missing, 404, "release_not_found", "does-not-exist"),
             (_no_checksums, 409, "release_incomplete", "SHA256SUMS"),
         ],
-        ids=["checksum-mismatch", "broken-config", "fails-initialize", "missing", "no-checksums"],
+        ids=[
+            "checksum-mismatch",
+            "broken-config",
+            "fails-initialize",
+            "manifest-not-utf8",
+            "missing",
+            "no-checksums",
+        ],
     )
     def test_a_bad_release_is_refused_and_the_serving_release_keeps_serving(
         self,

@@ -12,10 +12,11 @@ import pytest
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
+from tests.support.fault_proxy import FaultProxy
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
-from tests.support.s3 import FaultProxy, aws_env, upload_release, upload_release_dir
+from tests.support.s3 import aws_env, upload_release, upload_release_dir
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
 from tests.support.tree import snapshot
 
@@ -168,7 +169,9 @@ def test_download_faults_are_retried_and_persistent_ones_fail_cleanly(
     client, bucket = s3_bucket
     _upload_scale(client, bucket, tmp_path / "r", model_name, "r1", 1.0)
     _upload_scale(client, bucket, tmp_path / "r", model_name, "r2", 2.0)
-    daemon = _s3_daemon(daemons, tmp_path, fault_proxy.endpoint, bucket)
+    daemon = _s3_daemon(
+        daemons, tmp_path, fault_proxy.endpoint, bucket, config="store:\n  retry_seconds: 2\n"
+    )
     model_key = f"{model_name}/r1/1/model.py"
     fault_proxy.fail_next(1, "drop", key=model_key)
     fault_proxy.fail_next(1, "drop_mid_body", key=model_key)
@@ -189,7 +192,8 @@ def test_download_faults_are_retried_and_persistent_ones_fail_cleanly(
     error = persistent.json()["error"]
     assert error["code"] == "store_unavailable"
     assert "r2/1/model.py" in error["message"]
-    assert "attempt" in error["message"]
+    assert "attempt(s) over 2." in error["message"]
+    assert "(throttled)" in error["message"]
     assert _model_dirs(daemon, model_name) == before
     assert daemon.staging_leftovers() == []
     assert infer_once(triton.grpc_url, model_name) == 1.0

@@ -2,14 +2,18 @@
 
 Every store talks to moto through a :class:`FaultProxy`, which counts the requests (so a test
 can say a cached file was never fetched, or a retry really happened) and breaks the ones a
-test scripts. Faults are decided per request, never by timing, and backoff is capped at a few
-milliseconds, so these tests are deterministic and fast. No Triton is needed.
+test scripts. Faults are decided per request, and backoff is capped at a few milliseconds, so
+these tests are deterministic and fast; the few about time (the retry budget, an outage, a
+cancel) measure it with bounds wide enough for a busy machine. No Triton is needed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ import pytest
 from controlplane.adapters.stores.s3 import S3Store
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest
 from controlplane.domain.errors import (
+    Interrupted,
     ModelNotFound,
     ReleaseChanged,
     ReleaseNotFound,
@@ -27,12 +32,13 @@ from controlplane.domain.errors import (
     UnsafeRelease,
 )
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.ports import FetchProgress
+from controlplane.domain.transfer import RetryCause
+from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.services.telemetry import NoTelemetry
+from tests.support.fault_proxy import FaultKind, FaultProxy, SeenRequest
 from tests.support.models import write_scale_release
+from tests.support.polling import eventually
 from tests.support.s3 import (
-    FaultKind,
-    FaultProxy,
-    SeenRequest,
     aws_env,
     s3_client,
     sha256sums,
@@ -43,6 +49,22 @@ from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # n
 
 PREFIX = "store"
 StoreFactory = Callable[..., S3Store]
+
+
+def fetch(store: S3Store, model: str, release: str, dest: Path, **kwargs: Any) -> FetchedRelease:
+    """Read the manifest, list the release, fetch the listing: what the prepare step does."""
+    manifest = store.read_manifest(model, release)
+    return store.fetch(store.list_files(model, release), dest, manifest=manifest, **kwargs)
+
+
+class CountedRetries(NoTelemetry):
+    """Telemetry that keeps the store's retry reports."""
+
+    def __init__(self) -> None:
+        self.retries: list[RetryCause] = []
+
+    def store_retried(self, cause: RetryCause) -> None:
+        self.retries.append(cause)
 
 
 def sha(data: bytes) -> str:
@@ -168,6 +190,23 @@ def test_describe_and_read_manifest(direct: Any, bucket: str, make_store: StoreF
     assert store.read_manifest("m", "v2") is None
 
 
+def test_a_manifest_that_is_not_utf8_is_an_invalid_release(
+    direct: Any, bucket: str, make_store: StoreFactory
+) -> None:
+    upload_release(direct, bucket, PREFIX, "m", "v1", {"a": b"1"})
+    key = f"{PREFIX}/m/v1/{MANIFEST_NAME}"
+    latin1 = f"{sha(b'1')}  caf\u00e9\n".encode("latin-1")
+    direct.put_object(Bucket=bucket, Key=key, Body=latin1)
+
+    with pytest.raises(UnsafeRelease) as caught:
+        make_store().read_manifest("m", "v1")
+
+    assert caught.value.code == "invalid_release"
+    assert f"{MANIFEST_NAME} of s3://{bucket}/{key} is not UTF-8 text (byte 0xe9" in str(
+        caught.value
+    )
+
+
 # --- fetching -----------------------------------------------------------------------------
 
 
@@ -178,7 +217,7 @@ def test_fetch_writes_every_file_hashed_and_reports_progress(
     upload_release(direct, bucket, PREFIX, "m", "v1", files)
     seen: list[FetchProgress] = []
 
-    fetched = make_store().fetch("m", "v1", dest, progress=seen.append)
+    fetched = fetch(make_store(), "m", "v1", dest, progress=seen.append)
 
     everything = {**files, MANIFEST_NAME: sha256sums(files)}
     assert files_under(dest) == sorted(everything)
@@ -205,7 +244,7 @@ def test_fetch_skips_the_files_it_already_has(
         have[rel] = FileDigest(len(files[rel]), sha(files[rel]))
     seen: list[FetchProgress] = []
 
-    fetched = make_store().fetch("m", "v1", dest, have=have, progress=seen.append)
+    fetched = fetch(make_store(), "m", "v1", dest, have=have, progress=seen.append)
 
     assert proxy.gets("weights.bin") == 0
     assert proxy.gets("config.pbtxt") == 0
@@ -224,7 +263,7 @@ def test_fetch_of_a_scale_release_built_on_disk(
     release_dir = write_scale_release(tmp_path / "src" / PREFIX, "scale", "r1", k=2.0)
     upload_release_dir(direct, bucket, PREFIX, release_dir)
 
-    fetched = make_store().fetch("scale", "r1", dest)
+    fetched = fetch(make_store(), "scale", "r1", dest)
 
     assert files_under(dest) == files_under(release_dir)
     for rel in files_under(release_dir):
@@ -241,7 +280,7 @@ def test_large_objects_come_in_ranged_parts(
     store = make_store(multipart_threshold=256 * 1024, part_size=64 * 1024, max_concurrency=4)
     seen: list[FetchProgress] = []
 
-    fetched = store.fetch("m", "v1", dest, progress=seen.append)
+    fetched = fetch(store, "m", "v1", dest, progress=seen.append)
 
     assert (dest / "1/big.bin").read_bytes() == big
     assert fetched.files["1/big.bin"] == FileDigest(len(big), sha(big))
@@ -254,9 +293,18 @@ def test_large_objects_come_in_ranged_parts(
 # --- faults -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["drop", "drop_mid_body", "500", "503"])
-def test_transient_failures_are_retried(
+@pytest.mark.parametrize(
+    ("kind", "cause"),
+    [
+        ("drop", RetryCause.CONNECTION),
+        ("drop_mid_body", RetryCause.CONNECTION),
+        ("500", RetryCause.SERVER_ERROR),
+        ("503", RetryCause.THROTTLED),
+    ],
+)
+def test_transient_failures_are_retried_and_counted_by_cause(
     kind: FaultKind,
+    cause: RetryCause,
     direct: Any,
     bucket: str,
     make_store: StoreFactory,
@@ -266,13 +314,16 @@ def test_transient_failures_are_retried(
     files = release_files()
     upload_release(direct, bucket, PREFIX, "m", "v1", files)
     proxy.fail_next(2, kind, "weights.bin")
+    telemetry = CountedRetries()
 
-    fetched = make_store(attempts=3).fetch("m", "v1", dest)
+    fetched = fetch(make_store(telemetry=telemetry), "m", "v1", dest)
 
     assert proxy.gets("weights.bin") == 3
     assert (dest / "1/data/weights.bin").read_bytes() == files["1/data/weights.bin"]
     assert fetched.files["1/data/weights.bin"].sha256 == sha(files["1/data/weights.bin"])
     assert files_under(dest) == sorted([*files, MANIFEST_NAME])  # no temp file left
+    assert telemetry.retries == [cause, cause]
+    assert fetched.retries == 2
 
 
 def test_a_part_cut_short_is_fetched_again(
@@ -283,27 +334,70 @@ def test_a_part_cut_short_is_fetched_again(
     proxy.fail_next(2, "drop_mid_body", "big.bin")
 
     store = make_store(multipart_threshold=256 * 1024, part_size=128 * 1024)
-    store.fetch("m", "v1", dest)
+    fetch(store, "m", "v1", dest)
 
     assert (dest / "big.bin").read_bytes() == big
     assert proxy.gets("big.bin", ranged=True) == 4 + 2
 
 
-def test_persistent_throttling_gives_up_naming_the_key_and_attempts(
-    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+def test_persistent_throttling_gives_up_after_retry_seconds_saying_how_long_and_why(
+    direct: Any,
+    bucket: str,
+    make_store: StoreFactory,
+    proxy: FaultProxy,
+    dest: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     upload_release(direct, bucket, PREFIX, "m", "v1", release_files())
     proxy.fail_always("503", "weights.bin")
+    telemetry = CountedRetries()
+    store = make_store(retry_seconds=1.0, backoff_max=0.2, telemetry=telemetry)
+    caplog.set_level(logging.WARNING, logger="controlplane.adapters.stores.retries")
 
+    started = time.monotonic()
     with pytest.raises(StoreUnavailable) as caught:
-        make_store(attempts=3).fetch("m", "v1", dest)
+        fetch(store, "m", "v1", dest)
+    took = time.monotonic() - started
 
+    assert 1.0 <= took < 3.0
     message = str(caught.value)
-    assert f"s3://{bucket}/{PREFIX}/m/v1/1/data/weights.bin" in message
-    assert "3 attempt(s)" in message
+    key = f"s3://{bucket}/{PREFIX}/m/v1/1/data/weights.bin"
+    assert key in message
+    tries = proxy.gets("weights.bin")
+    assert f"after {tries} attempt(s) over 1." in message
+    assert "store.retry_seconds is 1" in message
+    assert "(throttled): " in message
     assert "SlowDown" in message
-    assert proxy.gets("weights.bin") == 3
+    assert caught.value.details["cause"] == "throttled"
+    assert tries >= 4  # backoff capped at 0.2 s: several tries fit in one second
+    assert telemetry.retries == [RetryCause.THROTTLED] * (tries - 1)
+    retries = [r for r in caplog.records if "trying again" in r.getMessage()]
+    assert len(retries) == tries - 1
+    first = retries[0]
+    assert first.levelname == "WARNING"
+    assert (first.key, first.attempt, first.cause) == (key, 1, "throttled")  # type: ignore[attr-defined]
+    assert 0 <= first.retry_in_seconds <= 0.2  # type: ignore[attr-defined]
+    assert 0.5 < first.gives_up_in_seconds <= 1.0  # type: ignore[attr-defined]
+    assert any("giving up after" in r.getMessage() for r in caplog.records)
     assert not [p for p in dest.rglob("*") if "weights" in p.name]
+
+
+def test_an_outage_shorter_than_retry_seconds_delays_the_fetch_but_does_not_fail_it(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    files = release_files()
+    upload_release(direct, bucket, PREFIX, "m", "v1", files)
+    telemetry = CountedRetries()
+    store = make_store(retry_seconds=10.0, backoff_max=0.3, telemetry=telemetry)
+    proxy.on_get("weights.bin", lambda _: proxy.down_for(1.5))
+
+    started = time.monotonic()
+    fetched = fetch(store, "m", "v1", dest)
+
+    assert time.monotonic() - started >= 1.5
+    assert fetched.files["1/data/weights.bin"].sha256 == sha(files["1/data/weights.bin"])
+    assert RetryCause.CONNECTION in telemetry.retries
+    assert files_under(dest) == sorted([*files, MANIFEST_NAME])
 
 
 def test_a_large_object_that_keeps_failing_leaves_no_temp_file(
@@ -312,11 +406,165 @@ def test_a_large_object_that_keeps_failing_leaves_no_temp_file(
     upload_release(direct, bucket, PREFIX, "m", "v1", {"big.bin": os.urandom(512 * 1024)})
     proxy.fail_always("500", "big.bin")
 
-    store = make_store(attempts=2, multipart_threshold=256 * 1024, part_size=64 * 1024)
+    store = make_store(retry_seconds=0.2, multipart_threshold=256 * 1024, part_size=64 * 1024)
     with pytest.raises(StoreUnavailable, match="InternalError"):
-        store.fetch("m", "v1", dest)
+        fetch(store, "m", "v1", dest)
 
     assert not [p for p in dest.rglob("*") if "big" in p.name]
+
+
+# --- bytes that do not match SHA256SUMS ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ranged", "object_checksum"),
+    [(True, True), (False, False), (False, True)],
+    ids=["ranged-part", "whole-object", "whole-object-with-crc32"],
+)
+def test_a_byte_flipped_on_the_wire_is_fetched_again_and_the_file_is_right(
+    ranged: bool,
+    object_checksum: bool,
+    endpoint: str,
+    bucket: str,
+    make_store: StoreFactory,
+    proxy: FaultProxy,
+    dest: Path,
+) -> None:
+    big = os.urandom(512 * 1024)
+    publisher = s3_client(endpoint, checksums=object_checksum)
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", {"big.bin": big})
+    finally:
+        publisher.close()
+    proxy.fail_next(1, "flip", "big.bin", ranged=ranged)
+    telemetry = CountedRetries()
+    threshold = 256 * 1024 if ranged else 1024 * 1024
+    store = make_store(multipart_threshold=threshold, part_size=128 * 1024, telemetry=telemetry)
+
+    fetched = fetch(store, "m", "v1", dest)
+
+    assert fetched.files["big.bin"] == FileDigest(len(big), sha(big))
+    assert (dest / "big.bin").read_bytes() == big
+    assert telemetry.retries == [RetryCause.CORRUPT]
+    # A range has no object checksum to check, and an object stored without one neither:
+    # the digest against SHA256SUMS catches the flip. With a CRC32, botocore catches it first.
+    assert fetched.refetched == (0 if object_checksum and not ranged else 1)
+    assert proxy.gets("big.bin", ranged=ranged) == (4 * 2 if ranged else 2)  # all of it again
+    assert files_under(dest) == ["SHA256SUMS", "big.bin"]
+
+
+def test_bytes_that_differ_on_every_fetch_are_store_unavailable_not_a_bad_release(
+    endpoint: str, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    publisher = s3_client(endpoint, checksums=False)  # no CRC32: the digest must tell
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", release_files())
+    finally:
+        publisher.close()
+    proxy.fail_always("flip", "weights.bin")
+
+    with pytest.raises(StoreUnavailable) as caught:
+        fetch(make_store(), "m", "v1", dest)
+
+    assert "3 fetches gave 3 different SHA256s" in caught.value.message
+    assert "weights.bin" in caught.value.message
+    assert caught.value.details["cause"] == "corrupt"
+    assert proxy.gets("weights.bin") == 3
+    assert not [p for p in dest.rglob("*") if "weights" in p.name]
+
+
+def test_an_object_whose_crc32_never_checks_out_is_retried_for_retry_seconds(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    upload_release(direct, bucket, PREFIX, "m", "v1", release_files())  # with CRC32
+    proxy.fail_always("flip", "weights.bin")
+
+    with pytest.raises(StoreUnavailable) as caught:
+        fetch(make_store(retry_seconds=0.5, backoff_max=0.1), "m", "v1", dest)
+
+    assert caught.value.details["cause"] == "corrupt"
+    assert "FlexibleChecksumError" in caught.value.message
+    assert not [p for p in dest.rglob("*") if "weights" in p.name]
+
+
+def test_a_file_the_store_holds_wrong_is_fetched_twice_and_returned_as_it_is(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    files = release_files()
+    upload_release(direct, bucket, PREFIX, "m", "v1", files)
+    tampered = b"class TritonPythonModel:\n    PASS\n"
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/m/v1/1/model.py", Body=tampered)
+
+    fetched = fetch(make_store(), "m", "v1", dest)
+
+    assert fetched.files["1/model.py"].sha256 == sha(tampered)  # verification will refuse it
+    assert proxy.gets("model.py") == 2
+    assert fetched.refetched == 1
+
+
+# --- cancellation and closing -------------------------------------------------------------
+
+
+def _fetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("s3-fetch")]
+
+
+def test_a_cancelled_fetch_ends_its_threads_promptly_and_leaves_no_temp_files(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    upload_release(direct, bucket, PREFIX, "m", "v1", {"big.bin": os.urandom(2 * 1024 * 1024)})
+    proxy.latency = 0.2  # 32 parts over 4 threads: about 1.6 s if left alone
+    store = make_store(multipart_threshold=256 * 1024, part_size=64 * 1024, max_concurrency=4)
+    manifest = store.read_manifest("m", "v1")
+    listing = store.list_files("m", "v1")
+    cancel = threading.Event()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            store.fetch(listing, dest, manifest=manifest, cancel=cancel)
+        except BaseException as exc:  # what the fetch ended with is the point
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    eventually(lambda: proxy.gets("big.bin") >= 4, 10, "the first parts requested")
+    assert list(dest.glob(".big.bin.*.part"))  # mid-download: the temp file exists
+
+    cancel.set()
+    started = time.monotonic()
+    worker.join(timeout=10)
+
+    assert time.monotonic() - started < 1.0  # each thread stops after its current GET
+    assert not worker.is_alive()
+    assert [type(exc) for exc in outcome] == [Interrupted], outcome
+    assert _fetch_threads() == []
+    assert [p.name for p in dest.iterdir()] == [MANIFEST_NAME]  # finished before; no temp file
+    assert proxy.gets("big.bin") < 32
+
+
+def test_closing_the_store_cuts_a_retrying_call_short(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy
+) -> None:
+    upload_release(direct, bucket, PREFIX, "m", "v1", release_files())
+    proxy.fail_always("503")
+    store = make_store(retry_seconds=60.0, backoff_max=0.5)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            store.list_files("m", "v1")
+        except BaseException as exc:  # what the call ended with is the point
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    eventually(lambda: len(proxy.requests) >= 2, 10, "a retry")
+    store.close()
+    worker.join(timeout=5)
+
+    assert not worker.is_alive()
+    assert [type(exc) for exc in outcome] == [Interrupted], outcome
 
 
 @pytest.mark.parametrize("change", ["republished", "deleted"])
@@ -335,7 +583,7 @@ def test_an_object_changed_during_the_download_is_release_changed(
     proxy.on_get("model.py", change_it)
 
     with pytest.raises(ReleaseChanged, match="m/v1 changed during the download"):
-        make_store().fetch("m", "v1", dest)
+        fetch(make_store(), "m", "v1", dest)
 
     assert proxy.gets("model.py") == 1  # not retried: the listing is stale
     assert not [p for p in dest.rglob("*") if "model.py" in p.name]
@@ -356,10 +604,10 @@ def test_unsafe_keys_are_refused_before_anything_is_written(
     direct.put_object(Bucket=bucket, Key=f"{PREFIX}/m/v1/{rel}", Body=b"evil")
 
     with pytest.raises(UnsafeRelease):
-        make_store().fetch("m", "v1", dest)
+        fetch(make_store(), "m", "v1", dest)
 
     assert list(dest.iterdir()) == []
-    assert proxy.gets("/m/v1/") == 0
+    assert proxy.gets("/m/v1/") == proxy.gets(f"/m/v1/{MANIFEST_NAME}")  # nothing else read
 
 
 def test_a_file_that_is_also_a_dir_is_refused(
@@ -367,7 +615,7 @@ def test_a_file_that_is_also_a_dir_is_refused(
 ) -> None:
     upload_release(direct, bucket, PREFIX, "m", "v1", {"1": b"file", "1/model.py": b"x"})
     with pytest.raises(UnsafeRelease, match="both a file and the dir"):
-        make_store().fetch("m", "v1", dest)
+        fetch(make_store(), "m", "v1", dest)
     assert list(dest.iterdir()) == []
 
 
@@ -376,7 +624,7 @@ def test_folder_markers_are_not_files(
 ) -> None:
     upload_release(direct, bucket, PREFIX, "m", "v1", {"1/model.py": b"x"})
     direct.put_object(Bucket=bucket, Key=f"{PREFIX}/m/v1/1/", Body=b"")
-    fetched = make_store().fetch("m", "v1", dest)
+    fetched = fetch(make_store(), "m", "v1", dest)
     assert set(fetched.files) == {"1/model.py", MANIFEST_NAME}
 
 
@@ -387,7 +635,7 @@ def test_access_denied_is_a_permanent_store_error(
     proxy.fail_always("403", "model.py")
 
     with pytest.raises(StoreError, match=r"access to s3://.*/m/v1/1/model.py was denied"):
-        make_store().fetch("m", "v1", dest)
+        fetch(make_store(), "m", "v1", dest)
     assert proxy.gets("model.py") == 1  # never retried
 
 
@@ -401,7 +649,7 @@ def test_a_missing_bucket_is_a_store_error_naming_it(proxy: FaultProxy, dest: Pa
             lambda: store.list_releases("m"),
             lambda: store.describe("m", "v1"),
             lambda: store.read_manifest("m", "v1"),
-            lambda: store.fetch("m", "v1", dest),
+            lambda: store.list_files("m", "v1"),
         ):
             with pytest.raises(StoreError, match="no-such-bucket-here"):
                 call()

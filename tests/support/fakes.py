@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,7 +40,7 @@ from controlplane.domain.errors import (
 from controlplane.domain.operations import Operation, Trigger
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
-from controlplane.ports import Clock, IndexEntry, MetricsSource, Triton
+from controlplane.ports import Clock, IndexEntry, MetricsSource, ModelStore, Triton
 from controlplane.services.bluegreen import BlueGreen, Bounds
 from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
@@ -329,12 +329,16 @@ def make_deploy_service(
     traffic: TrafficPolicy | None = None,
     metrics: MetricsSource | None = None,
     load_slots: int = 2,
+    max_release_bytes: int | None = None,
+    store: Callable[[LocalStore], ModelStore] | None = None,
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
     Layout: ``store/``, ``repository/``, ``staging/`` and ``state/controlplane.db``. Calling it
     again on the same ``tmp_path`` (after closing the first) is a daemon restart. Must run
     inside the event loop that will run the operations. The default policy is ``inplace``.
+    ``store`` wraps the local store (a fake that delegates to it) for the service; ``Parts.store``
+    stays the local store.
     """
     asyncio.get_running_loop()  # fail here, not deep inside a deploy
     store_path = tmp_path / "store"
@@ -344,7 +348,8 @@ def make_deploy_service(
     staging = StagingArea(repository, staging_path, cache_max_bytes=cache_max_bytes)
     staging.check()
     repos = SqliteRepos.open(tmp_path / "state" / "controlplane.db")
-    store = LocalStore(store_path)
+    local = LocalStore(store_path)
+    served: ModelStore = local if store is None else store(local)
     tasks = TaskOwner()
     slots_bound = LoadSlots(load_slots)
     triton_port: Triton = triton
@@ -357,7 +362,12 @@ def make_deploy_service(
     memory = MemoryWatch(
         processes=None, figures=None, book=repos.memory, clock=clock_port, policy=LeakPolicy()
     )
-    preparer = Preparer(store=store, staging=staging, editor=ProtobufConfigEditor())
+    preparer = Preparer(
+        store=served,
+        staging=staging,
+        editor=ProtobufConfigEditor(),
+        max_release_bytes=max_release_bytes,
+    )
     bluegreen = BlueGreen(
         preparer=preparer,
         staging=staging,
@@ -384,7 +394,7 @@ def make_deploy_service(
         unload_timeout=5.0,
     )
     service = DeployService(
-        store=store,
+        store=served,
         staging=staging,
         triton=triton_port,
         runner=runner,
@@ -402,7 +412,7 @@ def make_deploy_service(
         store_path=store_path,
         repository=repository,
         staging_path=staging_path,
-        store=store,
+        store=local,
         staging=staging,
         repos=repos,
         triton=triton,
@@ -445,6 +455,8 @@ async def deploy_service(
     traffic: TrafficPolicy | None = None,
     metrics: MetricsSource | None = None,
     load_slots: int = 2,
+    max_release_bytes: int | None = None,
+    store: Callable[[LocalStore], ModelStore] | None = None,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
     service, parts = make_deploy_service(
@@ -455,6 +467,8 @@ async def deploy_service(
         traffic=traffic,
         metrics=metrics,
         load_slots=load_slots,
+        max_release_bytes=max_release_bytes,
+        store=store,
     )
     try:
         yield service, parts

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.s3 import FaultProxy, moto_server, s3_client
+from tests.support.fault_proxy import FaultProxy
+from tests.support.s3 import moto_server, s3_client
 
 _buckets = itertools.count()
 

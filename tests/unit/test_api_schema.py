@@ -34,6 +34,8 @@ LOAD_FAILURES = (
     "invalid_model_config",
     "strategy_unsupported",
     "insufficient_memory",
+    "insufficient_disk",
+    "release_too_large",
     "triton_load_failed",
     "preflight_failed",
     "invalid_transition",

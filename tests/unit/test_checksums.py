@@ -1,4 +1,5 @@
-"""``SHA256SUMS``: parsing coreutils output, refusing unsafe paths, comparing with a fetch."""
+"""``SHA256SUMS``: parsing coreutils output, refusing unsafe paths, choosing what a fetch
+copies from the store's listing, comparing with a fetch."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from controlplane.domain.checksums import (
     MANIFEST_NAME,
     FileDigest,
     compare_manifest,
+    decode_manifest,
     parse_manifest,
     safe_relpath,
+    select_files,
 )
-from controlplane.domain.errors import ChecksumMismatch, UnsafeRelease
+from controlplane.domain.errors import ChecksumMismatch, ReleaseChanged, UnsafeRelease
 
 H1 = hashlib.sha256(b"one").hexdigest()
 H2 = hashlib.sha256(b"two").hexdigest()
@@ -186,3 +189,53 @@ def test_an_extra_file_is_an_unsafe_release_naming_the_file() -> None:
 def test_size_alone_does_not_decide_a_match() -> None:
     with pytest.raises(ChecksumMismatch):
         compare_manifest({"a": H1}, {"a": FileDigest(size=3, sha256=H2)})
+
+
+# --- choosing what a fetch copies ---------------------------------------------------------
+
+
+def _manifest(*paths: str) -> dict[str, str]:
+    return {path: "0" * 64 for path in paths}
+
+
+def test_a_fetch_copies_what_sha256sums_lists_and_sha256sums_itself() -> None:
+    listed = {"config.pbtxt": 10, "1/model.py": 20, MANIFEST_NAME: 30}
+    assert select_files(_manifest("config.pbtxt", "1/model.py"), listed) == listed
+
+
+def test_without_a_manifest_a_fetch_copies_everything_listed() -> None:
+    assert select_files(None, {"a": 1, "b/c": 2}) == {"a": 1, "b/c": 2}
+
+
+def test_files_sha256sums_does_not_list_are_refused_naming_them() -> None:
+    listed = {"config.pbtxt": 10, "1/huge.bin": 100 * 1024**3, ".DS_Store": 6, MANIFEST_NAME: 1}
+
+    with pytest.raises(UnsafeRelease) as caught:
+        select_files(_manifest("config.pbtxt"), listed)
+
+    assert caught.value.code == "invalid_release"
+    assert "2 file(s) are not listed in SHA256SUMS: .DS_Store, 1/huge.bin" in caught.value.message
+    assert caught.value.details == {"files": [".DS_Store", "1/huge.bin"]}
+
+
+def test_a_listed_file_the_store_lacks_is_a_checksum_mismatch() -> None:
+    with pytest.raises(ChecksumMismatch, match=r"listed in SHA256SUMS are missing: 1/model\.py"):
+        select_files(_manifest("config.pbtxt", "1/model.py"), {"config.pbtxt": 1, MANIFEST_NAME: 1})
+
+
+def test_a_manifest_gone_from_the_listing_is_a_release_being_republished() -> None:
+    with pytest.raises(ReleaseChanged):
+        select_files(_manifest("config.pbtxt"), {"config.pbtxt": 1})
+
+
+def test_manifest_bytes_that_are_not_utf8_are_an_invalid_release_naming_the_byte() -> None:
+    data = f"{'0' * 64}  caf\xe9.bin\n".encode("latin-1")
+    with pytest.raises(UnsafeRelease) as caught:
+        decode_manifest(data, "m/r1")
+    assert caught.value.code == "invalid_release"
+    assert "SHA256SUMS of m/r1 is not UTF-8 text (byte 0xe9 at offset 69)" in caught.value.message
+
+
+def test_a_listed_manifest_too_large_to_read_is_refused() -> None:
+    with pytest.raises(UnsafeRelease, match="more than the 16777216 a manifest may have"):
+        select_files(_manifest("a"), {"a": 1, MANIFEST_NAME: 10 * 1024**3})

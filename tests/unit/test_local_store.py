@@ -1,19 +1,34 @@
-"""The local-directory store: listing, describing and fetching releases from a tmp dir."""
+"""The local-directory store: listing, describing and fetching releases from a tmp dir.
+
+Fetches go the way the prepare step drives them: the manifest, then the listing, then a fetch
+of that listing with the manifest's digests.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest
-from controlplane.domain.errors import InvalidName, ModelNotFound, ReleaseNotFound, UnsafeRelease
+from controlplane.domain.errors import (
+    Interrupted,
+    InvalidName,
+    ModelNotFound,
+    ReleaseChanged,
+    ReleaseNotFound,
+    UnsafeRelease,
+)
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.ports import FetchProgress
+from controlplane.domain.transfer import RetryCause
+from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.services.telemetry import NoTelemetry
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL_PY = b"class TritonPythonModel:\n    pass\n"
@@ -40,6 +55,22 @@ def release_files(extra: bytes = b"") -> dict[str, bytes]:
         "1/data/weights.bin": os.urandom(3 * 1024 * 1024 + 17),  # more than one copy chunk
         "1/empty": b"",
     }
+
+
+def fetch(store: LocalStore, model: str, release: str, dest: Path, **kwargs: Any) -> FetchedRelease:
+    """Read the manifest, list the release, fetch the listing: what the prepare step does."""
+    manifest = store.read_manifest(model, release)
+    return store.fetch(store.list_files(model, release), dest, manifest=manifest, **kwargs)
+
+
+class CountedRetries(NoTelemetry):
+    """Telemetry that keeps the store's retry reports."""
+
+    def __init__(self) -> None:
+        self.retries: list[RetryCause] = []
+
+    def store_retried(self, cause: RetryCause) -> None:
+        self.retries.append(cause)
 
 
 @pytest.fixture
@@ -142,7 +173,7 @@ def test_fetch_copies_every_file_with_its_digest(store_root: Path, tmp_path: Pat
     dest.parent.mkdir(parents=True)
     seen: list[FetchProgress] = []
 
-    fetched = LocalStore(store_root).fetch("m", "r1", dest, progress=seen.append)
+    fetched = fetch(LocalStore(store_root), "m", "r1", dest, progress=seen.append)
 
     manifest_bytes = (store_root / "m" / "r1" / MANIFEST_NAME).read_bytes()
     everything = {**files, MANIFEST_NAME: manifest_bytes}
@@ -167,7 +198,7 @@ def test_fetch_copies_every_file_with_its_digest(store_root: Path, tmp_path: Pat
 
 def test_fetch_without_a_manifest(store_root: Path, tmp_path: Path) -> None:
     write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG}, manifest=False)
-    fetched = LocalStore(store_root).fetch("m", "r1", tmp_path / "dest")
+    fetched = fetch(LocalStore(store_root), "m", "r1", tmp_path / "dest")
     assert fetched.manifest is None
     assert set(fetched.files) == {"config.pbtxt"}
     assert fetched.bytes_total == len(CONFIG)
@@ -176,7 +207,7 @@ def test_fetch_without_a_manifest(store_root: Path, tmp_path: Path) -> None:
 def test_fetch_of_a_missing_release(store_root: Path, tmp_path: Path) -> None:
     (store_root / "m").mkdir()
     with pytest.raises(ReleaseNotFound):
-        LocalStore(store_root).fetch("m", "r1", tmp_path / "dest")
+        fetch(LocalStore(store_root), "m", "r1", tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
 
 
@@ -192,7 +223,7 @@ def test_fetch_skips_files_the_cache_already_placed(store_root: Path, tmp_path: 
         len(files["config.pbtxt"]), hashlib.sha256(files["config.pbtxt"]).hexdigest()
     )
 
-    fetched = LocalStore(store_root).fetch("m", "r1", dest, have={"config.pbtxt": digest})
+    fetched = fetch(LocalStore(store_root), "m", "r1", dest, have={"config.pbtxt": digest})
 
     assert cached.stat().st_ino == inode  # not written again
     assert fetched.files["config.pbtxt"] == digest
@@ -214,7 +245,7 @@ def test_a_symlink_inside_a_release_is_refused_and_not_followed(
     dest = tmp_path / "dest"
 
     with pytest.raises(UnsafeRelease) as caught:
-        LocalStore(store_root).fetch("m", "r1", dest)
+        fetch(LocalStore(store_root), "m", "r1", dest)
 
     assert caught.value.code == "invalid_release"
     assert "symlink" in caught.value.message
@@ -235,7 +266,7 @@ def test_invalid_names_are_refused_before_touching_disk(
     with pytest.raises(InvalidName):
         store.describe(model, release)
     with pytest.raises(InvalidName):
-        store.fetch(model, release, dest)
+        fetch(store, model, release, dest)
     assert not dest.exists()
     if release == "r1":
         with pytest.raises(InvalidName):
@@ -252,5 +283,140 @@ def test_fetch_refuses_a_symlinked_release_dir(store_root: Path, tmp_path: Path)
     dest = tmp_path / "dest"
 
     with contextlib.suppress(ReleaseNotFound, UnsafeRelease):
-        LocalStore(store_root).fetch("m", "r2", dest)
+        fetch(LocalStore(store_root), "m", "r2", dest)
     assert not dest.exists(), "a release dir that is a symlink was followed and copied"
+
+
+def test_list_files_gives_every_file_with_its_size_and_copies_nothing(
+    store_root: Path, tmp_path: Path
+) -> None:
+    files = release_files()
+    root = write_release(store_root, "m", "r1", files)
+    sparse = root / "1" / "huge.bin"
+    with sparse.open("wb") as out:
+        out.truncate(50 * 1024**3)  # apparent size; no block is written
+
+    listing = LocalStore(store_root).list_files("m", "r1")
+
+    assert listing.sizes == {
+        **{rel: len(data) for rel, data in files.items()},
+        "1/huge.bin": 50 * 1024**3,
+        MANIFEST_NAME: (root / MANIFEST_NAME).stat().st_size,
+    }
+    assert (listing.model, listing.release) == ("m", "r1")
+
+
+def test_fetch_writes_only_the_files_of_its_listing(store_root: Path, tmp_path: Path) -> None:
+    root = write_release(store_root, "m", "r1", release_files())
+    (root / "1" / "stray.bin").write_bytes(b"not in SHA256SUMS")
+    store = LocalStore(store_root)
+    manifest = store.read_manifest("m", "r1")
+    assert manifest is not None
+    listing = store.list_files("m", "r1").only({*manifest, MANIFEST_NAME})
+    dest = tmp_path / "dest"
+
+    fetched = store.fetch(listing, dest, manifest=manifest)
+
+    assert "1/stray.bin" not in fetched.files
+    assert not (dest / "1" / "stray.bin").exists()
+    assert set(fetched.files) == {*manifest, MANIFEST_NAME}
+
+
+@pytest.mark.parametrize("change", [b"grown by a few bytes", b""])
+def test_a_file_that_changes_size_after_the_listing_is_release_changed(
+    store_root: Path, tmp_path: Path, change: bytes
+) -> None:
+    root = write_release(store_root, "m", "r1", release_files())
+    store = LocalStore(store_root)
+    manifest = store.read_manifest("m", "r1")
+    listing = store.list_files("m", "r1")
+    weights = root / "1" / "data" / "weights.bin"
+    if change:
+        with weights.open("ab") as out:
+            out.write(change)
+    else:
+        weights.write_bytes(weights.read_bytes()[:1000])
+    dest = tmp_path / "dest"
+
+    with pytest.raises(ReleaseChanged, match=r"m/r1/1/data/weights.bin (grew|shrank)"):
+        store.fetch(listing, dest, manifest=manifest)
+
+    assert not [p for p in dest.rglob("*") if "weights" in p.name]  # no copy, no temp file
+
+
+def test_a_file_that_hashes_wrong_twice_is_returned_as_it_is_after_a_second_copy(
+    store_root: Path, tmp_path: Path
+) -> None:
+    root = write_release(store_root, "m", "r1", release_files())
+    (root / "1" / "model.py").write_bytes(MODEL_PY.replace(b"pass", b"PASS"))  # same size
+    telemetry = CountedRetries()
+
+    fetched = fetch(LocalStore(store_root, telemetry=telemetry), "m", "r1", tmp_path / "dest")
+
+    wrong = hashlib.sha256(MODEL_PY.replace(b"pass", b"PASS")).hexdigest()
+    assert fetched.files["1/model.py"].sha256 == wrong  # verification will refuse it
+    assert fetched.refetched == 1
+    assert telemetry.retries == [RetryCause.CORRUPT]
+    assert not [p for p in (tmp_path / "dest").rglob("*.part")]
+
+
+def test_a_manifest_that_is_not_utf8_is_an_invalid_release(store_root: Path) -> None:
+    root = write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
+    (root / MANIFEST_NAME).write_bytes(b"\xff\xfe" + (root / MANIFEST_NAME).read_bytes())
+
+    with pytest.raises(UnsafeRelease, match=r"SHA256SUMS of m/r1 is not UTF-8.*0xff at offset 0"):
+        LocalStore(store_root).read_manifest("m", "r1")
+
+
+def test_a_cancelled_fetch_stops_and_leaves_no_temp_file(store_root: Path, tmp_path: Path) -> None:
+    write_release(store_root, "m", "r1", release_files())
+    cancel = threading.Event()
+    dest = tmp_path / "dest"
+    seen: list[FetchProgress] = []
+
+    def cancel_after_the_first_file(progress: FetchProgress) -> None:
+        seen.append(progress)
+        cancel.set()
+
+    with pytest.raises(Interrupted, match="cancelled"):
+        fetch(
+            LocalStore(store_root),
+            "m",
+            "r1",
+            dest,
+            progress=cancel_after_the_first_file,
+            cancel=cancel,
+        )
+
+    assert len(seen) == 1  # nothing was copied after the signal
+    assert not [p for p in dest.rglob("*") if p.name.endswith(".part")]
+
+
+def test_a_fetch_cancelled_before_it_starts_writes_nothing(
+    store_root: Path, tmp_path: Path
+) -> None:
+    write_release(store_root, "m", "r1", release_files())
+    cancel = threading.Event()
+    cancel.set()
+    dest = tmp_path / "dest"
+    store = LocalStore(store_root)
+    listing = store.list_files("m", "r1").only({"1/data/weights.bin"})
+
+    with pytest.raises(Interrupted):
+        store.fetch(listing, dest, manifest=None, cancel=cancel)
+
+    assert [p for p in dest.rglob("*") if p.is_file()] == []
+
+
+def test_a_huge_manifest_is_neither_read_nor_held_in_memory(store_root: Path) -> None:
+    root = write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG}, manifest=False)
+    with (root / MANIFEST_NAME).open("wb") as out:
+        out.truncate(20 * 1024**3)  # sparse: 20 GiB of apparent size
+    store = LocalStore(store_root)
+
+    (info,) = store.list_releases("m")  # the watcher's scan does not read it
+
+    assert info.complete
+    assert info.revision is not None
+    with pytest.raises(UnsafeRelease, match=r"SHA256SUMS of m/r1 is 21474836480 bytes, more than"):
+        store.read_manifest("m", "r1")

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -454,3 +455,14 @@ def test_rename_noreplace_refuses_an_existing_target(tmp_path: Path, target_is_d
     assert caught.value.filename == str(a)
     assert caught.value.filename2 == str(b)
     assert tree(tmp_path) == before
+
+
+def test_free_bytes_is_what_an_unprivileged_writer_may_still_use(area: StagingArea) -> None:
+    info = os.statvfs(area.staging)
+
+    free = area.free_bytes()
+
+    # f_bavail, not f_bfree: the blocks kept for root are not ours to fill. Others write on
+    # this filesystem too, so the two readings agree only roughly.
+    assert free == pytest.approx(info.f_bavail * info.f_frsize, abs=1024**3)
+    assert free > 0

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
+from controlplane.domain.checksums import FileDigest
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import RollbackOutcome
-from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
 from controlplane.services.supervisor import JobState, Supervisor
 from controlplane.services.telemetry import NoTelemetry
 from controlplane.services.watcher import ReleaseWatcher
@@ -56,14 +58,18 @@ class FullDiskStore:
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         raise OSError(28, "No space left on device")
 
+    def list_files(self, model: str, release: str) -> ReleaseListing:
+        raise OSError(28, "No space left on device")
+
     def fetch(
         self,
-        model: str,
-        release: str,
+        listing: ReleaseListing,
         dest: Path,
         *,
-        have: Mapping[str, object] | None = None,
+        manifest: Mapping[str, str] | None,
+        have: Mapping[str, FileDigest] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> FetchedRelease:
         raise OSError(28, "No space left on device")
 

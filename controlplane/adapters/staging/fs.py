@@ -80,6 +80,15 @@ class StagingArea:
         path.mkdir(parents=False, exist_ok=False)
         return path
 
+    def free_bytes(self) -> int:
+        """Bytes an unprivileged writer may still use on the staging filesystem (``f_bavail``:
+        the blocks reserved for root are not ours to fill)."""
+        try:
+            info = os.statvfs(self.staging)
+        except OSError as exc:
+            raise StagingFailed(f"cannot read the free space under {self.staging}: {exc}") from exc
+        return info.f_bavail * info.f_frsize
+
     def release_dir(self, operation_dir: Path) -> Path:
         return operation_dir / RELEASE_DIR
 

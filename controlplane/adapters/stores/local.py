@@ -1,31 +1,56 @@
 """The local-directory model store: ``<root>/<model>/<release>/`` on a filesystem.
 
-Fetching copies the release file by file into the staging dir, hashing while writing and
-holding at most one chunk in memory. Symlinks and special files are refused rather than
-followed: a release is plain files and dirs, nothing that could point outside it.
+Fetching copies the files of a listing (what the service chose, with the sizes it checked
+against free disk) one by one into the staging dir: each into a temp file beside its target,
+hashed while written, never past its listed size, holding at most one chunk in memory, then
+renamed into place. A file whose digest differs from ``SHA256SUMS`` is copied again, as the
+S3 store fetches it again (an NFS mount or a failing disk can return bad bytes once), and
+judged by :func:`~controlplane.domain.transfer.judge_fetches`. Symlinks and special files are
+refused rather than followed: a release is plain files and dirs, nothing that could point
+outside it.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
+import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
-from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, parse_manifest
-from controlplane.domain.errors import ModelNotFound, ReleaseNotFound, UnsafeRelease
+from controlplane.adapters.stores.retries import report_refetch, unstable
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileDigest,
+    decode_manifest,
+    manifest_too_large,
+    safe_relpath,
+)
+from controlplane.domain.errors import (
+    Interrupted,
+    ModelNotFound,
+    ReleaseChanged,
+    ReleaseNotFound,
+    UnsafeRelease,
+)
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
-from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.domain.transfer import Verdict, judge_fetches
+from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing, StoredFile, Telemetry
 
 CHUNK = 1024 * 1024
 
 
 class LocalStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, telemetry: Telemetry | None = None) -> None:
         self._root = root
+        self._telemetry = telemetry
 
     @property
     def uri(self) -> str:
@@ -74,19 +99,73 @@ class LocalStore:
         if path.is_symlink():
             raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
         try:
-            return parse_manifest(path.read_text(encoding="utf-8"))
+            with path.open("rb") as stream:
+                data = stream.read(MAX_MANIFEST_BYTES + 1)  # never more, whatever its size
         except (FileNotFoundError, IsADirectoryError):
             return None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise manifest_too_large(path.stat().st_size, f"{model}/{release}")
+        return decode_manifest(data, f"{model}/{release}")
+
+    def list_files(self, model: str, release: str) -> ReleaseListing:
+        source = self._source(model, release)
+        files = {rel: StoredFile(size=size) for rel, size in regular_files(source)}
+        return ReleaseListing(model, release, files)
 
     def fetch(
         self,
-        model: str,
-        release: str,
+        listing: ReleaseListing,
         dest: Path,
         *,
+        manifest: Mapping[str, str] | None,
         have: Mapping[str, FileDigest] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> FetchedRelease:
+        source = self._source(listing.model, listing.release)
+        stop = cancel or threading.Event()
+        plan = sorted(listing.files.items())
+        total = sum(stored.size for _, stored in plan)
+        files: dict[str, FileDigest] = {rel: have[rel] for rel, _ in plan if have and rel in have}
+        done_bytes = sum(digest.size for digest in files.values())
+        fetched_bytes = 0
+        refetched = 0
+        for rel, stored in plan:
+            if rel in files:
+                continue
+            if stop.is_set():
+                raise Interrupted(f"the fetch of {listing.model}/{listing.release} was cancelled")
+            expected = manifest.get(rel) if manifest is not None else None
+            copy = _FileCopy(
+                source / safe_relpath(rel),
+                dest / safe_relpath(rel),
+                size=stored.size,
+                what=f"{listing.model}/{listing.release}/{rel}",
+                stop=stop,
+            )
+            digest = copy.run(expected, self._telemetry)
+            files[rel] = digest
+            done_bytes += digest.size
+            fetched_bytes += copy.copied
+            refetched += copy.fetches - 1
+            if progress is not None:
+                progress(FetchProgress(len(files), len(plan), done_bytes, total))
+        fetched_manifest = None
+        if MANIFEST_NAME in listing.files:
+            fetched_manifest = decode_manifest(
+                (dest / MANIFEST_NAME).read_bytes(), f"{listing.model}/{listing.release}"
+            )
+        return FetchedRelease(
+            manifest=fetched_manifest,
+            files=files,
+            bytes_total=total,
+            bytes_fetched=fetched_bytes,
+            refetched=refetched,
+            retries=refetched,
+        )
+
+    def _source(self, model: str, release: str) -> Path:
+        """The release dir, refused if it (or its model dir) is a symlink or is gone."""
         source = self._release_dir(model, release)
         if source.is_symlink() or source.parent.is_symlink():
             raise UnsafeRelease(
@@ -95,29 +174,7 @@ class LocalStore:
             )
         if not source.is_dir():
             raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
-        plan = regular_files(source)
-        total = sum(size for _, size in plan)
-        files: dict[str, FileDigest] = {rel: have[rel] for rel, _ in plan if have and rel in have}
-        done_bytes = sum(digest.size for digest in files.values())
-        fetched_bytes = 0
-        for rel, _size in plan:
-            if rel in files:
-                continue
-            digest = _copy_hashing(source / rel, dest / rel)
-            files[rel] = digest
-            done_bytes += digest.size
-            fetched_bytes += digest.size
-            if progress is not None:
-                progress(FetchProgress(len(files), len(plan), done_bytes, total))
-        manifest_path = dest / MANIFEST_NAME
-        manifest = (
-            parse_manifest(manifest_path.read_text(encoding="utf-8"))
-            if manifest_path.is_file()
-            else None
-        )
-        return FetchedRelease(
-            manifest=manifest, files=files, bytes_total=total, bytes_fetched=fetched_bytes
-        )
+        return source
 
     def _model_dir(self, model: str) -> Path:
         return self._root / validate_model_name(model)
@@ -133,20 +190,94 @@ def _info(model: str, release: str, path: Path) -> ReleaseInfo:
         return ReleaseInfo(model, release, complete=False)
     if not stat.S_ISREG(marker.st_mode):
         return ReleaseInfo(model, release, complete=False)
+    if marker.st_size > MAX_MANIFEST_BYTES:  # not read: a deploy refuses it; still, it changed
+        return ReleaseInfo(model, release, True, f"oversized-{marker.st_size}-{marker.st_mtime_ns}")
     # The marker's content is the revision: a republished release lists other digests.
     digest = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
     return ReleaseInfo(model, release, True, revision=digest)
 
 
-def _copy_hashing(source: Path, target: Path) -> FileDigest:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    sha = hashlib.sha256()
-    size = 0
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(source, flags)
-    with os.fdopen(fd, "rb") as reader, open(target, "xb") as writer:
-        while chunk := reader.read(CHUNK):
-            sha.update(chunk)
-            writer.write(chunk)
-            size += len(chunk)
-    return FileDigest(size=size, sha256=sha.hexdigest())
+class _FileCopy:
+    """One file copied into a temp file beside its target, again while its digest calls for
+    it; renamed into place when done, deleted when not."""
+
+    def __init__(self, source: Path, target: Path, *, size: int, what: str, stop: threading.Event):
+        self._source = source
+        self._target = target
+        self._size = size
+        self._what = what
+        self._stop = stop
+        self.fetches = 0
+        self.copied = 0  # bytes read from the store, every copy counted
+
+    def run(self, expected: str | None, telemetry: Telemetry | None) -> FileDigest:
+        self._target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{self._target.name}.", suffix=".part", dir=self._target.parent
+        )
+        tmp = Path(name)
+        digests: list[str] = []
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    digest = self._copy(out)
+                    digests.append(digest.sha256)
+                    verdict = judge_fetches(expected, digests)
+                    if verdict is Verdict.UNSTABLE:
+                        raise unstable(self._what, digests, expected or "")
+                    if verdict is not Verdict.FETCH_AGAIN:
+                        break  # MATCH, or STORE_DIFFERS: verification will name the file
+                    report_refetch(
+                        telemetry,
+                        self._what,
+                        fetches=len(digests),
+                        got=digest.sha256,
+                        expected=expected or "",
+                    )
+            os.replace(tmp, self._target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return digest
+
+    def _copy(self, out: BinaryIO) -> FileDigest:
+        """One copy of the source over ``out``, at most its listed size, hashed as written."""
+        out.seek(0)
+        out.truncate()
+        self.fetches += 1
+        sha = hashlib.sha256()
+        copied = 0
+        try:
+            fd = os.open(self._source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise ReleaseChanged(
+                f"{self._what} disappeared from the store during the fetch; it will be "
+                "fetched again"
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeRelease(f"{self._what} became a symlink; ship plain files") from None
+            raise
+        with os.fdopen(fd, "rb") as reader:
+            if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
+                raise UnsafeRelease(f"{self._what} is not a regular file")
+            # One byte past the listed size tells a file that grew since it was listed.
+            while chunk := reader.read(min(CHUNK, self._size - copied + 1)):
+                if self._stop.is_set():
+                    raise Interrupted(f"the copy of {self._what} was cancelled")
+                copied += len(chunk)
+                self.copied += len(chunk)
+                if copied > self._size:
+                    raise ReleaseChanged(
+                        f"{self._what} grew past its listed {self._size} bytes during the "
+                        "fetch; it will be fetched again"
+                    )
+                sha.update(chunk)
+                out.write(chunk)
+        if copied != self._size:
+            raise ReleaseChanged(
+                f"{self._what} shrank from {self._size} to {copied} bytes during the fetch; it "
+                "will be fetched again"
+            )
+        out.flush()
+        return FileDigest(size=copied, sha256=sha.hexdigest())

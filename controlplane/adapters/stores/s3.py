@@ -12,17 +12,29 @@ first::
     NoSuchBucket                                -> StoreError       (names the bucket)
     412 PreconditionFailed, 404 during a fetch  -> ReleaseChanged   (the listing went stale)
     404 NoSuchKey / HEAD 404 otherwise          -> ReleaseNotFound  (callers decide)
-    throttling, 429, 5xx                        -> StoreUnavailable (retried)
-    dropped or short connections, timeouts      -> StoreUnavailable (retried)
+    throttling (SlowDown, 429, ...)             -> StoreUnavailable (throttled)
+    any other 5xx                               -> StoreUnavailable (server_error)
+    connect and read timeouts                   -> StoreUnavailable (timeout)
+    a body that fails botocore's checksum       -> StoreUnavailable (corrupt)
+    dropped or short connections                -> StoreUnavailable (connection)
     403 and every other refusal                 -> StoreError       (names the key)
 
-Retries are ours (tenacity, in :mod:`.s3_download`): the client is built with botocore's own
-retries off, so one policy decides and the attempt count in a message is the real one.
+Every :class:`StoreUnavailable` is retried and carries its cause (``details["cause"]``, one
+of :class:`~controlplane.domain.transfer.RetryCause`, in brackets above), which the retry log
+and the ``controlplane_store_retries_total`` metric report.
+
+Retries are ours (:mod:`.retries`, bounded by ``retry_seconds``): the client is built with
+botocore's own retries off, so one policy decides and the attempt count in a message is the
+real one. What a deploy reads (describe, the manifest, the listing, every GET) gets the whole
+budget; the scans of the watcher and of status (``list_models``, ``list_releases``) get a few
+seconds, because they run again on their own and a person may be waiting on status.
+:meth:`S3Store.close` cuts every retry in flight short.
 """
 
 from __future__ import annotations
 
 import http.client
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,16 +46,24 @@ import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions  # type: ignore[import-untyped]
 import urllib3.exceptions
 
+from controlplane.adapters.stores.retries import Aborted, Retrier
 from controlplane.adapters.stores.s3_download import (
     CHUNK,
     RemoteObject,
     TransferPolicy,
-    call_with_retries,
     download_objects,
 )
-from controlplane.domain.checksums import MANIFEST_NAME, FileDigest, parse_manifest, safe_relpath
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileDigest,
+    decode_manifest,
+    manifest_too_large,
+    safe_relpath,
+)
 from controlplane.domain.errors import (
     ControlPlaneError,
+    Interrupted,
     InvalidName,
     ModelNotFound,
     ReleaseChanged,
@@ -54,9 +74,16 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
-from controlplane.ports import FetchedRelease, FetchProgress
+from controlplane.domain.transfer import RetryCause
+from controlplane.ports import (
+    FetchedRelease,
+    FetchProgress,
+    ReleaseListing,
+    StoredFile,
+    Telemetry,
+)
 
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+SCAN_RETRY_SECONDS = 5.0  # budget of the watcher's and status's listings (they run again)
 
 _THROTTLING = {
     "SlowDown",
@@ -67,6 +94,11 @@ _THROTTLING = {
     "RequestLimitExceeded",
     "TooManyRequests",
 }
+_TIMEOUTS = (
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+    urllib3.exceptions.TimeoutError,
+)
 _TRANSPORT = (
     botocore.exceptions.HTTPClientError,  # ConnectionClosed, ReadTimeout, ResponseStreaming
     botocore.exceptions.ConnectionError,  # EndpointConnection, ConnectTimeout
@@ -105,8 +137,10 @@ def _translate(exc: Exception, what: str, *, bucket: str, changed: str | None) -
             )
         if code in ("NoSuchKey", "NotFound", "404") or status == 404:
             return ReleaseNotFound(f"{what} does not exist")
-        if code in _THROTTLING or status in (429, 503) or status >= 500:
-            return StoreUnavailable(f"{what}: {detail} (HTTP {status})")
+        if code in _THROTTLING or status == 429:
+            return _unavailable(f"{what}: {detail} (HTTP {status})", RetryCause.THROTTLED)
+        if status >= 500:
+            return _unavailable(f"{what}: {detail} (HTTP {status})", RetryCause.SERVER_ERROR)
         if code == "AccessDenied" or status == 403:
             return StoreError(
                 f"access to {what} was denied ({detail}); check the credentials and the "
@@ -114,11 +148,19 @@ def _translate(exc: Exception, what: str, *, bucket: str, changed: str | None) -
                 details={"key": what},
             )
         return StoreError(f"the store refused {what}: {detail} (HTTP {status})")
+    if isinstance(exc, _TIMEOUTS):
+        return _unavailable(f"{what}: {type(exc).__name__}: {exc}", RetryCause.TIMEOUT)
+    if isinstance(exc, botocore.exceptions.FlexibleChecksumError):
+        return _unavailable(f"{what}: {type(exc).__name__}: {exc}", RetryCause.CORRUPT)
     if isinstance(exc, _TRANSPORT):
-        return StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}")
+        return _unavailable(f"{what}: {type(exc).__name__}: {exc}", RetryCause.CONNECTION)
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return StoreError(f"no AWS credentials were found to read {what}: {exc}")
     return StoreError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def _unavailable(message: str, cause: RetryCause) -> StoreUnavailable:
+    return StoreUnavailable(message, details={"cause": cause.value})
 
 
 class S3Store:
@@ -132,8 +174,9 @@ class S3Store:
         max_concurrency: int = 8,
         multipart_threshold: int = 64 * 1024 * 1024,
         part_size: int = 16 * 1024 * 1024,
-        attempts: int = 5,
+        retry_seconds: float = 120.0,
         backoff_max: float = 5.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         parsed = urlparse(uri)
         if parsed.scheme != "s3" or not parsed.netloc or parsed.query or parsed.fragment:
@@ -146,9 +189,16 @@ class S3Store:
             max_concurrency=max_concurrency,
             multipart_threshold=multipart_threshold,
             part_size=part_size,
-            attempts=attempts,
-            backoff_max=backoff_max,
         )
+        self._retrier = Retrier(budget=retry_seconds, backoff_max=backoff_max, telemetry=telemetry)
+        self._scan_retrier = Retrier(
+            budget=min(retry_seconds, SCAN_RETRY_SECONDS),
+            backoff_max=backoff_max,
+            telemetry=telemetry,
+        )
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._downloads: set[threading.Event] = set()  # abort events of downloads running
         self._owns_client = client is None
         if client is None:
             # The standard chain applies: credentials, region, AWS_ENDPOINT_URL(_S3), profiles.
@@ -166,7 +216,11 @@ class S3Store:
         return self._uri
 
     def close(self) -> None:
-        """Close the client's connections if this store built the client."""
+        """Stop every retry and download in flight; close the client if this store built it."""
+        self._closing.set()
+        with self._lock:
+            for abort in self._downloads:
+                abort.set()
         if self._owns_client:
             self._client.close()
 
@@ -174,7 +228,7 @@ class S3Store:
 
     def list_models(self) -> list[str]:
         names = []
-        for page in self._pages(self._base, delimiter="/"):
+        for page in self._pages(self._base, delimiter="/", retrier=self._scan_retrier):
             for common in page.get("CommonPrefixes", []):
                 name = common["Prefix"][len(self._base) :].rstrip("/")
                 try:
@@ -187,7 +241,7 @@ class S3Store:
         base = f"{self._base}{validate_model_name(model)}/"
         markers: dict[str, str | None] = {}
         seen = False
-        for page in self._pages(base):
+        for page in self._pages(base, retrier=self._scan_retrier):
             for entry in page.get("Contents", []):
                 seen = True
                 name, slash, path = entry["Key"][len(base) :].partition("/")
@@ -234,8 +288,9 @@ class S3Store:
             response = self._client.get_object(Bucket=self._bucket, Key=key)
             body = response["Body"]
             try:
-                if int(response.get("ContentLength", 0)) > MAX_MANIFEST_BYTES:
-                    raise UnsafeRelease(f"{MANIFEST_NAME} of {self._url(key)} is too large")
+                size = int(response.get("ContentLength", 0))
+                if size > MAX_MANIFEST_BYTES:
+                    raise manifest_too_large(size, self._url(key))
                 return bytes(body.read())
             finally:
                 body.close()
@@ -244,65 +299,95 @@ class S3Store:
             data = self._call(get, key)
         except ReleaseNotFound:
             return None
-        try:
-            return parse_manifest(data.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise UnsafeRelease(f"{MANIFEST_NAME} of {self._url(key)} is not UTF-8") from exc
+        return decode_manifest(data, self._url(key))
 
-    # --- fetching -------------------------------------------------------------------------
-
-    def fetch(
-        self,
-        model: str,
-        release: str,
-        dest: Path,
-        *,
-        have: Mapping[str, FileDigest] | None = None,
-        progress: Callable[[FetchProgress], None] | None = None,
-    ) -> FetchedRelease:
+    def list_files(self, model: str, release: str) -> ReleaseListing:
         base = self._release_base(model, release)
         listed = [entry for page in self._pages(base) for entry in page.get("Contents", [])]
         if not listed:
             raise ReleaseNotFound(
                 f"release {release!r} of model {model!r} is not in the store {self.uri}"
             )
-        objects = _plan(base, listed, dest)
-        reader = _Reader(self._client, self._bucket, changed=f"{model}/{release}")
-        files, fetched = download_objects(
-            reader,
-            objects,
-            dest,
-            policy=self._policy,
-            have=dict(have or {}),
-            label=f"s3://{self._bucket}/",
-            progress=progress,
-        )
-        manifest = None
-        if any(obj.rel == MANIFEST_NAME for obj in objects):
-            manifest = parse_manifest((dest / MANIFEST_NAME).read_text(encoding="utf-8"))
+        return ReleaseListing(model, release, _files(base, listed))
+
+    # --- fetching -------------------------------------------------------------------------
+
+    def fetch(
+        self,
+        listing: ReleaseListing,
+        dest: Path,
+        *,
+        manifest: Mapping[str, str] | None,
+        have: Mapping[str, FileDigest] | None = None,
+        progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> FetchedRelease:
+        base = self._release_base(listing.model, listing.release)
+        root = dest.resolve()
+        objects = []
+        for rel, stored in sorted(listing.files.items()):
+            if not (root / safe_relpath(rel)).resolve().is_relative_to(root):
+                raise UnsafeRelease(f"path {rel!r} would leave the staging dir")
+            objects.append(
+                RemoteObject(key=base + rel, rel=rel, size=stored.size, etag=stored.version or "")
+            )
+        reader = _Reader(self._client, self._bucket, changed=f"{listing.model}/{listing.release}")
+        abort = cancel or threading.Event()
+        with self._lock:
+            self._downloads.add(abort)
+        if self._closing.is_set():
+            abort.set()
+        try:
+            downloaded = download_objects(
+                reader,
+                objects,
+                dest,
+                policy=self._policy,
+                retrier=self._retrier,
+                expected=manifest,
+                have=have,
+                label=f"s3://{self._bucket}/",
+                progress=progress,
+                abort=abort,
+            )
+        finally:
+            with self._lock:
+                self._downloads.discard(abort)
+        fetched_manifest = None
+        if MANIFEST_NAME in listing.files:
+            fetched_manifest = decode_manifest(
+                (dest / MANIFEST_NAME).read_bytes(), self._url(base + MANIFEST_NAME)
+            )
         return FetchedRelease(
-            manifest=manifest,
-            files=files,
-            bytes_total=sum(obj.size for obj in objects),
-            bytes_fetched=fetched,
+            manifest=fetched_manifest,
+            files=downloaded.files,
+            bytes_total=sum(stored.size for stored in listing.files.values()),
+            bytes_fetched=downloaded.bytes_fetched,
+            refetched=downloaded.refetched,
+            retries=downloaded.retries,
         )
 
     # --- plumbing -------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[], Any], key: str) -> Any:
+    def _call(self, fn: Callable[[], Any], key: str, retrier: Retrier | None = None) -> Any:
         def once() -> Any:
             with _mapped(self._bucket, key):
                 return fn()
 
-        return call_with_retries(once, what=self._url(key), policy=self._policy)
+        try:
+            return (retrier or self._retrier).call(once, what=self._url(key), abort=self._closing)
+        except Aborted:
+            raise Interrupted(f"the store {self.uri} is closing") from None
 
-    def _pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, prefix: str, *, delimiter: str | None = None, retrier: Retrier | None = None
+    ) -> Iterator[dict[str, Any]]:
         """ListObjectsV2 pages under ``prefix``; each page call is retried on its own."""
         kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": prefix}
         if delimiter is not None:
             kwargs["Delimiter"] = delimiter
         while True:
-            page = self._call(lambda: self._client.list_objects_v2(**kwargs), prefix)
+            page = self._call(lambda: self._client.list_objects_v2(**kwargs), prefix, retrier)
             yield page
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
@@ -336,14 +421,16 @@ class _Reader:
     def read(
         self, obj: RemoteObject, span: tuple[int, int] | None, sink: Callable[[bytes], None]
     ) -> None:
-        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": obj.key, "IfMatch": obj.etag}
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Key": obj.key}
+        if obj.etag:
+            kwargs["IfMatch"] = obj.etag
         if span is not None:
             kwargs["Range"] = f"bytes={span[0]}-{span[1]}"
         with _mapped(self._bucket, obj.key, changed=self._changed):
             response = self._client.get_object(**kwargs)
             body = response["Body"]
             try:
-                if response.get("ETag") != obj.etag:
+                if obj.etag and response.get("ETag") != obj.etag:
                     raise ReleaseChanged(
                         f"objects of release {self._changed} changed during the download "
                         f"({obj.key} is now {response.get('ETag')}, was {obj.etag}); "
@@ -355,10 +442,9 @@ class _Reader:
                 body.close()
 
 
-def _plan(base: str, listed: list[dict[str, Any]], dest: Path) -> list[RemoteObject]:
-    """Validate every key before anything is written: each one must stay inside ``dest``."""
-    root = dest.resolve()
-    objects: list[RemoteObject] = []
+def _files(base: str, listed: list[dict[str, Any]]) -> dict[str, StoredFile]:
+    """The release's files from its listing, every key checked before anything is written."""
+    files: dict[str, StoredFile] = {}
     for entry in listed:
         rel = entry["Key"][len(base) :]
         size = int(entry["Size"])
@@ -367,15 +453,13 @@ def _plan(base: str, listed: list[dict[str, Any]], dest: Path) -> list[RemoteObj
                 safe_relpath(rel[:-1])
             continue
         safe_relpath(rel)
-        if not (root / rel).resolve().is_relative_to(root):
-            raise UnsafeRelease(f"path {rel!r} would leave the staging dir")
-        objects.append(RemoteObject(key=entry["Key"], rel=rel, size=size, etag=entry["ETag"]))
-    rels = {obj.rel for obj in objects}
-    for obj in objects:
-        parents = {p.as_posix() for p in safe_relpath(obj.rel).parents}
-        if clash := sorted(parents & rels):
-            raise UnsafeRelease(f"{clash[0]!r} is both a file and the dir of {obj.rel!r}")
-    return objects
+        files[rel] = StoredFile(size=size, version=entry["ETag"])
+    names = set(files)
+    for rel in files:
+        parents = {p.as_posix() for p in safe_relpath(rel).parents}
+        if clash := sorted(parents & names):
+            raise UnsafeRelease(f"{clash[0]!r} is both a file and the dir of {rel!r}")
+    return files
 
 
 def _revision(etag: str) -> str:

@@ -9,35 +9,41 @@ already speaks the project's errors. This module owns everything after that:
 - a whole object streams into a temp file beside its target, hashed while written; a large
   object's parts are ``pwrite``-n into one preallocated temp file, which is hashed by a single
   sequential read once every part is in; then one rename puts the file in place;
-- each GET is retried (tenacity, exponential backoff with jitter) on :class:`StoreUnavailable`
-  only; :class:`ReleaseChanged` and permanent errors end the download at once;
-- on any failure every other task stops at its next chunk and every temp file is deleted.
+- no object grows past its listed size: the sizes were checked against free disk before the
+  download began, so a body longer than listed is cut off and fetched again;
+- each GET is retried by time (:class:`~.retries.Retrier`) on :class:`StoreUnavailable` only;
+  :class:`ReleaseChanged` and permanent errors end the download at once;
+- a file whose digest differs from ``SHA256SUMS`` is fetched again, all of it, until
+  :func:`~controlplane.domain.transfer.judge_fetches` has a verdict: the right digest, the
+  same wrong one twice (returned as it is, for verification to refuse), or a different one
+  every time (:class:`StoreUnavailable`);
+- on any failure, or once the caller's abort event is set, every other task stops at its next
+  chunk or backoff and every temp file is deleted.
 
 Memory is bounded by ``max_concurrency`` chunks of :data:`CHUNK` bytes, whatever the sizes.
+Workers run in a copy of the caller's context, so their log lines carry the operation's id.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol
 
-import tenacity
-
+from controlplane.adapters.stores.retries import Aborted, Retrier, unstable
 from controlplane.domain.checksums import FileDigest
-from controlplane.domain.errors import StoreError, StoreUnavailable
+from controlplane.domain.errors import Interrupted, StoreError, StoreUnavailable
+from controlplane.domain.transfer import RetryCause, Verdict, judge_fetches
 from controlplane.ports import FetchProgress
 
 CHUNK = 1024 * 1024
-FIRST_BACKOFF = 0.1  # seconds before the first retry; doubles up to the policy's maximum
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,14 +61,12 @@ class TransferPolicy:
     max_concurrency: int = 8
     multipart_threshold: int = 64 * 1024 * 1024
     part_size: int = 16 * 1024 * 1024
-    attempts: int = 5
-    backoff_max: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.max_concurrency < 1 or self.part_size < 1 or self.attempts < 1:
-            raise ValueError("max_concurrency, part_size and attempts must be at least 1")
-        if self.multipart_threshold < 0 or self.backoff_max < 0:
-            raise ValueError("multipart_threshold and backoff_max must not be negative")
+        if self.max_concurrency < 1 or self.part_size < 1:
+            raise ValueError("max_concurrency and part_size must be at least 1")
+        if self.multipart_threshold < 0:
+            raise ValueError("multipart_threshold must not be negative")
 
 
 class ObjectReader(Protocol):
@@ -75,41 +79,22 @@ class ObjectReader(Protocol):
         ...
 
 
-class _Aborted(Exception):
-    """Another task failed: this one stops at its next chunk."""
+@dataclass(frozen=True)
+class Downloaded:
+    files: dict[str, FileDigest]  # every file of the release under dest, ``have`` included
+    bytes_fetched: int  # bytes transferred, fetches repeated after a mismatch included
+    refetched: int  # fetches repeated because a digest did not match SHA256SUMS
+    retries: int  # GETs tried again after a transient fault
 
 
-def call_with_retries(
-    fn: Callable[[], T], *, what: str, policy: TransferPolicy, abort: threading.Event | None = None
-) -> T:
-    """Run ``fn``, retrying :class:`StoreUnavailable`; when attempts run out, say so."""
-    tries = 0
-    stop_event = abort or threading.Event()
+@dataclass
+class _Large:
+    """A large object being fetched in ranged parts into one preallocated temp file."""
 
-    def attempt() -> T:
-        nonlocal tries
-        if stop_event.is_set():
-            raise _Aborted
-        tries += 1
-        return fn()
-
-    def sleep(seconds: float) -> None:
-        stop_event.wait(seconds)  # an abort cuts the backoff short
-
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.attempts),
-        wait=tenacity.wait_random_exponential(multiplier=FIRST_BACKOFF, max=policy.backoff_max),
-        retry=tenacity.retry_if_exception_type(StoreUnavailable),
-        sleep=sleep,
-        reraise=True,
-    )
-    try:
-        return retrying(attempt)
-    except StoreUnavailable as exc:
-        raise StoreUnavailable(
-            f"gave up on {what} after {tries} attempt(s); last error: {exc.message}",
-            details={"key": what, "attempts": tries},
-        ) from exc
+    obj: RemoteObject
+    tmp: Path
+    parts_left: int = 0
+    digests: list[str] = field(default_factory=list)  # one per complete fetch, oldest first
 
 
 def _hash_file(path: Path) -> FileDigest:
@@ -131,28 +116,36 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 
 class _Download:
-    """The state of one release download: counters, temp files and the abort flag."""
+    """The state of one release download: counters, temp files, tasks and the abort flag."""
 
     def __init__(
         self,
         reader: ObjectReader,
         dest: Path,
         policy: TransferPolicy,
+        retrier: Retrier,
         *,
+        expected: Mapping[str, str],
         label: str,
         progress: Callable[[FetchProgress], None] | None,
+        abort: threading.Event,
     ) -> None:
         self._reader = reader
         self._dest = dest
         self._policy = policy
+        self._retrier = retrier
+        self._expected = expected
         self._label = label
         self._progress = progress
+        self._abort = abort
         self._lock = threading.Lock()
-        self._abort = threading.Event()
         self._temps: set[Path] = set()
-        self._parts_left: dict[str, int] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._submitted: list[Future[Any]] = []
         self.files: dict[str, FileDigest] = {}
         self.bytes_fetched = 0
+        self.refetched = 0
+        self.retries = 0
         self._files_done = 0
         self._files_total = 0
         self._bytes_done = 0
@@ -166,32 +159,187 @@ class _Download:
         self._files_done = len(objects) - len(todo)
         self._bytes_done = sum(obj.size for obj in objects if obj.rel in have)
         self._report()
-        pool = ThreadPoolExecutor(
+        self._pool = ThreadPoolExecutor(
             max_workers=self._policy.max_concurrency, thread_name_prefix="s3-fetch"
         )
-        futures: list[Future[None]] = []
         try:
             for obj in todo:
                 if obj.size > 0 and obj.size >= self._policy.multipart_threshold:
-                    tmp = self._preallocate(obj)
-                    spans = self._spans(obj.size)
-                    with self._lock:
-                        self._parts_left[obj.rel] = len(spans)
-                    futures.extend(pool.submit(self._part, obj, tmp, span) for span in spans)
+                    self._start_parts(_Large(obj, self._preallocate(obj)))
                 else:
-                    futures.append(pool.submit(self._whole, obj))
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if (exc := future.exception()) is not None and not isinstance(exc, _Aborted):
-                    raise exc
+                    self._submit(self._whole, obj)
+            self._wait_all()
+        except Aborted:  # cancelled before every task was started
+            self._abort.set()
+            raise Interrupted(f"the download from {self._label} was cancelled") from None
         except BaseException:
             self._abort.set()
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             if self._abort.is_set():
                 for tmp in self._temps:
                     tmp.unlink(missing_ok=True)
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` in the pool, in a copy of the current context (the operation id)."""
+        if self._abort.is_set() or self._pool is None:
+            raise Aborted
+        future = self._pool.submit(contextvars.copy_context().run, fn, *args)
+        with self._lock:
+            self._submitted.append(future)
+
+    def _wait_all(self) -> None:
+        """Wait for every task, including those tasks start (a file fetched again)."""
+        pending: set[Future[Any]] = set()
+        while True:
+            with self._lock:
+                pending.update(self._submitted)
+                self._submitted.clear()
+            if not pending:
+                return
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            errors = [exc for f in done if (exc := f.exception()) is not None]
+            real = [exc for exc in errors if not isinstance(exc, Aborted)]
+            if real:
+                raise real[0]
+            if errors:  # only aborts: the caller's cancel event was set
+                raise Interrupted(f"the download from {self._label} was cancelled")
+
+    # --- whole objects --------------------------------------------------------------------
+
+    def _whole(self, obj: RemoteObject) -> None:
+        if self._abort.is_set():
+            raise Aborted
+        target = self._dest / obj.rel
+        fd, tmp = self._new_temp(target)
+        digests: list[str] = []
+        with os.fdopen(fd, "wb") as out:
+            while True:
+                digest = self._retrier.call(
+                    lambda: self._stream(obj, out),
+                    what=self._what(obj),
+                    abort=self._abort,
+                    on_retry=self._retried,
+                )
+                with self._lock:
+                    self.bytes_fetched += digest.size
+                digests.append(digest.sha256)
+                if self._settled(obj, digests):
+                    break
+        os.replace(tmp, target)
+        with self._lock:
+            self._temps.discard(tmp)
+            self._finished(obj, digest, obj.size)
+
+    def _stream(self, obj: RemoteObject, out: BinaryIO) -> FileDigest:
+        out.seek(0)  # a retry starts the file over
+        out.truncate()
+        sha = hashlib.sha256()
+        size = 0
+
+        def sink(chunk: bytes) -> None:
+            nonlocal size
+            if self._abort.is_set():
+                raise Aborted
+            if size + len(chunk) > obj.size:  # never past what the disk check allowed
+                raise StoreUnavailable(
+                    f"{self._what(obj)}: the body is longer than the {obj.size} bytes listed",
+                    details={"cause": RetryCause.CORRUPT.value},
+                )
+            sha.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+
+        self._reader.read(obj, None, sink)
+        self._check_length(obj, size, obj.size)
+        out.flush()
+        return FileDigest(size=size, sha256=sha.hexdigest())
+
+    # --- large objects, in ranged parts ---------------------------------------------------
+
+    def _start_parts(self, large: _Large) -> None:
+        spans = self._spans(large.obj.size)
+        with self._lock:
+            large.parts_left = len(spans)
+        for span in spans:
+            self._submit(self._part, large, span)
+
+    def _part(self, large: _Large, span: tuple[int, int]) -> None:
+        obj = large.obj
+        length = span[1] - span[0] + 1
+
+        def once() -> None:
+            offset = span[0]
+
+            def sink(chunk: bytes) -> None:
+                nonlocal offset
+                if self._abort.is_set():
+                    raise Aborted
+                if offset + len(chunk) > span[1] + 1:
+                    raise StoreError(
+                        f"the store answered more than bytes {span[0]}-{span[1]} of "
+                        f"{self._what(obj)}: it does not honour Range requests"
+                    )
+                _pwrite_all(fd, chunk, offset)
+                offset += len(chunk)
+
+            fd = os.open(large.tmp, os.O_WRONLY)
+            try:
+                self._reader.read(obj, span, sink)
+            finally:
+                os.close(fd)
+            self._check_length(obj, offset - span[0], length)
+
+        self._retrier.call(once, what=self._what(obj), abort=self._abort, on_retry=self._retried)
+        with self._lock:
+            large.parts_left -= 1
+            last = large.parts_left == 0
+            self.bytes_fetched += length
+            if not large.digests:  # progress counts the first fetch only
+                self._bytes_done += length
+                if not last:
+                    self._report()
+        if not last:
+            return
+        # Every part is in: one sequential read hashes the file, then it goes live.
+        digest = _hash_file(large.tmp)
+        self._check_length(obj, digest.size, obj.size)
+        large.digests.append(digest.sha256)
+        if not self._settled(obj, large.digests):
+            self._start_parts(large)  # every part again: a digest cannot say which was hit
+            return
+        os.replace(large.tmp, self._dest / obj.rel)
+        with self._lock:
+            self._temps.discard(large.tmp)
+            self._finished(obj, digest, 0)
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _settled(self, obj: RemoteObject, digests: list[str]) -> bool:
+        """Whether ``obj`` is done after these fetches; False: fetch it again."""
+        expected = self._expected.get(obj.rel)
+        verdict = judge_fetches(expected, digests)
+        if verdict is Verdict.UNSTABLE:
+            raise unstable(self._what(obj), digests, expected or "")
+        if verdict is Verdict.FETCH_AGAIN:
+            with self._lock:
+                self.refetched += 1
+            self._retrier.refetching(
+                self._what(obj),
+                fetches=len(digests),
+                got=digests[-1],
+                expected=expected or "",
+                on_retry=self._retried,
+            )
+            return False
+        return True  # MATCH, or STORE_DIFFERS: verification will name the file
+
+    def _retried(self) -> None:
+        with self._lock:
+            self.retries += 1
 
     def _spans(self, size: int) -> list[tuple[int, int]]:
         step = self._policy.part_size
@@ -212,92 +360,16 @@ class _Download:
             os.close(fd)
         return tmp
 
-    def _whole(self, obj: RemoteObject) -> None:
-        if self._abort.is_set():
-            raise _Aborted
-        target = self._dest / obj.rel
-        fd, tmp = self._new_temp(target)
-        with os.fdopen(fd, "wb") as out:
-            digest = call_with_retries(
-                lambda: self._stream(obj, out),
-                what=self._what(obj),
-                policy=self._policy,
-                abort=self._abort,
-            )
-        os.replace(tmp, target)
-        with self._lock:
-            self._temps.discard(tmp)
-            self._finished(obj, digest, obj.size)
-
-    def _stream(self, obj: RemoteObject, out: BinaryIO) -> FileDigest:
-        out.seek(0)  # a retry starts the file over
-        out.truncate()
-        sha = hashlib.sha256()
-        size = 0
-
-        def sink(chunk: bytes) -> None:
-            nonlocal size
-            if self._abort.is_set():
-                raise _Aborted
-            sha.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-
-        self._reader.read(obj, None, sink)
-        self._check_length(obj, size, obj.size)
-        out.flush()
-        return FileDigest(size=size, sha256=sha.hexdigest())
-
-    def _part(self, obj: RemoteObject, tmp: Path, span: tuple[int, int]) -> None:
-        length = span[1] - span[0] + 1
-
-        def once() -> None:
-            offset = span[0]
-
-            def sink(chunk: bytes) -> None:
-                nonlocal offset
-                if self._abort.is_set():
-                    raise _Aborted
-                if offset + len(chunk) > span[1] + 1:
-                    raise StoreError(
-                        f"the store answered more than bytes {span[0]}-{span[1]} of "
-                        f"{self._what(obj)}: it does not honour Range requests"
-                    )
-                _pwrite_all(fd, chunk, offset)
-                offset += len(chunk)
-
-            fd = os.open(tmp, os.O_WRONLY)
-            try:
-                self._reader.read(obj, span, sink)
-            finally:
-                os.close(fd)
-            self._check_length(obj, offset - span[0], length)
-
-        call_with_retries(once, what=self._what(obj), policy=self._policy, abort=self._abort)
-        with self._lock:
-            self._parts_left[obj.rel] -= 1
-            last = self._parts_left[obj.rel] == 0
-            self._bytes_done += length
-            if not last:
-                self._report()
-        if last:  # every part is in: one sequential read hashes the file, then it goes live
-            digest = _hash_file(tmp)
-            self._check_length(obj, digest.size, obj.size)
-            os.replace(tmp, self._dest / obj.rel)
-            with self._lock:
-                self._temps.discard(tmp)
-                self._finished(obj, digest, 0)
-
     def _check_length(self, obj: RemoteObject, got: int, expected: int) -> None:
         if got != expected:
             raise StoreUnavailable(
-                f"{self._what(obj)}: the body held {got} bytes, {expected} were expected"
+                f"{self._what(obj)}: the body held {got} bytes, {expected} were expected",
+                details={"cause": RetryCause.CONNECTION.value},
             )
 
     def _finished(self, obj: RemoteObject, digest: FileDigest, new_bytes: int) -> None:
         """Record a file in place; the caller holds the lock."""
         self.files[obj.rel] = digest
-        self.bytes_fetched += obj.size
         self._files_done += 1
         self._bytes_done += new_bytes
         self._report()
@@ -320,15 +392,33 @@ def download_objects(
     dest: Path,
     *,
     policy: TransferPolicy,
-    have: Mapping[str, FileDigest],
+    retrier: Retrier,
+    expected: Mapping[str, str] | None = None,
+    have: Mapping[str, FileDigest] | None = None,
     label: str = "",
     progress: Callable[[FetchProgress], None] | None = None,
-) -> tuple[dict[str, FileDigest], int]:
+    abort: threading.Event | None = None,
+) -> Downloaded:
     """Download ``objects`` (paths already validated) under ``dest``, skipping ``have``.
 
-    Returns every file under ``dest`` that belongs to the release (``have`` included) with its
-    digest, and the bytes transferred. ``label`` prefixes keys in messages (``s3://bucket/``).
+    ``expected`` maps paths to the SHA256 they must have (the manifest); ``label`` prefixes
+    keys in messages (``s3://bucket/``). Setting ``abort`` stops the download with
+    :class:`Interrupted`, its temp files deleted; the download also sets it when it fails.
     """
-    download = _Download(reader, dest, policy, label=label, progress=progress)
-    download.run(objects, have)
-    return download.files, download.bytes_fetched
+    download = _Download(
+        reader,
+        dest,
+        policy,
+        retrier,
+        expected=expected or {},
+        label=label,
+        progress=progress,
+        abort=abort or threading.Event(),
+    )
+    download.run(objects, have or {})
+    return Downloaded(
+        files=download.files,
+        bytes_fetched=download.bytes_fetched,
+        refetched=download.refetched,
+        retries=download.retries,
+    )

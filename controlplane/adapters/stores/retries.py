@@ -1,0 +1,217 @@
+"""Trying store requests again, bounded by time, and saying so every time.
+
+A store that throttles (S3 ``SlowDown``), restarts (a MinIO pod) or drops connections recovers
+in seconds to minutes, not in a number of attempts. So a request that fails transiently
+(:class:`StoreUnavailable`) is tried again until it has been failing for ``budget`` seconds,
+counted from its first failure, so a long transfer that fails once still gets the whole
+budget. The wait before each new try grows exponentially from ``first_backoff`` with full
+jitter, at most ``backoff_max``, and never runs past the budget. Nothing else is retried:
+permanent errors and :class:`ReleaseChanged` end the request at once.
+
+Every retry is a WARNING in the log (the key, the attempt, the cause, the wait before the next
+try and how long until it gives up) and one count in ``controlplane_store_retries_total``
+through the :class:`~controlplane.ports.Telemetry` port. A file fetched again because its
+digest did not match ``SHA256SUMS`` is reported the same way, with cause ``corrupt``.
+
+An abort event (a cancelled fetch, a closing store) cuts a backoff short and stops further
+tries with :class:`Aborted`; the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import tenacity
+
+from controlplane.domain.errors import StoreUnavailable
+from controlplane.domain.transfer import MAX_FETCHES, RetryCause, retry_cause
+from controlplane.ports import Telemetry
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FIRST_BACKOFF = 0.1  # seconds before the first retry; doubles up to backoff_max, jittered
+
+
+class Aborted(Exception):
+    """The abort event was set: stop without another try."""
+
+
+class Retrier:
+    """Runs store requests, trying them again on :class:`StoreUnavailable` for ``budget`` s."""
+
+    def __init__(
+        self,
+        *,
+        budget: float,
+        backoff_max: float = 5.0,
+        first_backoff: float = FIRST_BACKOFF,
+        telemetry: Telemetry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if budget < 0 or backoff_max < 0 or first_backoff < 0:
+            raise ValueError("budget, backoff_max and first_backoff must not be negative")
+        self.budget = budget
+        self.backoff_max = backoff_max
+        self._first_backoff = first_backoff
+        self._telemetry = telemetry
+        self._clock = clock
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str,
+        abort: threading.Event,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """``fn()``, tried again while it raises :class:`StoreUnavailable` and the budget
+        lasts; then :class:`StoreUnavailable` saying how long it tried and the last cause."""
+        first_failure: float | None = None
+        tries = 0
+        jitter = tenacity.wait_random_exponential(
+            multiplier=self._first_backoff, max=self.backoff_max
+        )
+
+        def elapsed() -> float:
+            return 0.0 if first_failure is None else self._clock() - first_failure
+
+        def failed(state: tenacity.RetryCallState) -> None:
+            nonlocal first_failure
+            if first_failure is None:
+                first_failure = self._clock()
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            return max(0.0, min(jitter(state), self.budget - elapsed()))
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return elapsed() >= self.budget
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            error = _error_of(state)
+            cause = retry_cause(error.details.get("cause"))
+            pause = state.upcoming_sleep
+            log.warning(
+                "%s: attempt %d failed (%s: %s); trying again in %.1f s, giving up in %.0f s",
+                what,
+                state.attempt_number,
+                cause.value,
+                error.message,
+                pause,
+                max(0.0, self.budget - elapsed()),
+                extra={
+                    "key": what,
+                    "attempt": state.attempt_number,
+                    "cause": cause.value,
+                    "retry_in_seconds": round(pause, 3),
+                    "gives_up_in_seconds": round(max(0.0, self.budget - elapsed()), 3),
+                },
+            )
+            self._count(cause, on_retry)
+
+        def attempt() -> T:
+            nonlocal tries
+            if abort.is_set():
+                raise Aborted
+            tries += 1
+            return fn()
+
+        def sleep(seconds: float) -> None:
+            if abort.wait(seconds):  # an abort cuts the backoff short
+                raise Aborted
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(StoreUnavailable),
+            after=failed,
+            wait=wait,
+            stop=stop,
+            before_sleep=before_sleep,
+            sleep=sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except StoreUnavailable as exc:
+            cause = retry_cause(exc.details.get("cause"))
+            log.warning(
+                "%s: giving up after %d attempt(s) over %.1f s; last error (%s): %s",
+                what,
+                tries,
+                elapsed(),
+                cause.value,
+                exc.message,
+                extra={"key": what, "attempt": tries, "cause": cause.value},
+            )
+            raise StoreUnavailable(
+                f"gave up on {what} after {tries} attempt(s) over {elapsed():.1f} s "
+                f"(store.retry_seconds is {self.budget:g}); last error ({cause.value}): "
+                f"{exc.message}",
+                details={
+                    "key": what,
+                    "attempts": tries,
+                    "seconds": round(elapsed(), 3),
+                    "cause": cause.value,
+                },
+            ) from exc
+
+    def refetching(
+        self,
+        what: str,
+        *,
+        fetches: int,
+        got: str,
+        expected: str,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
+        """Report that ``what`` hashed to ``got``, not ``expected``, and is fetched again."""
+        report_refetch(self._telemetry, what, fetches=fetches, got=got, expected=expected)
+        if on_retry is not None:
+            on_retry()
+
+    def _count(self, cause: RetryCause, on_retry: Callable[[], None] | None) -> None:
+        if self._telemetry is not None:
+            self._telemetry.store_retried(cause)
+        if on_retry is not None:
+            on_retry()
+
+
+def report_refetch(
+    telemetry: Telemetry | None, what: str, *, fetches: int, got: str, expected: str
+) -> None:
+    """Log and count that ``what`` hashed to ``got``, not ``expected``, and is fetched again
+    (``fetches`` fetches so far)."""
+    log.warning(
+        "%s: its SHA256 is %s but SHA256SUMS lists %s; fetching it again (fetch %d of at "
+        "most %d) to tell a fault on the way from a wrong file in the store",
+        what,
+        got,
+        expected,
+        fetches + 1,
+        MAX_FETCHES,
+        extra={"key": what, "attempt": fetches, "cause": RetryCause.CORRUPT.value},
+    )
+    if telemetry is not None:
+        telemetry.store_retried(RetryCause.CORRUPT)
+
+
+def _error_of(state: tenacity.RetryCallState) -> StoreUnavailable:
+    outcome = state.outcome
+    error = outcome.exception() if outcome is not None else None
+    if isinstance(error, StoreUnavailable):
+        return error
+    return StoreUnavailable(repr(error))
+
+
+def unstable(what: str, digests: list[str], expected: str) -> StoreUnavailable:
+    """The error for a file whose digest differed on every fetch (none of them ``expected``)."""
+    seen = ", ".join(d[:12] for d in digests)
+    return StoreUnavailable(
+        f"{what}: {len(digests)} fetches gave {len(digests)} different SHA256s ({seen}), none "
+        f"the {expected[:12]} SHA256SUMS lists: something between here and the store corrupts "
+        "data; the deploy can be tried again",
+        details={"key": what, "cause": RetryCause.CORRUPT.value, "digests": digests},
+    )

@@ -1,0 +1,394 @@
+"""A fault-injecting HTTP/1.1 proxy for tests, in front of an S3 endpoint (moto's server).
+
+:class:`FaultProxy` sits between a client (a test's boto3 client, or the daemon's, through
+``AWS_ENDPOINT_URL_S3``) and moto on real loopback sockets, counts requests and breaks the
+ones a test scripts: dropped connections, bodies cut short, 5xx answers, a byte flipped in a
+body, added latency, the whole endpoint down for a while. So retries are tested against real
+sockets instead of patched functions. Scripted faults are decided per request, in order, so
+tests never depend on timing; only latency and an outage are about time, by design.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+# drop: close without an answer; drop_mid_body: half the body, then hang up; 500, 503
+# (SlowDown), 403: that answer instead of moto's; flip: moto's answer with one byte of its
+# body changed (a random byte at a random offset, so two flips differ).
+FaultKind = Literal["drop", "drop_mid_body", "500", "503", "403", "flip"]
+
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+}
+_ERRORS = {
+    "500": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "503": (503, "SlowDown", "Please reduce your request rate."),
+    "403": (403, "AccessDenied", "Access Denied"),
+}
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    method: str
+    path: str  # unquoted, without the query string: /<bucket>/<key>
+    ranged: bool
+    query: str = ""  # unquoted query string (ListObjectsV2 carries its prefix here)
+
+
+@dataclass
+class _Rule:
+    kind: FaultKind
+    key: str | None  # None: any request; else GETs whose path contains it
+    remaining: int | None  # None: always
+    ranged: bool | None = None  # None: any; else only GETs with (True) or without a Range
+
+    def matches(self, seen: SeenRequest) -> bool:
+        if self.key is not None and not (seen.method == "GET" and self.key in seen.path):
+            return False
+        return self.ranged is None or (seen.method == "GET" and seen.ranged == self.ranged)
+
+
+class _Body:
+    """The request body as a file for http.client: exactly Content-Length bytes."""
+
+    def __init__(self, stream: Any, length: int) -> None:
+        self._stream = stream
+        self._left = length
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data: bytes = self._stream.read(size) if size else b""
+        self._left -= len(data)
+        return data
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as boto3 expects
+    disable_nagle_algorithm = True  # headers and body go out as separate small writes
+    server: _ProxyServer
+    timeout = 30  # an idle client cannot hold a thread forever
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.proxy._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.proxy._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_HEAD(self) -> None:
+        self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
+
+    def _forward(self) -> None:
+        proxy = self.server.proxy
+        parts = urlsplit(self.path)
+        path = unquote(parts.path)
+        seen = SeenRequest(self.command, path, "range" in self.headers, unquote(parts.query))
+        fault = proxy._record(seen)
+        if proxy.latency:
+            time.sleep(proxy.latency)
+        if fault == "drop" or proxy.is_down:
+            self.close_connection = True
+            return
+        if fault in _ERRORS:
+            self._discard_body()
+            self._send_error_xml(*_ERRORS[fault], path)
+            return
+        upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=30)
+        try:
+            self._relay(upstream, cut_body=fault == "drop_mid_body", flip=fault == "flip")
+        finally:
+            upstream.close()
+
+    def _relay(self, upstream: http.client.HTTPConnection, *, cut_body: bool, flip: bool) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        body = _Body(self.rfile, length) if length else None
+        upstream.request(self.command, self.path, body=body, headers=headers)
+        answer = upstream.getresponse()
+        out_headers = [(k, v) for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP]
+        declared = answer.getheader("Content-Length")
+        has_body = self.command != "HEAD" and answer.status not in (204, 304)
+        if declared is None and has_body:  # not expected from moto; buffer to frame it
+            data = answer.read()
+            out_headers.append(("Content-Length", str(len(data))))
+            chunks: Iterator[bytes] = iter([data])
+        else:
+            chunks = iter(lambda: answer.read(_CHUNK), b"") if has_body else iter([])
+        self.send_response_only(answer.status, answer.reason)
+        for name, value in out_headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if cut_body:  # half the body (at least one byte when there is one), then hang up
+            total = int(declared or 0)
+            data = answer.read(max(1, total // 2)) if total else b""
+            self.wfile.write(data)
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if flip and has_body and declared:
+            chunks = _flip_one_byte(chunks, int(declared))
+        for chunk in chunks:
+            self.wfile.write(chunk)
+        self.wfile.flush()
+
+    def _discard_body(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = _Body(self.rfile, length)
+        while body.read(_CHUNK):
+            pass
+
+    def _send_error_xml(self, status: int, code: str, message: str, resource: str) -> None:
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            f"<Resource>{resource}</Resource><RequestId>fault-proxy</RequestId></Error>"
+        ).encode()
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(xml)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(xml)
+        self.wfile.flush()
+
+
+def _flip_one_byte(chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
+    """``chunks`` with the byte at a random offset XOR-ed with a random non-zero mask."""
+    target = random.randrange(total)
+    mask = random.randrange(1, 256)
+    position = 0
+    for chunk in chunks:
+        if position <= target < position + len(chunk):
+            changed = bytearray(chunk)
+            changed[target - position] ^= mask
+            chunk = bytes(changed)
+        position += len(chunk)
+        yield chunk
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = False  # server_close() joins every handler thread
+    block_on_close = True
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A connection this proxy cut (go_down, a client that gave up) is not news.
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+GetHook = Callable[[SeenRequest], None]
+
+
+class FaultProxy:
+    """An HTTP/1.1 proxy in front of an S3 endpoint that counts requests and injects faults.
+
+    Scripted faults apply in the order they were added; ``fail_next(n, kind, key)`` breaks the
+    next ``n`` matching requests, ``fail_always(kind, key)`` every one until :meth:`clear`;
+    ``ranged`` narrows either to GETs with (or without) a Range header. ``on_get(key, hook)``
+    runs ``hook`` once, before the first GET of a matching key is forwarded (after ``skip``
+    such GETs; to change the object under a download, say). ``latency`` delays every request;
+    :meth:`go_down` drops every connection, open or new, until :meth:`come_back`
+    (:meth:`down_for` schedules that).
+    """
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"upstream {upstream!r} needs a host and a port")
+        self.upstream_host: str = parts.hostname
+        self.upstream_port: int = parts.port
+        self._lock = threading.Lock()
+        self._rules: list[_Rule] = []
+        self._hooks: list[tuple[str, GetHook, int]] = []
+        self._seen: list[SeenRequest] = []
+        self.latency = 0.0  # seconds added before every request is answered
+        self._down = threading.Event()
+        self._timers: list[threading.Timer] = []
+        self._connections: set[socket.socket] = set()
+        self._server: _ProxyServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        self._server = _ProxyServer(self)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.01},  # so stop() does not wait half a second
+            name="fault-proxy",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the proxy is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()  # serve_forever returns
+        with self._lock:  # wake handlers blocked on idle keep-alive connections
+            for conn in self._connections:
+                with suppress(OSError):  # already closed by its client
+                    conn.shutdown(socket.SHUT_RDWR)
+        server.server_close()  # joins the handler threads
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- scripting and counting -----------------------------------------------------------
+
+    def fail_next(
+        self, n: int, kind: FaultKind, key: str | None = None, *, ranged: bool | None = None
+    ) -> None:
+        with self._lock:
+            self._rules.append(_Rule(kind, key, n, ranged))
+
+    def fail_always(
+        self, kind: FaultKind, key: str | None = None, *, ranged: bool | None = None
+    ) -> None:
+        with self._lock:
+            self._rules.append(_Rule(kind, key, None, ranged))
+
+    def on_get(self, key: str, hook: GetHook, *, skip: int = 0) -> None:
+        with self._lock:
+            self._hooks.append((key, hook, skip))
+
+    @property
+    def is_down(self) -> bool:
+        return self._down.is_set()
+
+    def go_down(self) -> None:
+        """Drop every open connection, and every new request, until :meth:`come_back`."""
+        self._down.set()
+        with self._lock:
+            for conn in self._connections:
+                with suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+    def come_back(self) -> None:
+        self._down.clear()
+
+    def down_for(self, seconds: float) -> None:
+        """:meth:`go_down` now and :meth:`come_back` after ``seconds`` (cancelled by stop)."""
+        self.go_down()
+        timer = threading.Timer(seconds, self.come_back)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def clear(self) -> None:
+        """Drop every scripted fault and hook (the counts stay)."""
+        with self._lock:
+            self._rules.clear()
+            self._hooks.clear()
+
+    @property
+    def requests(self) -> list[SeenRequest]:
+        with self._lock:
+            return list(self._seen)
+
+    def gets(self, key: str, *, ranged: bool | None = None) -> int:
+        """GETs whose path contains ``key``; ``ranged`` filters on a Range header."""
+        return sum(
+            1
+            for seen in self.requests
+            if seen.method == "GET" and key in seen.path and ranged in (None, seen.ranged)
+        )
+
+    def _record(self, seen: SeenRequest) -> FaultKind | None:
+        """Count ``seen``, run its hook, and pick the fault it gets, if any."""
+        hook: GetHook | None = None
+        fault: FaultKind | None = None
+        with self._lock:
+            self._seen.append(seen)
+            for rule in self._rules:
+                if not rule.matches(seen):
+                    continue
+                if rule.remaining is not None:
+                    if rule.remaining <= 0:
+                        continue
+                    rule.remaining -= 1
+                fault = rule.kind
+                break
+            if seen.method == "GET" and fault is None and not self._down.is_set():
+                for index, (key, candidate, skip) in enumerate(self._hooks):
+                    if key not in seen.path:
+                        continue
+                    if skip > 0:
+                        self._hooks[index] = (key, candidate, skip - 1)
+                    else:
+                        hook = candidate
+                        del self._hooks[index]
+                    break
+        if hook is not None:
+            hook(seen)
+        return fault
+
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
