@@ -25,9 +25,11 @@ and the ``controlplane_store_retries_total`` metric report.
 
 Retries are ours (:mod:`.retries`, bounded by ``retry_seconds``): the client is built with
 botocore's own retries off, so one policy decides and the attempt count in a message is the
-real one. What a deploy reads (describe, the manifest, the listing, every GET) gets the whole
-budget; the scans of the watcher and of status (``list_models``, ``list_releases``) get a few
-seconds, because they run again on their own and a person may be waiting on status.
+real one. What a deploy fetches (the manifest, the listing, every GET) gets the whole budget;
+the scans of the watcher and of status (``list_models``, ``list_releases``) and ``describe``
+get a few seconds: the scans run again on their own, and ``describe`` answers an API call
+before any work starts (a store that does not answer is ``store_unavailable`` at once, for the
+caller to retry, rather than a request held for the whole budget).
 :meth:`S3Store.close` cuts every retry in flight short.
 """
 
@@ -267,6 +269,7 @@ class S3Store:
             head = self._call(
                 lambda: self._client.head_object(Bucket=self._bucket, Key=base + MANIFEST_NAME),
                 base + MANIFEST_NAME,
+                self._scan_retrier,
             )
             return ReleaseInfo(model, release, True, _revision(head["ETag"]))
         except ReleaseNotFound:
@@ -274,6 +277,7 @@ class S3Store:
         page = self._call(
             lambda: self._client.list_objects_v2(Bucket=self._bucket, Prefix=base, MaxKeys=1),
             base,
+            self._scan_retrier,
         )
         if not page.get("Contents"):
             raise ReleaseNotFound(
