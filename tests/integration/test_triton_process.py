@@ -27,17 +27,14 @@ from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.adapters.triton.process import (
     PYTHON_BACKEND_SHM_PREFIX,
     TritonProcess,
-    audit,
     descendants,
-    files_of,
     find_triton,
     open_files_under,
     rss_bytes,
     segments_mapped_by,
-    shm_segments,
-    snapshot,
     tree_rss_bytes,
 )
+from controlplane.adapters.triton.residue import audit, files_of, shm_segments, snapshot
 from tests.conftest import TritonFactory
 from tests.support.models import (
     HELD_FILE,

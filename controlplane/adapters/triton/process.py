@@ -1,36 +1,22 @@
-"""What Triton's processes hold, read through psutil, `/proc` and `/dev/shm`: the residue audit.
+"""What Triton's processes are and hold: the tritonserver, its stubs, their files and memory.
 
-Owns every look at Triton's processes: finding the tritonserver process, its Python-backend
-stubs, the files any process still holds open under a dir, the shared-memory segments the
-Python backend creates, and resident memory. Read only. psutil reads the process table (who
-runs, argv, parent, state, start, cwd, RSS, memory maps); the few reads it has no API for are
-plain `/proc` reads below, each saying why.
+Owns every look at processes for the residue audit (:mod:`.residue`): finding the tritonserver
+that serves a repository, its Python-backend stubs and the shared memory they use, the files
+any process still holds open under a dir, and resident memory. Read only. psutil reads the
+process table (who runs, argv, parent, state, start, cwd, RSS, memory maps); the few reads it
+has no API for are plain `/proc` reads, each saying why.
 
-The flow it is built for (retiring a slot, when Triton's processes are visible: same host, or
-the same Kubernetes pod with `shareProcessNamespace: true`):
-
-    lookup = find_triton(repository, pid=configured_pid)
-    if lookup.process is None: record lookup.skipped and skip the audit
-    slot_dir = lookup.process.repository / slot     # the path as *Triton* spells it
-    before = snapshot(lookup.process, slot_dir)      # while the slot is still loaded
-    unload; wait until UNAVAILABLE; remove the slot's dir
-    residue = audit(before)                          # what the slot left behind
-
-`snapshot` ties shared memory to the slot through its stubs: a Python-backend model instance
-runs in a `triton_python_backend_stub` child of tritonserver whose argv is
-`stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid> <lib dir>
-<ipc handle> <instance name> <runtime dir>`. Segment names are
-`triton_python_backend_shm_region_<uuid4>`: nothing in the name says which model, and other
-Tritons on the host create them too, so diffing `/dev/shm` is no evidence; the stub's argv and
-its memory maps are. The backend removes a model's segment on a clean unload (about 1 s
-after the unload call, just before UNAVAILABLE); a segment survives when its stub is killed
-(Triton hit its exit timeout, or was killed) and then stays in RAM until someone removes it.
+A Python-backend model instance runs in a `triton_python_backend_stub` child of tritonserver
+whose argv is `stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid>
+<lib dir> <ipc handle> <instance name> <runtime dir>`. Segment names are
+`triton_python_backend_shm_region_<uuid4>`: nothing in the name says which model, so a stub's
+argv and its memory maps are what tie a segment to a model.
 
 Paths: `/proc/<pid>/fd` links and a stub's argv show paths as seen in *Triton's* mount
-namespace, so the slot dir given to `snapshot` and `open_files_under` must be spelled that way
-(`TritonProcess.repository`, taken from Triton's own `--model-repository`). A sidecar that
-mounts the repository elsewhere is still matched to Triton by file identity, and a file still
-open after its dir was renamed away and removed by its inode.
+namespace, so a slot dir given here must be spelled that way (`TritonProcess.repository`, taken
+from Triton's own `--model-repository`). A sidecar that mounts the repository elsewhere is still
+matched to Triton by file identity, and a file still open after its dir was renamed away and
+removed, by its inode.
 
 Invariants: nothing here raises because a process exited or denied access mid-scan (it is
 skipped); the calling process is never reported; each scan is one pass over the process table
@@ -50,30 +36,21 @@ import psutil
 __all__ = [
     "PYTHON_BACKEND_SHM_PREFIX",
     "PYTHON_BACKEND_STUB",
-    "SHM_ROOT",
     "OpenFile",
-    "Residue",
-    "ShmSegment",
-    "Snapshot",
     "StubProcess",
     "TritonLookup",
     "TritonProcess",
-    "audit",
     "descendants",
-    "files_of",
     "find_triton",
     "open_files_under",
     "python_stubs",
     "rss_bytes",
     "segments_mapped_by",
-    "shm_segments",
-    "snapshot",
     "tree_rss_bytes",
 ]
 
-# Read, never created here: where POSIX shared memory (`shm_open`) lives on Linux.
+# Where POSIX shared memory (`shm_open`) lives on Linux, as a stub's memory maps spell it.
 _SHM_MOUNT = "/dev/shm"  # noqa: S108
-SHM_ROOT = Path(_SHM_MOUNT)
 # The Python backend's default `shm-region-prefix-name` (a `--backend-config=python,...` knob).
 PYTHON_BACKEND_SHM_PREFIX = "triton_python_backend_shm_region_"
 PYTHON_BACKEND_STUB = "triton_python_backend_stub"
@@ -128,12 +105,6 @@ class OpenFile:
 
 
 @dataclass(frozen=True)
-class ShmSegment:
-    name: str
-    size: int
-
-
-@dataclass(frozen=True)
 class StubProcess:
     """A Python-backend stub: one per model instance, a child of tritonserver."""
 
@@ -147,61 +118,9 @@ class StubProcess:
     def pid(self) -> int:
         return self.process.pid
 
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a loaded slot holds, taken just before it is unloaded."""
-
-    triton_pid: int
-    slot_dir: Path
-    stubs: tuple[StubProcess, ...]
-    segments: tuple[ShmSegment, ...]  # the stubs' segments found under the shm root
-    unseen_segments: tuple[str, ...]  # named by a stub but not under the shm root: not audited
-    main_rss_bytes: int | None
-    tree_rss_bytes: int | None
-    # (st_dev, st_ino) of the slot's files: the daemon removes a slot by renaming it away
-    # first, so a file still open shows under the new name, with ' (deleted)'.
-    inodes: frozenset[tuple[int, int]] = frozenset()
-
-
-@dataclass(frozen=True)
-class Residue:
-    """What an unloaded, removed slot left behind; `clean` when nothing."""
-
-    triton_pid: int
-    slot_dir: Path
-    open_files: tuple[OpenFile, ...]
-    segments: tuple[ShmSegment, ...]  # the snapshot's segments still present
-    stubs_alive: tuple[int, ...]  # the snapshot's stubs that have not exited
-    main_rss_before: int | None
-    main_rss_after: int | None
-    tree_rss_before: int | None
-    tree_rss_after: int | None
-
-    @property
-    def clean(self) -> bool:
-        return not (self.open_files or self.segments or self.stubs_alive)
-
-    @property
-    def main_rss_delta(self) -> int | None:
-        if self.main_rss_before is None or self.main_rss_after is None:
-            return None
-        return self.main_rss_after - self.main_rss_before
-
-    def summary(self) -> str:
-        """One line for a log or an operation step."""
-        parts = [] if not self.clean else ["clean"]
-        if self.open_files:
-            held = ", ".join(f"pid {f.pid} fd {f.fd} {f.target}" for f in self.open_files[:5])
-            parts.append(f"{len(self.open_files)} open file(s) under {self.slot_dir}: {held}")
-        if self.segments:
-            size = sum(s.size for s in self.segments)
-            parts.append(f"{len(self.segments)} shm segment(s) left ({size} bytes)")
-        if self.stubs_alive:
-            parts.append(f"stub(s) still running: {', '.join(map(str, self.stubs_alive))}")
-        if self.main_rss_delta is not None:
-            parts.append(f"triton rss {self.main_rss_delta:+d} bytes")
-        return "; ".join(parts)
+    def still_running(self) -> bool:
+        """Not exited, not a zombie, and its pid not taken by another process since."""
+        return self.process.is_running() and _alive(self.process)
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -414,38 +333,6 @@ def _inode(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def files_of(root: Path) -> frozenset[tuple[int, int]]:
-    """(st_dev, st_ino) of every regular file below `root`."""
-    found: set[tuple[int, int]] = set()
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            found.add((st.st_dev, st.st_ino))
-    return frozenset(found)
-
-
-def shm_segments(
-    *, shm_root: Path = SHM_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
-) -> dict[str, int]:
-    """Name -> size of the files in `shm_root` whose name starts with `prefix`."""
-    found: dict[str, int] = {}
-    try:
-        entries = list(os.scandir(shm_root))
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            found[entry.name] = entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue  # removed between the listing and the stat
-    return found
-
-
 def _shm_name(path: str, prefix: str) -> str | None:
     # psutil strips ' (deleted)', unless a file named with that suffix too exists.
     path = path.removesuffix(_DELETED)
@@ -468,14 +355,18 @@ def segments_mapped_by(
     return {name for p in processes if p is not None for name in _mapped(p, prefix)}
 
 
-def python_stubs(triton_pid: int, *, prefix: str = PYTHON_BACKEND_SHM_PREFIX) -> list[StubProcess]:
-    """The live Python-backend stubs below `triton_pid`, with the segments each one uses."""
+def python_stubs(
+    triton_pid: int, *, under: Path | None = None, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+) -> list[StubProcess]:
+    """The live Python-backend stubs below `triton_pid` (those of a model under `under`, a dir
+    as Triton spells it, when given), with the segments each one uses."""
+    dirs = None if under is None else _spellings(under)
     stubs: list[StubProcess] = []
     for process in _descendants(triton_pid):
         command = _cmdline(process)
         if len(command) < 2 or os.path.basename(command[0]) != PYTHON_BACKEND_STUB:
             continue
-        if not _alive(process):
+        if (dirs is not None and not _is_under(_norm(command[1]), dirs)) or not _alive(process):
             continue
         given = {arg for arg in command[2:] if arg.startswith(prefix)}
         stubs.append(
@@ -487,62 +378,3 @@ def python_stubs(triton_pid: int, *, prefix: str = PYTHON_BACKEND_SHM_PREFIX) ->
             )
         )
     return stubs
-
-
-# --- the retire audit ----------------------------------------------------------------------
-
-
-def snapshot(
-    triton: TritonProcess,
-    slot_dir: Path,
-    *,
-    shm_root: Path = SHM_ROOT,
-    shm_prefix: str = PYTHON_BACKEND_SHM_PREFIX,
-    local_dir: Path | None = None,
-) -> Snapshot:
-    """What the loaded slot at `slot_dir` (Triton's spelling) holds now; take it before unload.
-
-    `local_dir` is the same dir as this process spells it, when that differs (a sidecar that
-    mounts the repository elsewhere): its files are what `audit` looks for once deleted.
-    """
-    slot = _spellings(slot_dir)
-    stubs = tuple(
-        stub
-        for stub in python_stubs(triton.pid, prefix=shm_prefix)
-        if _is_under(_norm(stub.model_file), slot)
-    )
-    present = shm_segments(shm_root=shm_root, prefix=shm_prefix)
-    names = sorted({name for stub in stubs for name in stub.segments})
-    return Snapshot(
-        triton_pid=triton.pid,
-        slot_dir=slot_dir,
-        stubs=stubs,
-        segments=tuple(ShmSegment(n, present[n]) for n in names if n in present),
-        unseen_segments=tuple(n for n in names if n not in present),
-        main_rss_bytes=rss_bytes(triton.pid),
-        tree_rss_bytes=tree_rss_bytes(triton.pid),
-        inodes=files_of(local_dir or slot_dir),
-    )
-
-
-def audit(before: Snapshot, *, shm_root: Path = SHM_ROOT) -> Residue:
-    """What the slot left behind; call it after UNAVAILABLE and after its dir was removed."""
-    left: list[ShmSegment] = []
-    for segment in before.segments:
-        try:
-            left.append(ShmSegment(segment.name, (shm_root / segment.name).stat().st_size))
-        except OSError:
-            continue  # removed: the clean case
-    return Residue(
-        triton_pid=before.triton_pid,
-        slot_dir=before.slot_dir,
-        open_files=tuple(open_files_under(before.slot_dir, inodes=before.inodes)),
-        segments=tuple(left),
-        stubs_alive=tuple(
-            s.pid for s in before.stubs if s.process.is_running() and _alive(s.process)
-        ),
-        main_rss_before=before.main_rss_bytes,
-        main_rss_after=rss_bytes(before.triton_pid),
-        tree_rss_before=before.tree_rss_bytes,
-        tree_rss_after=tree_rss_bytes(before.triton_pid),
-    )
