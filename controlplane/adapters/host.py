@@ -17,7 +17,12 @@ PROC = Path("/proc")
 
 
 def meminfo(proc_root: Path = PROC) -> dict[str, int]:
-    """``/proc/meminfo`` in bytes; empty when it cannot be read."""
+    """``/proc/meminfo`` in bytes; empty when it cannot be read.
+
+    Not ``psutil.virtual_memory()``: it reads the same file for the two figures used here, but
+    raises when the file cannot be read and warns when fields these figures do not need are
+    missing (as in some sandboxes).
+    """
     try:
         text = (proc_root / "meminfo").read_text(encoding="ascii")
     except OSError:

@@ -1,74 +1,56 @@
-"""What Triton's processes hold, read from `/proc` and `/dev/shm`: the residue audit of a slot.
+"""What Triton's processes are and hold: the tritonserver, its stubs, their files and memory.
 
-Owns every read of `/proc` and `/dev/shm` about Triton: finding the tritonserver process, its
-Python-backend stubs, the files any process still holds open under a dir, the shared-memory
-segments the Python backend creates, and resident memory. Stdlib only, read only.
+Owns every look at processes for the residue audit (:mod:`.residue`): finding the tritonserver
+that serves a repository, its Python-backend stubs and the shared memory they use, the files
+any process still holds open under a dir, and resident memory. Read only. psutil reads the
+process table (who runs, argv, parent, state, start, cwd, RSS, memory maps); the few reads it
+has no API for are plain `/proc` reads, each saying why.
 
-The flow it is built for (retiring a slot, when Triton's processes are visible: same host, or
-the same Kubernetes pod with `shareProcessNamespace: true`):
-
-    lookup = find_triton(repository, pid=configured_pid)
-    if lookup.process is None: record lookup.skipped and skip the audit
-    slot_dir = lookup.process.repository / slot     # the path as *Triton* spells it
-    before = snapshot(lookup.process, slot_dir)      # while the slot is still loaded
-    unload; wait until UNAVAILABLE; remove the slot's dir
-    residue = audit(before)                          # what the slot left behind
-
-`snapshot` ties shared memory to the slot through its stubs: a Python-backend model instance
-runs in a `triton_python_backend_stub` child of tritonserver whose argv is
-`stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid> <lib dir>
-<ipc handle> <instance name> <runtime dir>`. Segment names are
-`triton_python_backend_shm_region_<uuid4>`: nothing in the name says which model, and other
-Tritons on the host create them too, so diffing `/dev/shm` is no evidence; the stub's argv and
-its `/proc/<pid>/maps` are. The backend removes a model's segment on a clean unload (about 1 s
-after the unload call, just before UNAVAILABLE); a segment survives when its stub is killed
-(Triton hit its exit timeout, or was killed) and then stays in RAM until someone removes it.
+A Python-backend model instance runs in a `triton_python_backend_stub` child of tritonserver
+whose argv is `stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid>
+<lib dir> <ipc handle> <instance name> <runtime dir>`. Segment names are
+`triton_python_backend_shm_region_<uuid4>`: nothing in the name says which model, so a stub's
+argv and its memory maps are what tie a segment to a model.
 
 Paths: `/proc/<pid>/fd` links and a stub's argv show paths as seen in *Triton's* mount
-namespace, so the slot dir given to `snapshot` and `open_files_under` must be spelled that way
-(`TritonProcess.repository`, taken from Triton's own `--model-repository`). A sidecar that
-mounts the repository elsewhere is still matched to Triton by file identity.
+namespace, so a slot dir given here must be spelled that way (`TritonProcess.repository`, taken
+from Triton's own `--model-repository`). A sidecar that mounts the repository elsewhere is still
+matched to Triton by file identity, and a file still open after its dir was renamed away and
+removed, by its inode.
 
 Invariants: nothing here raises because a process exited or denied access mid-scan (it is
-skipped); the calling process is never reported; each scan is one pass over `/proc` (a few
-ms on a pod or a small host).
+skipped); the calling process is never reported; each scan is one pass over the process table
+(tens of ms on a pod or a small host).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+import psutil
 
 __all__ = [
-    "PROC_ROOT",
     "PYTHON_BACKEND_SHM_PREFIX",
     "PYTHON_BACKEND_STUB",
-    "SHM_ROOT",
     "OpenFile",
-    "Residue",
-    "ShmSegment",
-    "Snapshot",
     "StubProcess",
     "TritonLookup",
     "TritonProcess",
-    "audit",
     "descendants",
     "find_triton",
     "open_files_under",
     "python_stubs",
     "rss_bytes",
     "segments_mapped_by",
-    "shm_segments",
-    "snapshot",
     "tree_rss_bytes",
 ]
 
-PROC_ROOT = Path("/proc")
-# Read, never created here: where POSIX shared memory (`shm_open`) lives on Linux.
+# Where POSIX shared memory (`shm_open`) lives on Linux, as a stub's memory maps spell it.
 _SHM_MOUNT = "/dev/shm"  # noqa: S108
-SHM_ROOT = Path(_SHM_MOUNT)
 # The Python backend's default `shm-region-prefix-name` (a `--backend-config=python,...` knob).
 PYTHON_BACKEND_SHM_PREFIX = "triton_python_backend_shm_region_"
 PYTHON_BACKEND_STUB = "triton_python_backend_stub"
@@ -79,6 +61,12 @@ _NOT_VISIBLE = (
     "no tritonserver process visible: run the sidecar with shareProcessNamespace: true, "
     "or on the same host"
 )
+# A process that exited (ZombieProcess is a NoSuchProcess) or may not be read is skipped;
+# OSError covers the plain `/proc` reads, and the bare FileNotFoundError psutil lets through
+# when a file of a process vanishes while its `stat` is still there.
+_SKIPPED = (psutil.NoSuchProcess, psutil.AccessDenied, OSError)
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -117,123 +105,60 @@ class OpenFile:
 
 
 @dataclass(frozen=True)
-class ShmSegment:
-    name: str
-    size: int
-
-
-@dataclass(frozen=True)
 class StubProcess:
     """A Python-backend stub: one per model instance, a child of tritonserver."""
 
-    pid: int
-    start_time: int  # clock ticks after boot (`stat` field 22): tells a reused pid apart
+    # pid and start time (clock ticks after boot): `is_running()` tells a reused pid apart.
+    process: psutil.Process
     model_file: Path  # `<repository>/<model>/<version>/model.py`, as Triton spells it
     instance: str  # `<model>_<group>_<index>`
     segments: tuple[str, ...]  # the /dev/shm names it was given or maps
 
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a loaded slot holds, taken just before it is unloaded."""
-
-    triton_pid: int
-    slot_dir: Path
-    stubs: tuple[StubProcess, ...]
-    segments: tuple[ShmSegment, ...]  # the stubs' segments found under the shm root
-    unseen_segments: tuple[str, ...]  # named by a stub but not under the shm root: not audited
-    main_rss_bytes: int | None
-    tree_rss_bytes: int | None
-    # (st_dev, st_ino) of the slot's files: the daemon removes a slot by renaming it away
-    # first, so a file still open shows under the new name, with ' (deleted)'.
-    inodes: frozenset[tuple[int, int]] = frozenset()
-
-
-@dataclass(frozen=True)
-class Residue:
-    """What an unloaded, removed slot left behind; `clean` when nothing."""
-
-    triton_pid: int
-    slot_dir: Path
-    open_files: tuple[OpenFile, ...]
-    segments: tuple[ShmSegment, ...]  # the snapshot's segments still present
-    stubs_alive: tuple[int, ...]  # the snapshot's stubs that have not exited
-    main_rss_before: int | None
-    main_rss_after: int | None
-    tree_rss_before: int | None
-    tree_rss_after: int | None
-
     @property
-    def clean(self) -> bool:
-        return not (self.open_files or self.segments or self.stubs_alive)
+    def pid(self) -> int:
+        return self.process.pid
 
-    @property
-    def main_rss_delta(self) -> int | None:
-        if self.main_rss_before is None or self.main_rss_after is None:
-            return None
-        return self.main_rss_after - self.main_rss_before
-
-    def summary(self) -> str:
-        """One line for a log or an operation step."""
-        parts = [] if not self.clean else ["clean"]
-        if self.open_files:
-            held = ", ".join(f"pid {f.pid} fd {f.fd} {f.target}" for f in self.open_files[:5])
-            parts.append(f"{len(self.open_files)} open file(s) under {self.slot_dir}: {held}")
-        if self.segments:
-            size = sum(s.size for s in self.segments)
-            parts.append(f"{len(self.segments)} shm segment(s) left ({size} bytes)")
-        if self.stubs_alive:
-            parts.append(f"stub(s) still running: {', '.join(map(str, self.stubs_alive))}")
-        if self.main_rss_delta is not None:
-            parts.append(f"triton rss {self.main_rss_delta:+d} bytes")
-        return "; ".join(parts)
+    def still_running(self) -> bool:
+        """Not exited, not a zombie, and its pid not taken by another process since."""
+        return self.process.is_running() and _alive(self.process)
 
 
-# --- reading /proc -------------------------------------------------------------------------
+# --- processes -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Stat:
-    ppid: int
-    state: str
-    start_time: int
-
-
-def _pids(proc_root: Path) -> list[int]:
+def _read(read: Callable[[], _T], skipped: _T) -> _T:
+    """`read()`, or `skipped` when the process exited or denied access: it never raises for it."""
     try:
-        return [int(e.name) for e in os.scandir(proc_root) if e.name.isdigit()]
-    except OSError:
-        return []
+        return read()
+    except _SKIPPED:
+        return skipped
 
 
-def _read(proc_root: Path, pid: int, name: str) -> str | None:
-    """`/proc/<pid>/<name>` as text; None when the process is gone or access is denied."""
-    try:
-        with open(f"{proc_root}/{pid}/{name}", "rb") as stream:  # cheaper than pathlib here
-            return stream.read().decode(errors="surrogateescape")
-    except OSError:  # ENOENT, ESRCH, EACCES, EPERM
-        return None
+def _process(pid: int) -> psutil.Process | None:
+    return _read(lambda: psutil.Process(pid), None)
 
 
-def _stat(pid: int, proc_root: Path) -> _Stat | None:
-    text = _read(proc_root, pid, "stat")
-    if text is None:
-        return None
-    # The command name in parentheses may hold spaces and ')': split after the last one.
-    fields = text.rpartition(")")[2].split()
-    try:
-        return _Stat(ppid=int(fields[1]), state=fields[0], start_time=int(fields[19]))
-    except (IndexError, ValueError):
-        return None
+def _alive(process: psutil.Process) -> bool:
+    return _read(process.status, psutil.STATUS_DEAD) not in _GONE
 
 
-def _cmdline(pid: int, proc_root: Path) -> tuple[str, ...]:
-    text = _read(proc_root, pid, "cmdline")
-    return tuple(text.split("\0")[:-1]) if text else ()
+def _cmdline(process: psutil.Process) -> tuple[str, ...]:
+    return tuple(_read(process.cmdline, []))
 
 
-def _alive(stat: _Stat | None) -> bool:
-    return stat is not None and stat.state not in ("Z", "X")
+def _rss(process: psutil.Process) -> int | None:
+    # A zombie's memory reads as zeros: it has none, which is not "0 bytes resident".
+    return _read(lambda: process.memory_info().rss, None) if _alive(process) else None
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    found: list[psutil.Process] = _read(lambda: psutil.Process(pid).children(recursive=True), [])
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _proc(pid: int, *parts: str) -> str:
+    """`/proc/<pid>/...` (the procfs psutil reads), for the reads psutil has no API for."""
+    return os.path.join(psutil.PROCFS_PATH, str(pid), *parts)
 
 
 def _norm(path: Path | str) -> str:
@@ -249,42 +174,23 @@ def _is_under(target: str, prefixes: Collection[str]) -> bool:
     return any(target == p or target.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 
-def descendants(pid: int, *, proc_root: Path = PROC_ROOT) -> list[int]:
-    """Every process below `pid` (children, their children, ...), nearest first."""
-    children: dict[int, list[int]] = {}
-    for candidate in _pids(proc_root):
-        stat = _stat(candidate, proc_root)
-        if stat is not None:
-            children.setdefault(stat.ppid, []).append(candidate)
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        level = [c for parent in frontier for c in sorted(children.get(parent, ())) if c != pid]
-        found.extend(level)
-        frontier = level
-    return found
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), by pid."""
+    return [p.pid for p in _descendants(pid)]
 
 
-def rss_bytes(pid: int, *, proc_root: Path = PROC_ROOT) -> int | None:
-    """Resident memory of `pid` (`VmRSS`); None when it is gone, a zombie, or unreadable."""
-    text = _read(proc_root, pid, "status")
-    for line in (text or "").splitlines():
-        if line.startswith("VmRSS:"):
-            try:
-                return int(line.split()[1]) * 1024  # reported in kB
-            except (IndexError, ValueError):
-                return None
-    return None
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of `pid`; None when it is gone, a zombie, or unreadable."""
+    process = _process(pid)
+    return None if process is None else _rss(process)
 
 
-def tree_rss_bytes(pid: int, *, proc_root: Path = PROC_ROOT) -> int | None:
+def tree_rss_bytes(pid: int) -> int | None:
     """RSS of `pid` plus all its descendants (shared pages count once per process)."""
-    own = rss_bytes(pid, proc_root=proc_root)
+    own = rss_bytes(pid)
     if own is None:
         return None
-    return own + sum(
-        rss_bytes(c, proc_root=proc_root) or 0 for c in descendants(pid, proc_root=proc_root)
-    )
+    return own + sum(_rss(p) or 0 for p in _descendants(pid))
 
 
 # --- finding Triton ------------------------------------------------------------------------
@@ -300,36 +206,35 @@ def _repository_args(command: tuple[str, ...]) -> Iterator[str]:
 
 
 def _served_repository(
-    pid: int, command: tuple[str, ...], repository: Path, proc_root: Path
+    process: psutil.Process, command: tuple[str, ...], repository: Path
 ) -> Path | None:
-    """The `--model-repository` of `pid` that is `repository`, as Triton spells it."""
+    """The `--model-repository` of `process` that is `repository`, as Triton spells it."""
     wanted = _spellings(repository)
     for value in _repository_args(command):
         if not value.startswith("/"):
-            try:
-                value = os.path.join(os.readlink(proc_root / str(pid) / "cwd"), value)
-            except OSError:
+            cwd = _read(process.cwd, None)
+            if cwd is None:
                 continue
+            value = os.path.join(cwd, value)
         if _norm(value) in wanted:
             return Path(_norm(value))
         # Same directory mounted at another path (a sidecar's mount namespace): same inode.
+        # psutil has no view into another mount namespace; `/proc/<pid>/root` is one.
         try:
-            if os.path.samefile(proc_root / str(pid) / "root" / value.lstrip("/"), repository):
+            if os.path.samefile(_proc(process.pid, "root", value.lstrip("/")), repository):
                 return Path(_norm(value))
         except OSError:
             continue
     return None
 
 
-def _is_tritonserver(pid: int, command: tuple[str, ...], proc_root: Path) -> bool:
+def _is_tritonserver(process: psutil.Process, command: tuple[str, ...]) -> bool:
     if command and os.path.basename(command[0]) == _TRITONSERVER:
         return True
-    return (_read(proc_root, pid, "comm") or "").strip() == _TRITONSERVER
+    return _read(process.name, "") == _TRITONSERVER
 
 
-def find_triton(
-    repository: Path, *, pid: int | None = None, proc_root: Path = PROC_ROOT
-) -> TritonLookup:
+def find_triton(repository: Path, *, pid: int | None = None) -> TritonLookup:
     """The tritonserver serving `repository`, or why it cannot be seen.
 
     A configured `pid` wins while it is alive (its repository spelling is taken from its argv
@@ -337,22 +242,23 @@ def find_triton(
     scanned for a tritonserver whose `--model-repository` is `repository` (same path, or the
     same directory mounted elsewhere). Two such servers are ambiguous: set the pid.
     """
-    if pid is not None and _alive(_stat(pid, proc_root)):
-        command = _cmdline(pid, proc_root)
-        served = _served_repository(pid, command, repository, proc_root)
-        return TritonLookup(TritonProcess(pid, command, served or Path(_norm(repository))))
+    configured = None if pid is None else _process(pid)
+    if configured is not None and _alive(configured):
+        command = _cmdline(configured)
+        served = _served_repository(configured, command, repository)
+        return TritonLookup(
+            TritonProcess(configured.pid, command, served or Path(_norm(repository)))
+        )
     servers: list[int] = []
     matches: list[TritonProcess] = []
-    for candidate in _pids(proc_root):
-        command = _cmdline(candidate, proc_root)
-        if not _is_tritonserver(candidate, command, proc_root):
+    for candidate in psutil.process_iter():
+        command = _cmdline(candidate)
+        if not _is_tritonserver(candidate, command) or not _alive(candidate):
             continue
-        if not _alive(_stat(candidate, proc_root)):
-            continue
-        servers.append(candidate)
-        served = _served_repository(candidate, command, repository, proc_root)
+        servers.append(candidate.pid)
+        served = _served_repository(candidate, command, repository)
         if served is not None:
-            matches.append(TritonProcess(candidate, command, served))
+            matches.append(TritonProcess(candidate.pid, command, served))
     if len(matches) == 1:
         return TritonLookup(matches[0])
     if matches:
@@ -378,7 +284,6 @@ def find_triton(
 def open_files_under(
     path: Path,
     *,
-    proc_root: Path = PROC_ROOT,
     pids: Collection[int] | None = None,
     inodes: Collection[tuple[int, int]] = frozenset(),
 ) -> list[OpenFile]:
@@ -388,14 +293,17 @@ def open_files_under(
     Targets of removed files end in ` (deleted)` and are included. Processes that exit or deny
     access during the scan are skipped; the calling process is never reported.
     """
+    # Not psutil's open_files(): it drops a file whose path no longer exists (the removed file
+    # this audit is after), strips ' (deleted)', and leaves out directories. The fd links
+    # themselves say all of that, and a stat through one gives the open file's inode.
     prefixes = _spellings(path)
     me = os.getpid()
     found: list[OpenFile] = []
-    for pid in sorted(_pids(proc_root) if pids is None else pids):
+    for pid in sorted(psutil.pids() if pids is None else pids):
         if pid == me:
             continue
         try:
-            entries = list(os.scandir(proc_root / str(pid) / "fd"))
+            entries = list(os.scandir(_proc(pid, "fd")))
         except OSError:
             continue
         command: str | None = None
@@ -411,7 +319,8 @@ def open_files_under(
             ):
                 continue
             if command is None:
-                command = " ".join(_cmdline(pid, proc_root))
+                process = _process(pid)
+                command = "" if process is None else " ".join(_cmdline(process))
             found.append(OpenFile(pid=pid, fd=int(entry.name), target=target, command=command))
     return sorted(found, key=lambda f: (f.pid, f.fd))
 
@@ -424,39 +333,8 @@ def _inode(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def files_of(root: Path) -> frozenset[tuple[int, int]]:
-    """(st_dev, st_ino) of every regular file below `root`."""
-    found: set[tuple[int, int]] = set()
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            found.add((st.st_dev, st.st_ino))
-    return frozenset(found)
-
-
-def shm_segments(
-    *, shm_root: Path = SHM_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
-) -> dict[str, int]:
-    """Name -> size of the files in `shm_root` whose name starts with `prefix`."""
-    found: dict[str, int] = {}
-    try:
-        entries = list(os.scandir(shm_root))
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            found[entry.name] = entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue  # removed between the listing and the stat
-    return found
-
-
 def _shm_name(path: str, prefix: str) -> str | None:
+    # psutil strips ' (deleted)', unless a file named with that suffix too exists.
     path = path.removesuffix(_DELETED)
     if not path.startswith(_SHM_MOUNT + "/"):
         return None
@@ -464,106 +342,39 @@ def _shm_name(path: str, prefix: str) -> str | None:
     return name if name.startswith(prefix) and "/" not in name else None
 
 
+def _mapped(process: psutil.Process, prefix: str) -> set[str]:
+    paths: list[str] = _read(lambda: [m.path for m in process.memory_maps(grouped=False)], [])
+    return {name for path in paths if (name := _shm_name(path, prefix)) is not None}
+
+
 def segments_mapped_by(
-    pids: Collection[int], *, proc_root: Path = PROC_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+    pids: Collection[int], *, prefix: str = PYTHON_BACKEND_SHM_PREFIX
 ) -> set[str]:
-    """Names of the `/dev/shm` files with `prefix` that `pids` map (`/proc/<pid>/maps`)."""
-    names: set[str] = set()
-    for pid in pids:
-        for line in (_read(proc_root, pid, "maps") or "").splitlines():
-            fields = line.split(maxsplit=5)
-            name = _shm_name(fields[5], prefix) if len(fields) == 6 else None
-            if name is not None:
-                names.add(name)
-    return names
+    """Names of the `/dev/shm` files with `prefix` that `pids` map."""
+    processes = (_process(pid) for pid in pids)
+    return {name for p in processes if p is not None for name in _mapped(p, prefix)}
 
 
 def python_stubs(
-    triton_pid: int, *, proc_root: Path = PROC_ROOT, prefix: str = PYTHON_BACKEND_SHM_PREFIX
+    triton_pid: int, *, under: Path | None = None, prefix: str = PYTHON_BACKEND_SHM_PREFIX
 ) -> list[StubProcess]:
-    """The live Python-backend stubs below `triton_pid`, with the segments each one uses."""
+    """The live Python-backend stubs below `triton_pid` (those of a model under `under`, a dir
+    as Triton spells it, when given), with the segments each one uses."""
+    dirs = None if under is None else _spellings(under)
     stubs: list[StubProcess] = []
-    for pid in descendants(triton_pid, proc_root=proc_root):
-        command = _cmdline(pid, proc_root)
-        stat = _stat(pid, proc_root)
+    for process in _descendants(triton_pid):
+        command = _cmdline(process)
         if len(command) < 2 or os.path.basename(command[0]) != PYTHON_BACKEND_STUB:
             continue
-        if stat is None or not _alive(stat):
+        if (dirs is not None and not _is_under(_norm(command[1]), dirs)) or not _alive(process):
             continue
         given = {arg for arg in command[2:] if arg.startswith(prefix)}
-        mapped = segments_mapped_by([pid], proc_root=proc_root, prefix=prefix)
         stubs.append(
             StubProcess(
-                pid=pid,
-                start_time=stat.start_time,
+                process=process,
                 model_file=Path(command[1]),
                 instance=command[8] if len(command) > 8 else "",
-                segments=tuple(sorted(given | mapped)),
+                segments=tuple(sorted(given | _mapped(process, prefix))),
             )
         )
     return stubs
-
-
-# --- the retire audit ----------------------------------------------------------------------
-
-
-def snapshot(
-    triton: TritonProcess,
-    slot_dir: Path,
-    *,
-    proc_root: Path = PROC_ROOT,
-    shm_root: Path = SHM_ROOT,
-    shm_prefix: str = PYTHON_BACKEND_SHM_PREFIX,
-    local_dir: Path | None = None,
-) -> Snapshot:
-    """What the loaded slot at `slot_dir` (Triton's spelling) holds now; take it before unload.
-
-    `local_dir` is the same dir as this process spells it, when that differs (a sidecar that
-    mounts the repository elsewhere): its files are what `audit` looks for once deleted.
-    """
-    slot = _spellings(slot_dir)
-    stubs = tuple(
-        stub
-        for stub in python_stubs(triton.pid, proc_root=proc_root, prefix=shm_prefix)
-        if _is_under(_norm(stub.model_file), slot)
-    )
-    present = shm_segments(shm_root=shm_root, prefix=shm_prefix)
-    names = sorted({name for stub in stubs for name in stub.segments})
-    return Snapshot(
-        triton_pid=triton.pid,
-        slot_dir=slot_dir,
-        stubs=stubs,
-        segments=tuple(ShmSegment(n, present[n]) for n in names if n in present),
-        unseen_segments=tuple(n for n in names if n not in present),
-        main_rss_bytes=rss_bytes(triton.pid, proc_root=proc_root),
-        tree_rss_bytes=tree_rss_bytes(triton.pid, proc_root=proc_root),
-        inodes=files_of(local_dir or slot_dir),
-    )
-
-
-def audit(before: Snapshot, *, proc_root: Path = PROC_ROOT, shm_root: Path = SHM_ROOT) -> Residue:
-    """What the slot left behind; call it after UNAVAILABLE and after its dir was removed."""
-    left: list[ShmSegment] = []
-    for segment in before.segments:
-        try:
-            left.append(ShmSegment(segment.name, (shm_root / segment.name).stat().st_size))
-        except OSError:
-            continue  # removed: the clean case
-    alive = []
-    for stub in before.stubs:
-        stat = _stat(stub.pid, proc_root)
-        if stat is not None and _alive(stat) and stat.start_time == stub.start_time:
-            alive.append(stub.pid)
-    return Residue(
-        triton_pid=before.triton_pid,
-        slot_dir=before.slot_dir,
-        open_files=tuple(
-            open_files_under(before.slot_dir, proc_root=proc_root, inodes=before.inodes)
-        ),
-        segments=tuple(left),
-        stubs_alive=tuple(alive),
-        main_rss_before=before.main_rss_bytes,
-        main_rss_after=rss_bytes(before.triton_pid, proc_root=proc_root),
-        tree_rss_before=before.tree_rss_bytes,
-        tree_rss_after=tree_rss_bytes(before.triton_pid, proc_root=proc_root),
-    )
