@@ -77,7 +77,8 @@ DEPLOYED: dict[int | str, dict[str, Any]] = {
     200: {
         "model": OperationEnvelope | UnchangedAnswer,
         "description": "With wait: the operation succeeded. Or, wait or not: the release "
-        "serves already, unchanged in the store, so nothing was done (unless force).",
+        "serves already, unchanged in the store, so nothing was done (a deploy with force "
+        "loads it again).",
     }
 }
 

@@ -271,7 +271,7 @@ def create_app(settings: Settings) -> FastAPI:
         status_code=202,
         responses={
             **STARTED,
-            **SUCCEEDED,
+            **DEPLOYED,
             **answers((*writes, *ROLLBACK_REFUSALS), LOAD_FAILURES, body=OperationFailure),
         },
     )

@@ -154,7 +154,11 @@ class DeployService:
             after=self._after_swap,
         )
 
-    async def rollback(self, model: str, *, to: str | None, trigger: Trigger) -> Operation:
+    async def rollback(
+        self, model: str, *, to: str | None, trigger: Trigger
+    ) -> Operation | Unchanged:
+        """Serve the previous release again (or ``to``); a re-point when its slot is warm.
+        Rolling back to the release that serves, unchanged, does nothing and says so."""
         validate_model_name(model)
         if to in (None, "", "previous"):
             record = await self._slots.record(model)
@@ -167,11 +171,12 @@ class DeployService:
             target = record.previous_release
         else:
             target = validate_release_name(to)
+        unchanged = await self._unchanged(model, target)
+        if unchanged is not None:
+            return unchanged
         warm = await self.bluegreen.warm(model, target) if self.blue_green(model) else None
         if warm is None:
-            done = await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
-            assert isinstance(done, Operation)  # only a plain deploy can be unchanged
-            return done
+            return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
         slot_name = warm.name  # inside the retire window: a pure re-point
         return await self._start(
             OperationKind.ROLLBACK,

@@ -41,7 +41,7 @@ from controlplane.domain.rollback import (
     cooldown_until,
 )
 from controlplane.ports import Clock, RollbackBook, ServingRepo, Telemetry
-from controlplane.services.deploy import DeployService
+from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,12 @@ class RollbackResult:
 class _Attempt:
     operation: Operation | None
     error: str | None
+    unchanged: bool = False  # what it would serve serves already
 
     @property
     def succeeded(self) -> bool:
-        return self.operation is not None and self.operation.status is OperationStatus.SUCCEEDED
+        done = self.operation is not None and self.operation.status is OperationStatus.SUCCEEDED
+        return done or self.unchanged
 
 
 class AutoRollback:
@@ -255,7 +257,7 @@ class AutoRollback:
         return done
 
     async def _attempt(
-        self, start: Callable[[], Awaitable[Operation]], budget: float, what: str
+        self, start: Callable[[], Awaitable[Operation | Unchanged]], budget: float, what: str
     ) -> _Attempt:
         """Start an operation (waiting for the model's lock) and see it end within budget;
         past it, the operation is cut short (reason: budget) and its clean-up runs."""
@@ -263,7 +265,10 @@ class AutoRollback:
         deadline = loop.time() + budget
         while True:
             try:
-                operation = await start()
+                started = await start()
+                if isinstance(started, Unchanged):  # it serves already: nothing to undo
+                    return _Attempt(None, None, unchanged=True)
+                operation = started
                 break
             except OperationInProgress:
                 if loop.time() >= deadline:

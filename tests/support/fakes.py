@@ -67,6 +67,7 @@ __all__ = [
     "make_deploy_service",
     "make_reconciler",
     "started",
+    "started_rollback",
 ]
 
 START = datetime(2025, 3, 1, 8, 0, 0, tzinfo=UTC)
@@ -503,3 +504,12 @@ class FakeMetrics:
 
     async def close(self) -> None:
         return None
+
+
+async def started_rollback(
+    service: DeployService, model: str, *, to: str | None, trigger: Trigger = Trigger.API
+) -> Operation:
+    """Start a rollback that must not be a no-op (its target does not serve yet)."""
+    result = await service.rollback(model, to=to, trigger=trigger)
+    assert not isinstance(result, Unchanged), result.message
+    return result

@@ -41,6 +41,7 @@ from tests.support.fakes import (
     deploy_service,
     make_reconciler,
     started,
+    started_rollback,
 )
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import until
@@ -279,7 +280,7 @@ def test_rollback_inside_the_retire_window_is_one_repoint(tmp_path: Path) -> Non
             loads_before = slot_loads(parts)
             alias_loads_before = parts.triton.called("point_alias", MODEL)
 
-            submitted = await service.rollback(MODEL, to=None, trigger=Trigger.API)
+            submitted = await started_rollback(service, MODEL, to=None, trigger=Trigger.API)
             op = await service.wait(submitted.id)
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
@@ -309,7 +310,7 @@ def test_rollback_after_the_retire_window_deploys_again(tmp_path: Path) -> None:
             await deployed(service, "r1", "r2")
             await finished_retire(service, parts)
 
-            submitted = await service.rollback(MODEL, to="r1", trigger=Trigger.API)
+            submitted = await started_rollback(service, MODEL, to="r1", trigger=Trigger.API)
             op = await service.wait(submitted.id)
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
@@ -704,7 +705,7 @@ def test_keep_fallback_warm_never_retires_the_previous_release(tmp_path: Path) -
             assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
             assert parts.triton.state(BLUE) == "READY"
             op = await service.wait(
-                (await service.rollback(MODEL, to=None, trigger=Trigger.API)).id
+                (await started_rollback(service, MODEL, to=None, trigger=Trigger.API)).id
             )
             assert step_names(op) == ["switch", "record"]  # a re-point, no load
 

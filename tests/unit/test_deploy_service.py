@@ -37,6 +37,7 @@ from tests.support.fakes import (
     Parts,
     deploy_service,
     started,
+    started_rollback,
 )
 from tests.support.models import write_scale_release
 from tests.support.polling import until
@@ -250,7 +251,7 @@ def test_one_operation_per_model_at_a_time(tmp_path: Path) -> None:
             assert caught.value.details["operation_id"] == running.id
             assert running.id in caught.value.message
             with pytest.raises(OperationInProgress):
-                await service.rollback(MODEL, to="r1", trigger=Trigger.CLI)
+                await started_rollback(service, MODEL, to="r1", trigger=Trigger.CLI)
 
             # Another model is not held up by the first one's lock.
             other = await deploy_and_wait(service, "r1", model=OTHER)
@@ -385,11 +386,11 @@ def test_rollback_needs_a_model_and_a_previous_release(tmp_path: Path) -> None:
             publish(parts, "r1")
 
             with pytest.raises(ModelNotFound):
-                await service.rollback(MODEL, to=None, trigger=Trigger.API)
+                await started_rollback(service, MODEL, to=None, trigger=Trigger.API)
 
             await deploy_and_wait(service, "r1")
             with pytest.raises(NoPreviousRelease) as caught:
-                await service.rollback(MODEL, to="previous", trigger=Trigger.API)
+                await started_rollback(service, MODEL, to="previous", trigger=Trigger.API)
             assert caught.value.code == "no_previous_release"
             assert (await record(parts)).active_release == "r1"
             assert parts.runner.holder(MODEL) is None
@@ -404,7 +405,7 @@ def test_rollback_to_previous_swaps_active_and_previous(tmp_path: Path) -> None:
             await deploy_and_wait(service, "r1")
             await deploy_and_wait(service, "r2")
 
-            submitted = await service.rollback(MODEL, to=None, trigger=Trigger.ALERT)
+            submitted = await started_rollback(service, MODEL, to=None, trigger=Trigger.ALERT)
             op = await service.wait(submitted.id)
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
@@ -428,7 +429,7 @@ def test_rollback_to_a_named_release(tmp_path: Path) -> None:
             for release in ("r1", "r2", "r3"):
                 await deploy_and_wait(service, release)
 
-            submitted = await service.rollback(MODEL, to="r1", trigger=Trigger.CLI)
+            submitted = await started_rollback(service, MODEL, to="r1", trigger=Trigger.CLI)
             op = await service.wait(submitted.id)
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
@@ -558,7 +559,9 @@ def test_a_release_a_person_rolled_back_from_is_not_the_fallback(
             await deploy_and_wait(service, "r1")
             await deploy_and_wait(service, "r2")
 
-            op = await service.wait((await service.rollback(MODEL, to=None, trigger=trigger)).id)
+            op = await service.wait(
+                (await started_rollback(service, MODEL, to=None, trigger=trigger)).id
+            )
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
             latched = await parts.repos.rollbacks.latched(MODEL)
@@ -566,6 +569,22 @@ def test_a_release_a_person_rolled_back_from_is_not_the_fallback(
             assert f"rolled back from by {trigger.value}" in latched[0].reason
             # Deploying it by name again is a person's choice: the latch goes.
             await deploy_and_wait(service, "r2")
+            assert await parts.repos.rollbacks.latched(MODEL) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_rollback_to_the_release_that_serves_is_unchanged(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            publish(parts, "r1", "r2")
+            await deploy_and_wait(service, "r1")
+            await deploy_and_wait(service, "r2")
+
+            same = await service.rollback(MODEL, to="r2", trigger=Trigger.API)
+
+            assert isinstance(same, Unchanged)
+            assert len(await service.list_operations(MODEL, 10)) == 2
             assert await parts.repos.rollbacks.latched(MODEL) == []
 
     asyncio.run(scenario())

@@ -10,7 +10,7 @@ from controlplane.domain.operations import OperationStatus, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import LoadFails, Parts, deploy_service
+from tests.support.fakes import LoadFails, Parts, deploy_service, started_rollback
 from tests.support.models import write_scale_release, write_sha256sums
 
 Policy = Callable[[str], bool]
@@ -85,7 +85,7 @@ def test_a_rollback_by_a_person_is_not_undone(tmp_path: Path) -> None:
             result = await watcher.scan()
             assert [op.release for op in result.deploys] == ["r2"]
             await _settle([op.id for op in result.deploys], service)
-            rollback = await service.rollback("m", to="r1", trigger=Trigger.API)
+            rollback = await started_rollback(service, "m", to="r1", trigger=Trigger.API)
             await service.wait(rollback.id)
 
             after = await watcher.scan()
