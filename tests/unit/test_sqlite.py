@@ -228,12 +228,15 @@ def test_a_switch_killed_at_any_moment_is_all_there_or_not_at_all(db_path: Path)
         process = subprocess.Popen(
             [sys.executable, "-c", writer], stdout=subprocess.PIPE, cwd=Path.cwd()
         )
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == b"ready"
-        time.sleep(chaos.uniform(0, 0.05))  # a random moment among the next switches
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-        process.stdout.close()
+        try:  # the writer never stops by itself: it is killed, whatever the test finds
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == b"ready"
+            time.sleep(chaos.uniform(0, 0.05))  # a random moment among the next switches
+        finally:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
         with closing(sqlite3.connect(db_path)) as check:
             (active,) = check.execute("SELECT active_release FROM models").fetchone()
