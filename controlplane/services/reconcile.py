@@ -12,7 +12,7 @@ to it; models the database does not know are left alone (they may belong to some
 So a Triton restart, a model unloaded through Triton's own API, or a daemon that died mid-way
 are all repaired the same way, without anyone asking. Repairs of different models run in
 parallel; their loads share the load slots (a wait shows as a ``queue`` step). While Triton is
-down the loop checks its liveness every half second, so repairs start as soon as it is back.
+down the loop checks its liveness every quarter second, so repairs start as soon as it is back.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
-DOWN_POLL = 0.5  # while Triton is down: how often its liveness is checked
+DOWN_POLL = 0.25  # while Triton is down: how often its liveness is checked
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0  # a repair that failed is tried again after this, doubling
 _LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +14,11 @@ import pytest
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.launcher import RunningTriton, free_port
 from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
+from tests.conftest import TritonFactory
 from tests.support.models import write_scale_release
 
 pytestmark = pytest.mark.triton
+OUTAGE = 20.0  # seconds Triton stays down: long enough for gRPC's default backoff to grow
 
 
 def _place(store: Path, model: str, release: str, repository: Path) -> None:
@@ -84,3 +88,36 @@ def test_an_unreachable_triton_is_transient_and_retried_a_bounded_number_of_time
             await driver.close()
 
     asyncio.run(scenario())
+
+
+def test_a_triton_back_after_a_long_outage_is_seen_at_once(
+    own_triton: TritonFactory, tmp_path: Path
+) -> None:
+    """gRPC backs off longer and longer between reconnects to a server that went away (after
+    20 s down, a restarted Triton was seen 6.6 s late with its defaults, and up to 2 min after
+    longer outages); the driver asks for reconnects at least once a second."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    first = own_triton(repository)
+
+    async def scenario() -> float:
+        driver = TritonDriver(first.grpc_url, call_timeout=2.0)
+        try:
+            assert await driver.is_live()
+            os.killpg(first.process.pid, signal.SIGKILL)
+            first.process.wait()
+            loop = asyncio.get_running_loop()
+            down_until = loop.time() + OUTAGE
+            while loop.time() < down_until:  # the daemon's reconcile loop asks meanwhile
+                assert not await driver.is_live()
+                await asyncio.sleep(0.5)
+            await asyncio.to_thread(own_triton, repository, ports=first.ports)
+            back = loop.time()
+            while not await driver.is_live():
+                assert loop.time() - back < 10, "Triton is back but still not seen"
+                await asyncio.sleep(0.05)
+            return loop.time() - back
+        finally:
+            await driver.close()
+
+    assert asyncio.run(scenario()) < 1.5

@@ -50,7 +50,15 @@ from controlplane.ports import IndexEntry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+MAX_MESSAGE = 2**31 - 1  # what tritonclient allows by default
 ABANDON_CALL = 1.0  # the unload asked for after a load timed out: sent, not waited on
+# gRPC waits longer and longer between reconnects to a server that went away (up to 2 min by
+# default), so a restarted Triton would be seen late; the daemon wants to know within a second.
+RECONNECT_BACKOFF = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 class TritonDriver:
@@ -64,7 +72,7 @@ class TritonDriver:
         poll_interval: float = 0.1,
     ) -> None:
         self._url = url
-        self._client = grpcclient.InferenceServerClient(url=url)
+        self._client = grpcclient.InferenceServerClient(url=url, channel_args=_channel_args())
         self._call_timeout = call_timeout
         self._load_timeout = load_timeout
         self._attempts = attempts
@@ -274,6 +282,20 @@ class TritonDriver:
                 except InferenceServerException as exc:
                     raise _translate(exc, what=what, url=self._url, load_of=load_of) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options (message sizes, keepalive), and quick reconnects."""
+    keepalive = grpcclient.KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(keepalive.keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        *RECONNECT_BACKOFF,
+    ]
 
 
 def _translate(
