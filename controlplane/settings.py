@@ -83,7 +83,7 @@ class ReconcileSettings(_Group):
         le=300,
         description="How often the reconcile loop compares what Triton serves with what should "
         "serve and repairs the difference (a Triton restart, a model unloaded behind the "
-        "daemon's back); while Triton is down it checks every 0.25 s.",
+        "daemon's back); while Triton is down it checks every 0.1 s.",
     )
 
 

@@ -12,7 +12,7 @@ to it; models the database does not know are left alone (they may belong to some
 So a Triton restart, a model unloaded through Triton's own API, or a daemon that died mid-way
 are all repaired the same way, without anyone asking. Repairs of different models run in
 parallel; their loads share the load slots (a wait shows as a ``queue`` step). While Triton is
-down the loop checks its liveness every quarter second, so repairs start as soon as it is back.
+down the loop checks its liveness ten times a second, so repairs start as soon as it is back.
 """
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
-DOWN_POLL = 0.25  # while Triton is down: how often its liveness is checked
-RETRY_FIRST, RETRY_MAX = 2.0, 300.0  # a repair that failed is tried again after this, doubling
+DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
+# A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
+# first retry is soon, because the commonest cause is a world that changed under the pass
+# (Triton restarted between reading its index and acting on it).
+RETRY_FIRST, RETRY_MAX = 0.5, 300.0
 _LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 
 
@@ -154,6 +157,9 @@ class Reconciler:
             if report.triton_live:
                 ready.set()
             pause = interval if report.triton_live else DOWN_POLL
+            if self._retry:  # a repair failed: its retry may come before the next beat
+                soonest = min(next_try for next_try, _delay in self._retry.values())
+                pause = max(DOWN_POLL, min(pause, soonest - self._clock.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=pause)
             self.wake.clear()

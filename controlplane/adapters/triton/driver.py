@@ -53,11 +53,12 @@ _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 MAX_MESSAGE = 2**31 - 1  # what tritonclient allows by default
 ABANDON_CALL = 1.0  # the unload asked for after a load timed out: sent, not waited on
 # gRPC waits longer and longer between reconnects to a server that went away (up to 2 min by
-# default), so a restarted Triton would be seen late; the daemon wants to know within a second.
+# default), so a restarted Triton would be seen late; the daemon wants to know at once (a
+# reconnect to a dead address is one refused connect: cheap).
 RECONNECT_BACKOFF = (
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
 )
 
 
