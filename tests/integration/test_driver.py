@@ -95,7 +95,7 @@ def test_a_triton_back_after_a_long_outage_is_seen_at_once(
 ) -> None:
     """gRPC backs off longer and longer between reconnects to a server that went away (after
     20 s down, a restarted Triton was seen 6.6 s late with its defaults, and up to 2 min after
-    longer outages); the driver asks for reconnects at least once a second."""
+    longer outages); the driver asks for reconnects at least twice a second."""
     repository = tmp_path / "repository"
     repository.mkdir()
     first = own_triton(repository)
