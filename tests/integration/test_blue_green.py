@@ -108,6 +108,32 @@ def test_rollback_inside_the_retire_window_is_a_re_point(
     assert infer_once(triton.grpc_url, model_name) == 1.0
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert (model["active_release"], model["previous_release"]) == ("r1", "r2")
+    # r2 was just rejected by a person: it is no fallback, and the watcher will not push it.
+    assert model["rollback"]["fallback"] is None
+    assert [d["release"] for d in model["rollback"]["degraded"]] == ["r2"]
+
+
+def test_deploying_the_serving_release_again_changes_nothing_and_keeps_the_warm_slot(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0)
+    daemon = daemons(store, config=_config(model_name, retire_after=600))
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    assert daemon.deploy(model_name, "r2").status_code == 200
+    before = daemon.get(f"/v1/models/{model_name}").json()
+
+    again = daemon.deploy(model_name, "r2")
+
+    assert again.status_code == 200, again.text
+    assert again.json()["unchanged"] is True
+    assert "serves r2 already" in again.json()["message"]
+    after = daemon.get(f"/v1/models/{model_name}").json()
+    assert after["slots"] == before["slots"]  # r1's slot is still warm for a rollback
+    assert after["last_operation"]["id"] == before["last_operation"]["id"]
+    assert infer_once(triton.grpc_url, model_name) == 2.0
+    forced = daemon.post(f"/v1/models/{model_name}/deploy", {"release": "r2", "force": True})
+    assert forced.status_code == 202, forced.text
 
 
 @pytest.mark.parametrize("failure", ["wrong-answer", "fails-to-load"])
