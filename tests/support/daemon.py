@@ -110,10 +110,12 @@ def start_daemon(
     log_name: str = "daemon.log",
     store_uri: str | None = None,
     config: str | None = None,
+    wait_ready: bool = True,
 ) -> Daemon:
     """Start `controlplane serve` against `triton` and wait until /readyz answers 200.
 
     `config` is YAML for `--config`; `store_uri` replaces the local `store` (e.g. `s3://...`).
+    `wait_ready=False` returns at once (to act on the daemon while it starts up).
     """
     repository = repository or triton.repository
     staging = workdir / "staging"
@@ -159,6 +161,8 @@ def start_daemon(
         token=token,
         headers={"Authorization": f"Bearer {token}"} if token else {},
     )
+    if not wait_ready:
+        return daemon
     deadline = time.monotonic() + ready_timeout
     while True:
         if process.poll() is not None:
