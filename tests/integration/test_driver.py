@@ -12,6 +12,7 @@ import pytest
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.launcher import RunningTriton, free_port
 from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
+from controlplane.domain.smoke import parse_smoke
 from tests.support.models import write_scale_release
 
 pytestmark = pytest.mark.triton
@@ -80,6 +81,23 @@ def test_an_unreachable_triton_is_transient_and_retried_a_bounded_number_of_time
             with pytest.raises(TritonUnavailable) as caught:
                 await driver.index()
             assert caught.value.retryable
+        finally:
+            await driver.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_smoke_inference_that_cannot_reach_triton_is_transient_not_a_bad_release() -> None:
+    # A Triton restart during preflight says nothing about the release: reported as
+    # preflight_failed (permanent, 422), the watcher would never retry an auto-deployed release.
+    sample = parse_smoke('{"inputs": {"INPUT0": {"datatype": "FP32", "shape": [1], "data": [1]}}}')
+
+    async def scenario() -> None:
+        driver = TritonDriver(f"127.0.0.1:{free_port()}", call_timeout=2.0, attempts=2)
+        try:
+            with pytest.raises(TritonUnavailable) as caught:
+                await driver.smoke("m", sample)
+            assert caught.value.code == "triton_unavailable"
         finally:
             await driver.close()
 
