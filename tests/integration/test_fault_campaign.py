@@ -224,6 +224,7 @@ class Campaign:
         self.load: TimedLoad | None = None
         self.ready_at: float | None = None  # when /readyz first answered 200 after a fault
         self.converged_at = 0.0  # when the last fault's convergence was seen
+        self.http = httpx.Client(timeout=10.0)  # to Triton (one client: each builds SSL state)
 
     # --- processes ------------------------------------------------------------------------
 
@@ -259,6 +260,7 @@ class Campaign:
         return killed_at
 
     def stop(self) -> None:
+        self.http.close()
         if self.load is not None:
             self.load.stop()
         for daemon in self.daemons:
@@ -432,7 +434,7 @@ class Campaign:
                     warm.add(slot["name"])
             if model == BG:
                 for name in (f"{BG}__blue", f"{BG}__green"):
-                    ready = httpx.get(f"{self.triton.http_url}/v2/models/{name}/ready", timeout=10)
+                    ready = self.http.get(f"{self.triton.http_url}/v2/models/{name}/ready")
                     if name not in warm and ready.status_code == 200:
                         found.append(f"{name} is loaded in Triton, neither serving nor warm")
         return found

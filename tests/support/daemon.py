@@ -164,15 +164,20 @@ def start_daemon(
     if not wait_ready:
         return daemon
     deadline = time.monotonic() + ready_timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"daemon exited with {process.returncode}:\n{daemon.log()[-3000:]}")
-        try:
-            if httpx.get(f"{daemon.url}/readyz", timeout=2.0).status_code == 200:
-                return daemon
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            daemon.stop()
-            raise RuntimeError(f"daemon not ready in {ready_timeout} s:\n{daemon.log()[-3000:]}")
-        time.sleep(0.05)
+    # One client for the whole wait: each httpx.get builds an SSL context (about 70 ms of CPU),
+    # which polled every 50 ms took most of a core from the daemon it waited for.
+    with httpx.Client(timeout=2.0) as probe:
+        while True:
+            if process.poll() is not None:
+                tail = daemon.log()[-3000:]
+                raise RuntimeError(f"daemon exited with {process.returncode}:\n{tail}")
+            try:
+                if probe.get(f"{daemon.url}/readyz").status_code == 200:
+                    return daemon
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                daemon.stop()
+                tail = daemon.log()[-3000:]
+                raise RuntimeError(f"daemon not ready in {ready_timeout} s:\n{tail}")
+            time.sleep(0.05)
