@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -211,6 +211,25 @@ def operation_ended(operation_id: str) -> Callable[[dict[str, Any]], bool]:
     return match
 
 
+def hit_in_log(entries: list[dict[str, Any]], operation_id: str, before: float) -> str:
+    """Where an operation was at wall time `before`, from the daemon's own log lines (its
+    journal lags them: records are queued to the database's thread)."""
+    where = "before its first step"
+    ended = operation_ended(operation_id)
+    for entry in entries:
+        at = wall(entry.get("time"))
+        if entry.get("operation_id") != operation_id or at is None or at > before:
+            continue
+        message = str(entry.get("message", ""))
+        if step_reached(entry):
+            where = str(entry.get("step"))
+        elif message.startswith("step ") and " done in " in message:
+            where = f"after {entry.get('step')}"
+        elif ended(entry):
+            where = "after its end"
+    return where
+
+
 def wall(iso: object) -> float | None:
     """An ISO time from the daemon (its log, its API) as seconds since the epoch."""
     if not isinstance(iso, str):
@@ -296,7 +315,3 @@ def percentile(values: Sequence[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def counts(calls: Sequence[Call]) -> Mapping[str, int]:
-    return {"sent": len(calls), "failed": sum(1 for c in calls if c.error is not None)}
