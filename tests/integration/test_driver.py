@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +12,13 @@ import pytest
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.launcher import RunningTriton, free_port
 from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
+from controlplane.domain.smoke import parse_smoke
 from tests.conftest import TritonFactory
+from tests.support.chaos import kill_triton
 from tests.support.models import write_scale_release
 
 pytestmark = pytest.mark.triton
-OUTAGE = 20.0  # seconds Triton stays down: long enough for gRPC's default backoff to grow
+OUTAGE = 20.0  # gRPC's default back-off: attempts near 16 s and 26 s into the outage
 
 
 def _place(store: Path, model: str, release: str, repository: Path) -> None:
@@ -90,33 +90,47 @@ def test_an_unreachable_triton_is_transient_and_retried_a_bounded_number_of_time
     asyncio.run(scenario())
 
 
-def test_a_triton_back_after_a_long_outage_is_seen_at_once(
+def test_a_smoke_inference_that_cannot_reach_triton_is_transient_not_a_bad_release() -> None:
+    # A Triton restart during preflight says nothing about the release: reported as
+    # preflight_failed (permanent, 422), the watcher would never retry an auto-deployed release.
+    sample = parse_smoke('{"inputs": {"INPUT0": {"datatype": "FP32", "shape": [1], "data": [1]}}}')
+
+    async def scenario() -> None:
+        driver = TritonDriver(f"127.0.0.1:{free_port()}", call_timeout=2.0, attempts=2)
+        try:
+            with pytest.raises(TritonUnavailable) as caught:
+                await driver.smoke("m", sample)
+            assert caught.value.code == "triton_unavailable"
+        finally:
+            await driver.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_triton_is_seen_live_within_a_second_or_so_whatever_the_outage(
     own_triton: TritonFactory, tmp_path: Path
 ) -> None:
-    """gRPC backs off longer and longer between reconnects to a server that went away (after
-    20 s down, a restarted Triton was seen 6.6 s late with its defaults, and up to 2 min after
-    longer outages); the driver asks for reconnects at least twice a second."""
-    repository = tmp_path / "repository"
-    repository.mkdir()
-    first = own_triton(repository)
+    # gRPC's reconnect back-off grows to 120 s by default: after a 30 s outage the daemon saw
+    # Triton live again ~17 s late, and repaired nothing meanwhile. Found by the fault campaign.
+    (tmp_path / "repository").mkdir()
+    first = own_triton(tmp_path / "repository")
 
     async def scenario() -> float:
         driver = TritonDriver(first.grpc_url, call_timeout=2.0)
         try:
             assert await driver.is_live()
-            os.killpg(first.process.pid, signal.SIGKILL)
-            first.process.wait()
+            kill_triton(first)
             loop = asyncio.get_running_loop()
             down_until = loop.time() + OUTAGE
-            while loop.time() < down_until:  # the daemon's reconcile loop asks meanwhile
+            while loop.time() < down_until:  # as the reconcile loop does while Triton is down
                 assert not await driver.is_live()
                 await asyncio.sleep(0.5)
-            await asyncio.to_thread(own_triton, repository, ports=first.ports)
-            back = loop.time()
+            await asyncio.to_thread(own_triton, tmp_path / "repository", ports=first.ports)
+            live = loop.time()
             while not await driver.is_live():
-                assert loop.time() - back < 10, "Triton is back but still not seen"
+                assert loop.time() - live < 30, "Triton was never seen live again"
                 await asyncio.sleep(0.05)
-            return loop.time() - back
+            return loop.time() - live
         finally:
             await driver.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 from pathlib import Path
 
 from controlplane.adapters.staging.cache import ContentCache
@@ -73,6 +74,36 @@ def test_start_up_clean_keeps_the_cache(tmp_path: Path) -> None:
     (tmp_path / "staging" / "0123456789abcdef").mkdir()
     assert staging.clean_all() == ["0123456789abcdef"]
     assert (tmp_path / "staging" / "cas").is_dir()
+
+
+def test_releases_verified_at_the_same_time_are_all_cached(tmp_path: Path) -> None:
+    # Operations add verified files from worker threads at once. Found by the fault campaign:
+    # one add's eviction removed another's .tmp- link before its rename (FileNotFoundError,
+    # and the deploy failed with internal_error).
+    cache = ContentCache(tmp_path / "cas", max_bytes=64)  # small: entries come and go
+    errors: list[BaseException] = []
+
+    def verify_releases(worker: int) -> None:
+        release = tmp_path / f"release-{worker}"
+        release.mkdir()
+        for index in range(300):
+            path = release / "model.py"
+            path.write_bytes(f"{worker}-{index}".encode())
+            try:
+                cache.add(release, {"model.py": FileDigest(path.stat().st_size, _sha(path))})
+            except OSError as exc:
+                errors.append(exc)
+            path.unlink()  # the release is gone: only the cache holds the file now
+
+    threads = [threading.Thread(target=verify_releases, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert not [p.name for p in (tmp_path / "cas").iterdir() if p.name.startswith(".tmp-")]
+    assert cache.size() <= 64
 
 
 def _sha(path: Path) -> str:

@@ -9,6 +9,10 @@ link count is 1 is referenced by nothing else. The least recently linked of thos
 decide whether a model changed).
 
 Entries are made read-only: the inode is shared with the model dirs in the repository.
+
+Operations verify releases in worker threads at the same time, so adding and evicting are
+serialized by a lock: eviction also removes ``.tmp-`` leftovers, and it must never see a
+link another thread has made and not yet renamed into place.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +37,7 @@ class ContentCache:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self._lock = threading.Lock()
 
     def link_into(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
         """Hardlink every manifest file the cache holds into ``dest``; return what was linked."""
@@ -57,20 +63,25 @@ class ContentCache:
         """Remember verified files, then evict unused entries down to the bound."""
         if self.max_bytes == 0:
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        for rel, digest in files.items():
-            entry = self.root / digest.sha256
-            if entry.exists() or digest.size > self.max_bytes:
-                continue
-            source = root / safe_relpath(rel)
-            tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-            os.link(source, tmp)
-            os.chmod(tmp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            tmp.replace(entry)
-        self.evict()
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for rel, digest in files.items():
+                entry = self.root / digest.sha256
+                if entry.exists() or digest.size > self.max_bytes:
+                    continue
+                source = root / safe_relpath(rel)
+                tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+                os.link(source, tmp)
+                os.chmod(tmp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+                tmp.replace(entry)
+            self._evict()
 
     def evict(self) -> list[str]:
         """Delete unused entries, least recently linked first, until under the bound."""
+        with self._lock:
+            return self._evict()
+
+    def _evict(self) -> list[str]:
         entries = []
         total = 0
         if not self.root.is_dir():

@@ -220,6 +220,8 @@ class TritonDriver:
         )
         try:
             outputs = await self.infer(model, inputs)
+        except TransientError:
+            raise  # Triton unreachable or slow: nothing is known about the release yet
         except ControlPlaneError as exc:
             raise PreflightFailed(f"smoke inference on {model!r} failed: {exc.message}") from exc
         return check_outputs(outputs, sample)
