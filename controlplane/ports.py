@@ -435,6 +435,10 @@ class OperationLog(Protocol):
 
     async def unfinished(self) -> list[Operation]: ...
 
+    async def flush(self) -> None:
+        """Return once every record queued so far is written."""
+        ...
+
 
 class ReleaseBook(Protocol):
     async def record(self, releases: Sequence[ReleaseInfo], at: datetime) -> None: ...

@@ -37,6 +37,20 @@ class Action(StrEnum):
     REMOVE = "remove"  # nothing should serve, but a dir of an unfinished first deploy is there
 
 
+# An inplace record in one of these, with no operation running, was left mid-way by a daemon
+# that died (or a cut): Triton may serve other files than the ones placed, so reload from disk.
+UNSETTLED = frozenset(
+    {
+        SlotState.STALE,
+        SlotState.UPDATING,
+        SlotState.LOADING,
+        SlotState.STAGED,
+        SlotState.UNLOADING,
+        SlotState.FAILED,
+    }
+)
+
+
 @dataclass(frozen=True)
 class Observed:
     """One model as the daemon sees it now."""
@@ -48,6 +62,7 @@ class Observed:
     on_disk: Mapping[str, str]  # dir name -> release its marker names (this model's dirs)
     triton: Mapping[str, str]  # name -> Triton's state (READY, LOADING, UNAVAILABLE, ...)
     alias_target: str | None = None  # blue-green: the slot the alias points at, if READY
+    alias_on_disk: bool = False  # blue-green: the alias's dir is in the repository
 
 
 @dataclass(frozen=True)
@@ -85,11 +100,12 @@ def _inplace(seen: Observed) -> Assessment:
         )
     if state in BUSY:
         return Assessment(model, Action.WAIT, f"Triton is {state} {model}", slot=model)
-    stale = record is not None and record.state is SlotState.STALE
-    if state != "READY" or stale:
+    unsettled = record is not None and record.state in UNSETTLED
+    if state != "READY" or unsettled:
         why = (
-            f"a reload of {model} was cut short; reloading {seen.desired} from disk"
-            if stale and state == "READY"
+            f"{model} was left {record.state} mid-way (a reload cut short, or a daemon that "
+            f"died); reloading {seen.desired} from disk"
+            if unsettled and state == "READY" and record is not None
             else f"Triton has {model} {state}; {seen.desired} is on disk"
         )
         return Assessment(model, Action.LOAD, why, slot=model, serving=state == "READY")
@@ -118,6 +134,14 @@ def _blue_green(seen: Observed) -> Assessment:
         )
     )
     if seen.desired is None:
+        if seen.alias_on_disk:  # a first deploy that never finished left the alias's dir
+            return Assessment(
+                model,
+                Action.REMOVE,
+                f"the alias {model}'s dir is there, nothing should serve",
+                retire=retire,
+                serving=True,
+            )
         return Assessment(model, Action.NONE, "nothing should serve", retire=retire, serving=True)
     if serving is None:
         return Assessment(

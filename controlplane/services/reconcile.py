@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
@@ -118,6 +119,7 @@ class Reconciler:
         self.wake = asyncio.Event()
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
+        self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -147,25 +149,33 @@ class Reconciler:
         if not self._started:
             await self.startup()
             self._started = True
-        while True:
-            try:
-                report = await self.run_pass()
-            except ControlPlaneError as exc:  # Triton or the store failed mid-pass: next beat
-                log.warning("reconcile pass failed: %s", exc)
-                report = PassReport(triton_live=False, error=str(exc))
-                self.last = report
-            if report.triton_live:
-                ready.set()
-            pause = interval if report.triton_live else DOWN_POLL
-            if self._retry:  # a repair failed: its retry may come before the next beat
-                soonest = min(next_try for next_try, _delay in self._retry.values())
-                pause = max(DOWN_POLL, min(pause, soonest - self._clock.monotonic()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=pause)
-            self.wake.clear()
+        try:
+            while True:
+                try:
+                    report = await self.run_pass(wait=False)
+                except ControlPlaneError as exc:  # Triton or the store failed mid-pass
+                    log.warning("reconcile pass failed: %s", exc)
+                    report = PassReport(triton_live=False, error=str(exc))
+                    self.last = report
+                if report.triton_live:
+                    ready.set()
+                pause = interval if report.triton_live else DOWN_POLL
+                if self._retry:  # a repair failed: its retry may come before the next beat
+                    soonest = min(next_try for next_try, _delay in self._retry.values())
+                    pause = max(DOWN_POLL, min(pause, soonest - self._clock.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=pause)
+                self.wake.clear()
+        finally:
+            for task in self._repairs.values():
+                task.cancel("the reconcile loop stops")
 
-    async def run_pass(self) -> PassReport:
-        """Observe every managed model, repair what drifted (in parallel), wait for it."""
+    async def run_pass(self, *, wait: bool = True) -> PassReport:
+        """Observe every managed model and start repairs of what drifted, in parallel.
+
+        ``wait``: return once the repairs have ended. The loop does not wait: a slow repair
+        (a model that takes a minute to load) must not hold back the next beat, nor the
+        repair of another model; a model with a repair in flight is left to it."""
         report = PassReport()
         if not await self._triton.is_live():
             report.triton_live = False
@@ -178,7 +188,8 @@ class Reconciler:
         repairs: list[asyncio.Task[None]] = []
         for record in await self._serving.all():
             model = record.name
-            if self._runner.holder(model) is not None:
+            repairing = self._repairs.get(model)
+            if self._runner.holder(model) is not None or (repairing and not repairing.done()):
                 report.busy.append(model)
                 continue
             try:
@@ -200,11 +211,20 @@ class Reconciler:
             if self._clock.monotonic() < next_try:  # it failed lately: do not hammer it
                 report.deferred[model] = next_try - self._clock.monotonic()
                 continue
-            repairs.append(asyncio.create_task(self._repair(seen, assessment, report)))
-        if repairs:
-            await asyncio.gather(*repairs)
+            task = asyncio.create_task(
+                self._repair(seen, assessment, report), name=f"repair-{model}"
+            )
+            self._repairs[model] = task
+            task.add_done_callback(partial(self._forget_repair, model))
+            repairs.append(task)
         self.last = report
+        if wait and repairs:
+            await asyncio.gather(*repairs)
         return report
+
+    def _forget_repair(self, model: str, done: asyncio.Task[None]) -> None:
+        if self._repairs.get(model) is done:
+            del self._repairs[model]
 
     async def _observe(
         self,
@@ -228,6 +248,7 @@ class Reconciler:
         target = None
         if blue_green and triton.get(model) == "READY":
             target = await self._triton.alias_target(model)
+        alias_on_disk = blue_green and await asyncio.to_thread(self._staging.is_alias_dir, model)
         return Observed(
             model=model,
             desired=desired,
@@ -236,6 +257,7 @@ class Reconciler:
             on_disk=on_disk,
             triton=triton,
             alias_target=target,
+            alias_on_disk=alias_on_disk,
         )
 
     async def not_serving(self) -> dict[str, str]:
@@ -351,9 +373,10 @@ class Reconciler:
             async with tracker.step("remove"):
                 await unload_best_effort(self._triton, model, self._unload_timeout)
                 await asyncio.to_thread(self._staging.remove, model)
-                await self._slots.observe(
-                    model, SlotState.ABSENT, None, "unconfirmed deploy removed"
-                )
+                if not seen.blue_green:  # a blue-green model's own name is its alias, no slot
+                    await self._slots.observe(
+                        model, SlotState.ABSENT, None, "unconfirmed deploy removed"
+                    )
         slot = assessment.slot
         if assessment.action is Action.LOAD and slot is not None:
             async with self._load_slots.hold(tracker), tracker.step("load"):
@@ -375,6 +398,9 @@ class Reconciler:
             and assessment.action in (Action.LOAD, Action.REPOINT)
         ):
             async with tracker.step("switch"):
+                # The alias's dir may be gone (an unload cut short after removing it, or a
+                # person): Triton loads even an overridden model from its dir.
+                await asyncio.to_thread(self._staging.ensure_alias_dir, model)
                 signature = await self._triton.signature(slot)
                 await self._triton.point_alias(model, slot, signature)
                 tracker.detail(target=slot)

@@ -256,6 +256,10 @@ class OperationRunner:
         finally:
             self._locks.release(operation.model, operation.id)
             finish()
+        try:  # the outcome is on disk before anyone is told (a kill now loses nothing)
+            await asyncio.shield(self._journal.flush())
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
         if cancelled is not None:
             raise cancelled
 

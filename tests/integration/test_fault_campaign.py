@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,9 @@ from tests.support.chaos import (
     TimedLoad,
     hit_in_log,
     operation_ended,
-    release_of,
     step_started,
 )
-from tests.support.faults import Fault, OpenFinding, Outcome, Template, plan, report
+from tests.support.faults import Fault, Outcome, Template, plan, report
 from tests.support.models import write_scale_release
 
 pytestmark = pytest.mark.triton
@@ -94,30 +93,6 @@ TRITON_FAULTS: list[Template] = [
     (IP, "cold-rollback", "place", None),
     (IP, "deploy", "record", "load"),  # killed again while the daemon reloads what it lost
 ]
-
-# TEMPORARY, until the daemon is fixed (see the campaign's report): a fault that may trip an
-# open finding runs last, and the campaign ends there as an expected failure naming it, after
-# it has checked every fault before. Remove both once F3 is fixed.
-F3 = (
-    "an inplace slot left UPDATING by a kill during a reload of the release that should serve "
-    "stays UPDATING: reconcile sees nothing to repair, and every later deploy or unload of "
-    "the model is refused with invalid_transition"
-)
-TRIPS_OPEN_FINDING: list[Template] = [(IP, "deploy", "load", "load")]
-
-
-def open_finding(c: Campaign) -> Callable[[str], tuple[str, str] | None]:
-    def recognise(why: str) -> tuple[str, str] | None:
-        """F3's state: ready, nothing runs, the inplace model's dir holds the release that
-        should serve, and its slot is recorded UPDATING."""
-        if not why.startswith(f"the record of {IP} is") or c.running():
-            return None
-        view = c.model(IP)
-        held = release_of(c.repository / IP, c.store, IP)
-        states = [s["state"] for s in view["slots"]]
-        return ("F3", F3) if held == view["active_release"] and states == ["UPDATING"] else None
-
-    return recognise
 
 
 def arm_and_kill(
@@ -189,7 +164,7 @@ def strike(c: Campaign, fault: Fault) -> Outcome:
             out.notes.append(f"no repair of {model} started within {REPAIR_TIMEOUT:g} s")
         killed.append(repair)
         killed_at = arm_and_kill(c, fault, watch, repair, True, out)
-    converged_at = c.wait_converged(fault, open_finding(c))
+    converged_at = c.wait_converged(fault)
     out.converge = converged_at - killed_at
     if fault.victim == "triton" and c.ready_at is not None:
         out.ready = c.ready_at - killed_at
@@ -277,21 +252,13 @@ def run(
     inference since the last fault converged. Ends as an expected failure at an open finding."""
     print(f"{title}: seed {SEED}, plan:\n" + "\n".join(f.describe() for f in faults))
     outcomes = []
-    blocked: OpenFinding | None = None
     for fault in faults:
-        try:
-            outcome = strike(campaign, fault)
-        except OpenFinding as finding:
-            print(f"{fault.describe()}: ends in open finding {finding}")
-            blocked = finding
-            break
+        outcome = strike(campaign, fault)
         print(outcome.line())
         outcomes.append(outcome)
     with capsys.disabled():
         print("\n" + report(f"{title} (seed {SEED})", outcomes))
     assert [f"{o.fault.describe()}: {f}" for o in outcomes for f in o.findings] == []
-    if blocked is not None:
-        pytest.xfail(f"open finding {blocked} (seed {SEED})")
     assert campaign.load is not None
     since = campaign.load.calls(start=campaign.converged_at)
     assert [call for call in since if call.error] == [], "inferences failed after the last fault"
@@ -302,7 +269,7 @@ def run(
 def test_daemon_killed_anywhere_comes_back_serving_a_complete_release_without_failing_clients(
     campaign: Campaign, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    faults = plan(random.Random(SEED), "daemon", DAEMON_FAULTS, DAEMON_KILLS, TRIPS_OPEN_FINDING)
+    faults = plan(random.Random(SEED), "daemon", DAEMON_FAULTS, DAEMON_KILLS)
 
     outcomes = run(campaign, faults, "daemon kills", capsys)
 

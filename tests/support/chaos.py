@@ -288,7 +288,7 @@ def half_placed(
     owners = list(models)
     found: dict[str, list[str]] = {}
     for entry in sorted(repository.iterdir()):
-        if entry.name in aliases:
+        if entry.name in aliases or not entry.is_dir():  # a file there: the daemon's lock
             continue
         owner = next(
             (m for m in owners if entry.name == m or entry.name.startswith(m + "__")), None

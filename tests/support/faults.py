@@ -46,13 +46,10 @@ def plan(
     victim: str,
     templates: Sequence[Template],
     kills: int,
-    last: Sequence[Template] = (),
 ) -> list[Fault]:
-    """Faults from the templates in a shuffled order (those in `last` at the end) until they
-    make `kills` kills."""
+    """Faults from the templates in a shuffled order until they make `kills` kills."""
     order = list(templates)
     rng.shuffle(order)
-    order.sort(key=lambda template: template in last)  # stable
     faults: list[Fault] = []
     while sum(f.kills for f in faults) < kills:
         model, action, step, again = order[len(faults) % len(order)]
@@ -122,11 +119,3 @@ def report(title: str, outcomes: list[Outcome]) -> str:
         f"{max(converge, default=0):.2f} s; inferences {sum(o.sent for o in outcomes)} sent, "
         f"{sum(o.failed for o in outcomes)} failed\n" + summary_table(header, rows)
     )
-
-
-class OpenFinding(Exception):
-    """A fault ended in the state a known, still open finding describes."""
-
-    def __init__(self, code: str, description: str, seen: str) -> None:
-        super().__init__(f"{code}: {description} (seen: {seen})")
-        self.code = code

@@ -615,3 +615,105 @@ def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert any("job reconcile failed" in r.getMessage() for r in caplog.records)
+
+
+# --- what the fault campaign found -----------------------------------------------------------
+
+
+def test_an_inplace_record_left_updating_by_a_dead_daemon_is_settled_and_deployable(
+    tmp_path: Path,
+) -> None:
+    """Killed during a reload of the release that should serve: the record stays UPDATING with
+    no operation running. It is reloaded from disk and recorded ACTIVE; deploys work again."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        await deployed(tmp_path, triton, "r1")
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            publish(parts, "r2")
+            stuck = replace(await slot(parts), state=SlotState.UPDATING, reason="reloading as r1")
+            await parts.repos.serving.commit(MODEL, START, slots=[stuck])
+
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert list(report.repairs) == [MODEL]
+            assert (await slot(parts)).state is SlotState.ACTIVE
+            op = await deploy_and_wait(service, "r2")
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+
+    asyncio.run(scenario())
+
+
+def test_an_alias_whose_dir_is_gone_is_put_back_dir_and_all(tmp_path: Path) -> None:
+    """An unload killed after it removed the alias's dir, before its record: the record still
+    says r1 serves, so r1 serves again (Triton loads even an overridden model from its dir)."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        policy = blue_green()
+        await deployed(tmp_path, triton, "r1", traffic=policy)
+        await triton.unload(MODEL)
+        shutil.rmtree(tmp_path / "repository" / MODEL)
+        async with deploy_service(tmp_path, triton, traffic=policy) as (service, parts):
+            report = await make_reconciler(service, parts).run_pass()
+
+            assert list(report.repairs) == [MODEL]
+            assert parts.staging.is_alias_dir(MODEL)
+            assert await triton.alias_target(MODEL) == BLUE
+
+    asyncio.run(scenario())
+
+
+def test_an_alias_dir_left_by_a_first_deploy_that_never_finished_is_removed(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        policy = blue_green()
+        async with deploy_service(tmp_path, triton, traffic=policy) as (service, parts):
+            publish(parts, "r1")
+            blocked = LoadBlocks()
+            triton.script_load(BLUE, blocked)
+            await started(service, MODEL, "r1")
+            async with asyncio.timeout(DEADLINE):
+                await blocked.entered.wait()
+            await parts.runner.close()  # the daemon stops mid-way through its first deploy
+        async with deploy_service(tmp_path, triton, traffic=policy) as (service, parts):
+            assert parts.staging.is_alias_dir(MODEL)
+
+            await make_reconciler(service, parts).run_pass()
+
+            assert sorted(p.name for p in parts.repository.iterdir()) == []
+            assert (await record(parts)).active_release is None
+
+    asyncio.run(scenario())
+
+
+def test_a_slow_repair_does_not_hold_back_another_model_s(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            for name in ("slow", "fast"):
+                publish(parts, "r1", model=name)
+                assert (await deploy_and_wait(service, "r1", model=name)).status is (
+                    OperationStatus.SUCCEEDED
+                )
+            slow = LoadBlocks()
+            triton.script_load("slow", slow)
+            await triton.unload("slow")
+            reconciler = make_reconciler(service, parts)
+            first = await reconciler.run_pass(wait=False)
+            async with asyncio.timeout(DEADLINE):
+                await slow.entered.wait()
+
+            await triton.unload("fast")  # while slow's repair still loads
+            second = await reconciler.run_pass(wait=False)
+
+            assert second.busy == ["slow"]
+            await until(lambda: triton.state("fast") == "READY", "fast repaired")
+            assert triton.state("slow") != "READY"
+            slow.release.set()
+            await until(lambda: triton.state("slow") == "READY", "slow repaired")
+            assert list(first.repairs) == ["slow"]
+
+    asyncio.run(scenario())
