@@ -12,7 +12,9 @@ to it; models the database does not know are left alone (they may belong to some
 So a Triton restart, a model unloaded through Triton's own API, or a daemon that died mid-way
 are all repaired the same way, without anyone asking. Repairs of different models run in
 parallel; their loads share the load slots (a wait shows as a ``queue`` step). While Triton is
-down the loop checks its liveness ten times a second, so repairs start as soon as it is back.
+down the loop checks its liveness ten times a second, so repairs start as soon as it is back;
+between beats it looks at Triton's index four times a second, so a Triton restart (however
+quick) or a model unloaded behind its back is met at once.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.runner import OperationRunner, Run
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
+from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
+LIVENESS_POLL = 0.25  # between beats: how often Triton's index is looked at (one gRPC call)
 # A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
 # first retry is soon, because the commonest cause is a world that changed under the pass
 # (Triton restarted between reading its index and acting on it).
@@ -120,6 +124,7 @@ class Reconciler:
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
+        self._ready_seen: set[str] = set()  # what Triton had READY at the last look
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -163,12 +168,33 @@ class Reconciler:
                 if self._retry:  # a repair failed: its retry may come before the next beat
                     soonest = min(next_try for next_try, _delay in self._retry.values())
                     pause = max(DOWN_POLL, min(pause, soonest - self._clock.monotonic()))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout=pause)
-                self.wake.clear()
+                await self._until_next_pass(pause, watch=report.triton_live)
         finally:
             for task in self._repairs.values():
                 task.cancel("the reconcile loop stops")
+
+    async def _until_next_pass(self, pause: float, *, watch: bool) -> None:
+        """Sleep ``pause`` s, or less: when woken, or (``watch``) as soon as Triton stops
+        answering or a model it had READY is no longer (a restart, however quick, or an unload
+        behind the daemon's back), so that drift is met at once rather than at the next beat.
+        A look at the index is one small gRPC call."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + pause
+        while (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=min(left, LIVENESS_POLL))
+            if self.wake.is_set() or (watch and await self._lost_a_model()):
+                break
+        self.wake.clear()
+
+    async def _lost_a_model(self) -> bool:
+        try:
+            ready = {e.name for e in await self._triton.index() if e.state == "READY"}
+        except ControlPlaneError:
+            return True  # Triton stopped answering: the pass will say so
+        lost = self._ready_seen - ready
+        self._ready_seen = ready
+        return bool(lost)
 
     async def run_pass(self, *, wait: bool = True) -> PassReport:
         """Observe every managed model and start repairs of what drifted, in parallel.
@@ -184,6 +210,7 @@ class Reconciler:
             self.last = report
             return report
         index = index_by_name(await self._triton.index())
+        self._ready_seen = {name for name, entry in index.items() if entry.state == "READY"}
         placed = await asyncio.to_thread(self._staging.placed)
         repairs: list[asyncio.Task[None]] = []
         for record in await self._serving.all():
@@ -378,32 +405,21 @@ class Reconciler:
                         model, SlotState.ABSENT, None, "unconfirmed deploy removed"
                     )
         slot = assessment.slot
-        if assessment.action is Action.LOAD and slot is not None:
-            async with self._load_slots.hold(tracker), tracker.step("load"):
-                tracker.detail(slot=slot, release=seen.desired)
-                try:
-                    await self._triton.load(slot)
-                except ControlPlaneError as exc:
-                    await self._slots.observe(
-                        model,
-                        SlotState.UNAVAILABLE,
-                        seen.desired,
-                        f"on disk; the repair's load failed ({exc.code}), tried again next beat",
-                        slot_name=slot,
-                    )
-                    raise
-        if (
-            seen.blue_green
-            and slot is not None
-            and assessment.action in (Action.LOAD, Action.REPOINT)
-        ):
-            async with tracker.step("switch"):
-                # The alias's dir may be gone (an unload cut short after removing it, or a
-                # person): Triton loads even an overridden model from its dir.
-                await asyncio.to_thread(self._staging.ensure_alias_dir, model)
-                signature = await self._triton.signature(slot)
-                await self._triton.point_alias(model, slot, signature)
-                tracker.detail(target=slot)
+        if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
+            # One load slot for the slot's load and the alias's: both take one of Triton's
+            # load threads, and an alias queued inside Triton behind other models' loads
+            # would keep a model that is loaded from serving.
+            async with self._load_slots.hold(tracker):
+                if assessment.action is Action.LOAD:
+                    await self._load(tracker, seen, slot)
+                if seen.blue_green:
+                    async with tracker.step("switch"):
+                        # The alias's dir may be gone (an unload cut short after removing it,
+                        # or a person): Triton loads even an overridden model from its dir.
+                        await asyncio.to_thread(self._staging.ensure_alias_dir, model)
+                        signature = await self._triton.signature(slot)
+                        await self._triton.point_alias(model, slot, signature)
+                        tracker.detail(target=slot)
         if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
             async with tracker.step("record"):
                 await self._record_serving(model, slot, seen.desired)
@@ -457,6 +473,21 @@ class Reconciler:
             await self._slots.observe(
                 seen.model, settled, release, "as found by reconcile", slot_name=name
             )
+
+    async def _load(self, tracker: OperationTracker, seen: Observed, slot: str) -> None:
+        async with tracker.step("load"):
+            tracker.detail(slot=slot, release=seen.desired)
+            try:
+                await self._triton.load(slot)
+            except ControlPlaneError as exc:
+                await self._slots.observe(
+                    seen.model,
+                    SlotState.UNAVAILABLE,
+                    seen.desired,
+                    f"on disk; the repair's load failed ({exc.code}), tried again next beat",
+                    slot_name=slot,
+                )
+                raise
 
     async def _record_serving(self, model: str, slot: str, desired: str | None) -> None:
         await self._slots.observe(

@@ -8,6 +8,7 @@ model's answers, ``/metrics`` and the status page of the model; no API call repa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import aio as grpcclient
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.conftest import TritonFactory
@@ -145,7 +147,7 @@ def test_a_model_unloaded_through_triton_is_put_back_and_counted(
     assert "repairing" in daemon.log()
 
 
-def test_eight_models_are_back_within_two_loads_after_a_triton_restart(
+def test_eight_models_are_back_within_two_loads_or_triton_s_own_time_after_a_restart(
     store: Path, tmp_path: Path, own_triton: TritonFactory, daemons: DaemonFactory
 ) -> None:
     root = _root(tmp_path)
@@ -169,8 +171,6 @@ def test_eight_models_are_back_within_two_loads_after_a_triton_restart(
     eventually(lambda: _ready(daemon) == 200, 60, "every model served again", every=0.1)
     took = time.monotonic() - back
 
-    print(f"8 models back in {took:.1f} s; one load takes {load:.2f} s (median of 8)")
-    assert took <= 2 * load + 2.0, (took, load)
     answers = [_answers(second, name) for name in models]
     assert answers == [float(i + 1) for i in range(8)]
     repairs = [
@@ -179,6 +179,37 @@ def test_eight_models_are_back_within_two_loads_after_a_triton_restart(
         if op["kind"] == "repair"
     ]
     assert len({op["model"] for op in repairs}) == 8
+    # What Triton itself takes to load the same eight slots, four at a time, with no daemon:
+    # on 2 cores four Python-backend loads at once each take about twice as long as one alone
+    # (a load here is ~0.9 s of CPU), so two loads' time can be out of anyone's reach.
+    daemon.stop()
+    _kill(second)
+    third = own_triton(root / "repository", ports=first.ports)
+    triton_alone = asyncio.run(_load_all(third, [f"{name}__blue" for name in models], 4))
+
+    print(
+        f"8 models back in {took:.1f} s; one load takes {load:.2f} s (median of 8); Triton "
+        f"alone reloads their slots, 4 at a time, in {triton_alone:.1f} s"
+    )
+    assert took <= max(2 * load + 2.0, triton_alone + 1.0), (took, load, triton_alone)
+
+
+async def _load_all(triton: RunningTriton, names: list[str], at_once: int) -> float:
+    """Seconds a plain gRPC client takes to load ``names`` from their dirs, ``at_once`` at a
+    time: the baseline of a repair."""
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    bound = asyncio.Semaphore(at_once)
+
+    async def one(name: str) -> None:
+        async with bound:
+            await client.load_model(name)
+
+    try:
+        started = time.monotonic()
+        await asyncio.gather(*(one(name) for name in names))
+        return time.monotonic() - started
+    finally:
+        await client.close()
 
 
 def _step_seconds(operation: dict[str, Any], name: str) -> float:

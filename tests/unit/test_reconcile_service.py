@@ -717,3 +717,29 @@ def test_a_slow_repair_does_not_hold_back_another_model_s(tmp_path: Path) -> Non
             assert list(first.repairs) == ["slow"]
 
     asyncio.run(scenario())
+
+
+def test_a_model_lost_between_beats_is_repaired_at_once_not_at_the_next_beat(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        triton = FakeTriton()
+        await deployed(tmp_path, triton, "r1")
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            ready = asyncio.Event()
+            loop = asyncio.create_task(make_reconciler(service, parts).run(3600.0, ready))
+            try:
+                async with asyncio.timeout(DEADLINE):
+                    await ready.wait()
+                loads = triton.called("load", MODEL)
+
+                await triton.unload(MODEL)  # an hour before the next beat
+
+                await until(lambda: triton.state(MODEL) == "READY", "repaired at once")
+                assert triton.called("load", MODEL) == loads + 1
+            finally:
+                loop.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await loop
+
+    asyncio.run(scenario())

@@ -81,7 +81,6 @@ class SqliteOperationLog:
 
         return await self._db.read(job)
 
-
     async def flush(self) -> None:
         # The database thread takes jobs in order: a read queued now runs after every write.
         await self._db.read(lambda _db: None)
