@@ -21,18 +21,15 @@ from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
 from controlplane.ports import ModelStore, Telemetry, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
-from controlplane.services.bluegreen import BlueGreen, Bounds
-from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
+from controlplane.services.assembly import Limits, assemble
+from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
 from controlplane.services.headroom import HeadroomPolicy
-from controlplane.services.inplace import Inplace
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
-from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from controlplane.services.runner import OperationRunner
-from controlplane.services.slots import SlotBook
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
@@ -153,82 +150,34 @@ def build(settings: Settings) -> Container:
         ),
         telemetry=telemetry,
     )
-    runner = OperationRunner(
-        journal=repos.operations,
-        staging=staging,
-        clock=clock,
-        locks=ModelLocks(),
-        telemetry=telemetry,
-    )
-    slots = SlotBook(repos.serving, clock)
-    load_slots = LoadSlots(settings.triton.max_concurrent_loads)
-    preparer = Preparer(
-        store=store,
-        staging=staging,
-        editor=ProtobufConfigEditor(),
-        require_checksums=settings.store.require_checksums,
-        max_release_bytes=settings.store.max_release_bytes,
-    )
     headroom = HeadroomPolicy(
         figures=memory if settings.memory.headroom_check else None,
         factor=settings.memory.load_factor,
     )
-    bluegreen = BlueGreen(
-        preparer=preparer,
-        staging=staging,
-        triton=triton,
-        slots=slots,
-        load_slots=load_slots,
-        metrics=metrics,
-        memory=memory_watch,
-        headroom=headroom,
-        clock=clock,
-        runner=runner,
-        timers=tasks,
-        policy_for=settings.traffic,
-        bounds=Bounds(unload=settings.triton.unload_timeout_seconds),
-    )
-    inplace = Inplace(
-        preparer=preparer,
-        staging=staging,
-        triton=triton,
-        slots=slots,
-        load_slots=load_slots,
-        memory=memory_watch,
-        headroom=headroom,
-        unload_timeout=settings.triton.unload_timeout_seconds,
-    )
-    deploy = DeployService(
+    pipelines = assemble(
         store=store,
         staging=staging,
+        editor=ProtobufConfigEditor(),
         triton=triton,
-        runner=runner,
-        slots=slots,
+        metrics=metrics,
+        serving=repos.serving,
         journal=repos.operations,
         releases=repos.releases,
         rollbacks=repos.rollbacks,
-        bluegreen=bluegreen,
-        inplace=inplace,
         memory=memory_watch,
+        headroom=headroom,
         clock=clock,
+        timers=tasks,
         policy_for=settings.traffic,
-        require_checksums=settings.store.require_checksums,
-    )
-    reconciler = Reconciler(
-        deploy=deploy,
-        bluegreen=bluegreen,
-        runner=runner,
-        staging=staging,
-        triton=triton,
-        slots=slots,
-        serving=repos.serving,
-        journal=repos.operations,
-        load_slots=load_slots,
-        clock=clock,
-        policy_for=settings.traffic,
-        unload_timeout=settings.triton.unload_timeout_seconds,
+        limits=Limits(
+            concurrent_loads=settings.triton.max_concurrent_loads,
+            unload_seconds=settings.triton.unload_timeout_seconds,
+            require_checksums=settings.store.require_checksums,
+            max_release_bytes=settings.store.max_release_bytes,
+        ),
         telemetry=telemetry,
     )
+    deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
     rollback = AutoRollback(
         deploy=deploy,
         serving=repos.serving,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from controlplane.domain.errors import (
@@ -130,28 +130,20 @@ class DeployService:
             if unchanged is not None:
                 log.info("%s", unchanged.message, extra={"model": model, "release": release})
                 return unchanged
-        operation_id = self._runner.claim(model)
-        try:
-            resolved, info = await self._resolve(model, release)
-            record = await self._slots.record(model)
-        except BaseException:
-            self._runner.release(model, operation_id)
-            raise
         strategy = self.bluegreen if self.blue_green(model) else self._inplace
+        info: ReleaseInfo | None = None
+
+        async def resolve() -> Step:
+            nonlocal info
+            resolved, info = await self._resolve(model, release)
+            return resolved
 
         async def body(run: Run) -> None:
+            assert info is not None  # resolved before the operation was recorded
             await strategy.deploy(run, revision=info.revision, force=force)
 
-        return await self._runner.start(
-            operation_id,
-            kind=kind,
-            model=model,
-            release=release,
-            trigger=trigger,
-            from_release=record.active_release if record else None,
-            body=body,
-            done_steps=[resolved],
-            after=self._after_swap,
+        return await self._start(
+            kind, model, release, trigger, body, check=resolve, after=self._after_swap
         )
 
     async def rollback(
@@ -245,10 +237,14 @@ class DeployService:
         trigger: Trigger,
         body: Body,
         *,
+        check: Callable[[], Awaitable[Step]] | None = None,
         after: AfterSuccess | None = None,
     ) -> Operation:
+        """Take the model's lock, make ``check`` (a refusal there is not an operation), then
+        record the operation, with the check as its first step, and run ``body``."""
         operation_id = self._runner.claim(model)
         try:
+            checked = [await check()] if check is not None else []
             record = await self._slots.record(model)
         except BaseException:
             self._runner.release(model, operation_id)
@@ -261,6 +257,7 @@ class DeployService:
             trigger=trigger,
             from_release=record.active_release if record else None,
             body=body,
+            done_steps=checked,
             after=after,
         )
 

@@ -10,11 +10,10 @@
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
-from types import TracebackType
 
 from tests.support.models import SHA256SUMS
+from tests.support.sampling import Sampler
 
 GIB = 1024**3
 
@@ -42,37 +41,16 @@ def too_big_for(path: Path) -> int:
     return max(100 * GIB, free_bytes(path) + 10 * GIB)
 
 
-class PeakUsage:
+class PeakUsage(Sampler):
     """Poll :func:`bytes_on_disk` of ``root`` every ``every`` s in a thread; keep the peak."""
 
     def __init__(self, root: Path, every: float = 0.02) -> None:
+        super().__init__(every, "peak-usage")
         self._root = root
-        self._every = every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="peak-usage", daemon=True)
         self.peak = 0
         self.samples = 0
 
-    def __enter__(self) -> PeakUsage:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()  # and once more after the work is done
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self._every)
-
-    def _sample(self) -> None:
+    def sample(self) -> None:
         self.peak = max(self.peak, bytes_on_disk(self._root))
         self.samples += 1
 

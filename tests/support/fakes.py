@@ -41,13 +41,12 @@ from controlplane.domain.operations import Operation, Trigger
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
 from controlplane.ports import Clock, IndexEntry, MetricsSource, ModelStore, Triton
-from controlplane.services.bluegreen import BlueGreen, Bounds
-from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
+from controlplane.services.assembly import Limits, assemble
+from controlplane.services.bluegreen import BlueGreen
+from controlplane.services.coordination import LoadSlots, TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.headroom import HeadroomPolicy
-from controlplane.services.inplace import Inplace
 from controlplane.services.memory import LeakPolicy, MemoryWatch
-from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook
@@ -311,6 +310,7 @@ class Parts:
     slots: SlotBook
     bluegreen: BlueGreen
     policy: TrafficPolicy
+    reconciler: Reconciler
 
     async def close(self) -> None:
         """Shut down as the daemon does: cancel and await operations, close the database."""
@@ -352,62 +352,33 @@ def make_deploy_service(
     local = LocalStore(store_path)
     served: ModelStore = local if store is None else store(local)
     tasks = TaskOwner()
-    slots_bound = LoadSlots(load_slots)
     triton_port: Triton = triton
     clock_port: Clock = clock
     policy = traffic or TrafficPolicy(strategy=Strategy.INPLACE)
-    runner = OperationRunner(
-        journal=repos.operations, staging=staging, clock=clock_port, locks=ModelLocks()
-    )
-    book = SlotBook(repos.serving, clock_port)
     memory = MemoryWatch(
         processes=None, figures=None, book=repos.memory, clock=clock_port, policy=LeakPolicy()
     )
-    preparer = Preparer(
+    pipelines = assemble(
         store=served,
         staging=staging,
         editor=ProtobufConfigEditor(),
-        max_release_bytes=max_release_bytes,
-    )
-    bluegreen = BlueGreen(
-        preparer=preparer,
-        staging=staging,
         triton=triton_port,
-        slots=book,
-        load_slots=slots_bound,
         metrics=metrics or FakeMetrics(),
-        memory=memory,
-        headroom=HeadroomPolicy(),
-        clock=clock_port,
-        runner=runner,
-        timers=tasks,
-        policy_for=lambda _model: policy,
-        bounds=Bounds(unload=5.0, abandon=0.1),
-    )
-    inplace = Inplace(
-        preparer=preparer,
-        staging=staging,
-        triton=triton_port,
-        slots=book,
-        load_slots=slots_bound,
-        memory=memory,
-        headroom=HeadroomPolicy(),
-        unload_timeout=5.0,
-    )
-    service = DeployService(
-        store=served,
-        staging=staging,
-        triton=triton_port,
-        runner=runner,
-        slots=book,
+        serving=repos.serving,
         journal=repos.operations,
         releases=repos.releases,
         rollbacks=repos.rollbacks,
-        bluegreen=bluegreen,
-        inplace=inplace,
         memory=memory,
+        headroom=HeadroomPolicy(),
         clock=clock_port,
+        timers=tasks,
         policy_for=lambda _model: policy,
+        limits=Limits(
+            concurrent_loads=load_slots,
+            unload_seconds=5.0,
+            abandon_seconds=0.1,
+            max_release_bytes=max_release_bytes,
+        ),
     )
     parts = Parts(
         store_path=store_path,
@@ -418,32 +389,20 @@ def make_deploy_service(
         repos=repos,
         triton=triton,
         clock=clock,
-        runner=runner,
+        runner=pipelines.runner,
         tasks=tasks,
-        load_slots=slots_bound,
-        slots=book,
-        bluegreen=bluegreen,
+        load_slots=pipelines.load_slots,
+        slots=pipelines.slots,
+        bluegreen=pipelines.bluegreen,
         policy=policy,
+        reconciler=pipelines.reconciler,
     )
-    return service, parts
+    return pipelines.deploy, parts
 
 
 def make_reconciler(service: DeployService, parts: Parts) -> Reconciler:
-    """The reconcile loop over the same adapters, as ``wiring.build`` makes it."""
-    return Reconciler(
-        deploy=service,
-        bluegreen=parts.bluegreen,
-        runner=parts.runner,
-        staging=parts.staging,
-        triton=parts.triton,
-        slots=parts.slots,
-        serving=parts.repos.serving,
-        journal=parts.repos.operations,
-        load_slots=parts.load_slots,
-        clock=parts.clock,
-        policy_for=lambda _model: parts.policy,
-        unload_timeout=5.0,
-    )
+    """The reconcile loop over the same adapters, wired with them (as ``wiring.build`` does)."""
+    return parts.reconciler
 
 
 @asynccontextmanager

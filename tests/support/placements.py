@@ -17,9 +17,9 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 from controlplane.adapters.staging.fs import MARKER_NAME
+from tests.support.sampling import Sampler
 
 _ADDED_BY_STAGING = {MARKER_NAME}
 
@@ -32,18 +32,16 @@ def _digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-class PlacementAudit:
+class PlacementAudit(Sampler):
     """Polls the model's dirs in the repository; ``violations`` lists every bad placement."""
 
     def __init__(self, repository: Path, model: str, every: float = 0.05) -> None:
+        super().__init__(every, "placement-audit")
         self._repository = repository
         self._model = model
-        self._every = every
         self._releases: dict[str, dict[str, str]] = {}
         self._hashed: dict[tuple[int, int, int], str] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="placement-audit", daemon=True)
         self.violations: list[str] = []
         self.placements_seen: set[tuple[str, str]] = set()  # (dir name, release)
         self.rounds = 0
@@ -53,26 +51,7 @@ class PlacementAudit:
         with self._lock:
             self._releases[release] = dict(files)
 
-    def __enter__(self) -> PlacementAudit:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._audit()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._audit()
-            self._stop.wait(self._every)
-
-    def _audit(self) -> None:
+    def sample(self) -> None:
         self.rounds += 1
         for slot in sorted(self._repository.glob(f"{self._model}*")):
             try:

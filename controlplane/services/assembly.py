@@ -1,0 +1,149 @@
+"""How the operation services fit together: the runner, the slot book, both strategies, the
+deploy service and the reconcile loop, built from ports.
+
+The daemon's wiring and the service tests both call :func:`assemble`, so what a test runs is
+wired exactly as what the daemon runs; only the adapters handed in differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.domain.traffic import TrafficPolicy
+from controlplane.ports import (
+    Clock,
+    MetricsSource,
+    ModelConfigEditor,
+    ModelStore,
+    OperationLog,
+    ReleaseBook,
+    RollbackBook,
+    ServingRepo,
+    Staging,
+    Telemetry,
+    Triton,
+)
+from controlplane.services.bluegreen import BlueGreen, Bounds
+from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
+from controlplane.services.deploy import DeployService
+from controlplane.services.headroom import HeadroomPolicy
+from controlplane.services.inplace import Inplace
+from controlplane.services.memory import MemoryWatch
+from controlplane.services.prepare import Preparer
+from controlplane.services.reconcile import Reconciler
+from controlplane.services.runner import OperationRunner
+from controlplane.services.slots import SlotBook
+from controlplane.services.telemetry import NO_TELEMETRY
+
+
+@dataclass(frozen=True)
+class Pipelines:
+    runner: OperationRunner
+    slots: SlotBook
+    load_slots: LoadSlots
+    bluegreen: BlueGreen
+    inplace: Inplace
+    deploy: DeployService
+    reconciler: Reconciler
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds the pipelines work within (from ``triton.*`` and ``store.*`` settings)."""
+
+    concurrent_loads: int = 4
+    unload_seconds: float = 120.0
+    abandon_seconds: float = 3.0
+    require_checksums: bool = True
+    max_release_bytes: int | None = None
+
+
+def assemble(
+    *,
+    store: ModelStore,
+    staging: Staging,
+    editor: ModelConfigEditor,
+    triton: Triton,
+    metrics: MetricsSource,
+    serving: ServingRepo,
+    journal: OperationLog,
+    releases: ReleaseBook,
+    rollbacks: RollbackBook,
+    memory: MemoryWatch,
+    headroom: HeadroomPolicy,
+    clock: Clock,
+    timers: TaskOwner,
+    policy_for: Callable[[str], TrafficPolicy],
+    limits: Limits,
+    telemetry: Telemetry = NO_TELEMETRY,
+) -> Pipelines:
+    runner = OperationRunner(
+        journal=journal, staging=staging, clock=clock, locks=ModelLocks(), telemetry=telemetry
+    )
+    slots = SlotBook(serving, clock)
+    load_slots = LoadSlots(limits.concurrent_loads)
+    preparer = Preparer(
+        store=store,
+        staging=staging,
+        editor=editor,
+        require_checksums=limits.require_checksums,
+        max_release_bytes=limits.max_release_bytes,
+    )
+    bluegreen = BlueGreen(
+        preparer=preparer,
+        staging=staging,
+        triton=triton,
+        slots=slots,
+        load_slots=load_slots,
+        metrics=metrics,
+        memory=memory,
+        headroom=headroom,
+        clock=clock,
+        runner=runner,
+        timers=timers,
+        policy_for=policy_for,
+        bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
+    )
+    inplace = Inplace(
+        preparer=preparer,
+        staging=staging,
+        triton=triton,
+        slots=slots,
+        load_slots=load_slots,
+        memory=memory,
+        headroom=headroom,
+        unload_timeout=limits.unload_seconds,
+    )
+    deploy = DeployService(
+        store=store,
+        staging=staging,
+        triton=triton,
+        runner=runner,
+        slots=slots,
+        journal=journal,
+        releases=releases,
+        rollbacks=rollbacks,
+        bluegreen=bluegreen,
+        inplace=inplace,
+        memory=memory,
+        clock=clock,
+        policy_for=policy_for,
+        require_checksums=limits.require_checksums,
+    )
+    reconciler = Reconciler(
+        deploy=deploy,
+        bluegreen=bluegreen,
+        runner=runner,
+        staging=staging,
+        triton=triton,
+        slots=slots,
+        serving=serving,
+        journal=journal,
+        load_slots=load_slots,
+        clock=clock,
+        policy_for=policy_for,
+        unload_timeout=limits.unload_seconds,
+        telemetry=telemetry,
+    )
+    return Pipelines(runner, slots, load_slots, bluegreen, inplace, deploy, reconciler)
