@@ -150,14 +150,16 @@ class Reconciler:
     async def run(self, interval: float, ready: asyncio.Event) -> None:
         """Start-up (once per process, also when the job is restarted), then a pass every
         ``interval`` s (or when woken) until cancelled. ``ready`` is set after the first pass
-        that reached Triton: until then, operations would act on a state nobody checked."""
+        that reached Triton has ended with its repairs: until then, operations would act on a
+        state nobody checked, and readiness would be claimed for a repository still being
+        put right."""
         if not self._started:
             await self.startup()
             self._started = True
         try:
             while True:
                 try:
-                    report = await self.run_pass(wait=False)
+                    report = await self.run_pass(wait=not ready.is_set())
                 except ControlPlaneError as exc:  # Triton or the store failed mid-pass
                     log.warning("reconcile pass failed: %s", exc)
                     report = PassReport(triton_live=False, error=str(exc))
@@ -181,8 +183,11 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + pause
         while (left := deadline - loop.time()) > 0:
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for loses a cancellation
+            # that arrives as the event is set, and the loop would never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=min(left, LIVENESS_POLL))
+                async with asyncio.timeout(min(left, LIVENESS_POLL)):
+                    await self.wake.wait()
             if self.wake.is_set() or (watch and await self._lost_a_model()):
                 break
         self.wake.clear()
@@ -218,6 +223,10 @@ class Reconciler:
             repairing = self._repairs.get(model)
             if self._runner.holder(model) is not None or (repairing and not repairing.done()):
                 report.busy.append(model)
+                if repairing and self.last is not None and model in self.last.assessments:
+                    # Still what the last look found: a model under repair is not serving
+                    # until a pass after the repair (woken by its end) says so.
+                    report.assessments[model] = self.last.assessments[model]
                 continue
             try:
                 seen = await self._observe(
@@ -252,6 +261,7 @@ class Reconciler:
     def _forget_repair(self, model: str, done: asyncio.Task[None]) -> None:
         if self._repairs.get(model) is done:
             del self._repairs[model]
+        self.wake.set()  # look again now: what the repair did is what readiness reports
 
     async def _observe(
         self,

@@ -277,9 +277,8 @@ class AutoRollback:
             except ControlPlaneError as exc:
                 return _Attempt(None, f"{exc.code}: {exc.message}")
         try:
-            finished = await asyncio.wait_for(
-                self._deploy.wait(operation.id), max(0.0, deadline - loop.time())
-            )
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                finished = await self._deploy.wait(operation.id)
         except TimeoutError:
             cut = await self._deploy.cancel(operation.id, CancelReason.BUDGET)
             return _Attempt(cut, f"{what} did not finish within {budget:g} s; cut short")

@@ -74,8 +74,9 @@ class ReleaseWatcher:
                 await self.scan()
             except ControlPlaneError as exc:
                 log.warning("store scan failed: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self._interval)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see Reconciler
+                async with asyncio.timeout(self._interval):
+                    await self.wake.wait()
             self.wake.clear()
 
     async def scan(self) -> ScanResult:

@@ -13,6 +13,7 @@ import pytest
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
+from tests.support.polling import eventually
 
 _names = itertools.count()
 
@@ -65,3 +66,17 @@ def rollback_operations(daemon: Daemon, model: str) -> list[tuple[str, str]]:
     """(trigger, status) of the model's rollback operations, newest first."""
     operations = daemon.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
     return [(op["trigger"], op["status"]) for op in operations if op["kind"] == "rollback"]
+
+
+def last_rollback(daemon: Daemon, model: str) -> dict[str, Any]:
+    """The model's last rollback record, once written: the record is saved when the rollback's
+    operation has ended, a moment after the switch that clients see."""
+
+    def record() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = daemon.get(f"/v1/models/{model}").json()["rollback"]["last"]
+        return found
+
+    eventually(lambda: record() is not None, 10, f"the rollback record of {model}")
+    found = record()
+    assert found is not None
+    return found

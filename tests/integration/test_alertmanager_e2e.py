@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
+from tests.integration.conftest import (
+    DaemonFactory,
+    last_rollback,
+    rollback_operations,
+    serving_r2,
+)
 from tests.support.daemon import Daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import infer_once
@@ -128,7 +133,7 @@ def test_the_watcher_reading_a_prometheus_query_rolls_back(
             every=0.2,
         )
 
+    last = last_rollback(daemon, model_name)
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert model["overload"]["source"] == "prometheus"
-    last = model["rollback"]["last"]
     assert (last["trigger"], last["outcome"], last["to_release"]) == ("watcher", "fallback", "r1")

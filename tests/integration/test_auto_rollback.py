@@ -16,7 +16,12 @@ import httpx
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
+from tests.integration.conftest import (
+    DaemonFactory,
+    last_rollback,
+    rollback_operations,
+    serving_r2,
+)
 from tests.support.daemon import Daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator, infer_once
@@ -104,7 +109,8 @@ def test_held_overload_brings_the_fallback_back_within_the_budget(
     assert (model["active_release"], model["previous_release"]) == ("r1", "r2")
     assert model["overload"]["verdict"] == "breach"
     assert model["overload"]["covered_seconds"] >= WINDOW - INTERVAL
-    last = model["rollback"]["last"]
+    last = last_rollback(daemon, model_name)
+    model = _model(daemon, model_name)
     assert (last["trigger"], last["outcome"], last["from_release"], last["to_release"]) == (
         "watcher",
         "fallback",

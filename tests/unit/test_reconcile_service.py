@@ -556,6 +556,30 @@ def test_a_failing_pass_does_not_stop_the_loop(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_the_loop_stops_when_cancelled_just_as_it_is_woken(tmp_path: Path) -> None:
+    """A repair that ends wakes the loop; a shutdown at that moment must still stop it (on
+    Python 3.11, ``asyncio.wait_for`` dropped such a cancellation and the daemon hung).
+    The cancellation comes 0 to 3 event-loop steps after the wake-up, to hit the moment."""
+
+    async def scenario(steps: int) -> None:
+        async with deploy_service(tmp_path, FakeTriton()) as (service, parts):
+            reconciler = make_reconciler(service, parts)
+            ready = asyncio.Event()
+            loop = asyncio.create_task(reconciler.run(60.0, ready))
+            async with asyncio.timeout(DEADLINE):
+                await ready.wait()
+            await asyncio.sleep(0.05)  # the loop waits out its beat
+            reconciler.wake.set()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            loop.cancel()
+            await asyncio.wait({loop}, timeout=DEADLINE)  # not `await`: that would cancel it
+            assert loop.cancelled(), f"the loop still runs {DEADLINE} s after its cancellation"
+
+    for steps in range(4):
+        asyncio.run(scenario(steps))
+
+
 class FlakyStaging:
     """The real staging area, whose first start-up clean-up fails as a full or read-only
     disk would."""
