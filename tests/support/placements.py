@@ -60,16 +60,25 @@ class PlacementAudit(Sampler):
                 continue  # retired or swapped while looking: it is not there to serve
 
     def _audit_dir(self, slot: Path) -> None:
+        # The daemon moves whole dirs by rename (placing, swapping, retiring), atomically; a
+        # walk that such a rename cut through saw no dir as it is, so it is not judged.
+        # Whether one did is told by the dir's inode, the same before and after the walk.
+        inode = slot.stat().st_ino
+        found = self._faults(slot)
+        if found and slot.stat().st_ino == inode:
+            self.violations.extend(found)
+
+    def _faults(self, slot: Path) -> list[str]:
         marker = slot / MARKER_NAME
         if not marker.exists():
-            return  # the alias ensemble (no release in it) or nothing placed yet
+            return []  # the alias ensemble (no release in it) or nothing placed yet
         release = str(json.loads(marker.read_text(encoding="utf-8"))["release"])
         with self._lock:
             expected = self._releases.get(release)
         if expected is None:
-            self.violations.append(f"{slot.name}: holds release {release!r} no test published")
-            return
+            return [f"{slot.name}: holds release {release!r} no test published"]
         self.placements_seen.add((slot.name, release))
+        faults: list[str] = []
         seen: set[str] = set()
         for dirpath, _dirnames, filenames in os.walk(slot):
             for name in filenames:
@@ -79,13 +88,14 @@ class PlacementAudit(Sampler):
                 if rel in _ADDED_BY_STAGING or "__pycache__/" in rel or rel == "config.pbtxt":
                     continue
                 if rel not in expected:
-                    self.violations.append(f"{slot.name} ({release}): unexpected file {rel}")
+                    faults.append(f"{slot.name} ({release}): unexpected file {rel}")
                     continue
                 info = path.stat()
                 key = (info.st_ino, info.st_size, info.st_mtime_ns)
                 if key not in self._hashed:
                     self._hashed[key] = _digest(path)
                 if self._hashed[key] != expected[rel]:
-                    self.violations.append(f"{slot.name} ({release}): {rel} does not match")
+                    faults.append(f"{slot.name} ({release}): {rel} does not match")
         if missing := sorted(set(expected) - seen):
-            self.violations.append(f"{slot.name} ({release}): missing {missing}")
+            faults.append(f"{slot.name} ({release}): missing {missing}")
+        return faults
