@@ -176,6 +176,32 @@ class Operation:
             error=OperationError(code=code, message=message),
         )
 
+    def recorded_before_stop(self, at: datetime) -> Operation:
+        """It had written its record (the release serves, the database says so) when the
+        daemon stopped, before it could say it succeeded: it did. A step still open is closed
+        as succeeded if it was the record, as failed otherwise (cleanup that reconcile does)."""
+        steps = tuple(
+            dataclasses.replace(
+                s,
+                status=StepStatus.SUCCEEDED if s.name == "record" else StepStatus.FAILED,
+                finished_at=at,
+            )
+            if s.status is StepStatus.RUNNING
+            else s
+            for s in self.steps
+        )
+        return dataclasses.replace(
+            self,
+            status=OperationStatus.SUCCEEDED,
+            finished_at=at,
+            steps=steps,
+            detail={
+                **self.detail,
+                "recovered": "the daemon stopped after this operation's record was written; "
+                "start-up found its release recorded as serving and finished it",
+            },
+        )
+
     def interrupt(
         self, at: datetime, reason: CancelReason = CancelReason.CRASH, note: str = ""
     ) -> Operation:

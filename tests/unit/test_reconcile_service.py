@@ -113,6 +113,64 @@ async def repairs(service: DeployService) -> list[Operation]:
 # --- start-up bookkeeping -----------------------------------------------------------------
 
 
+def test_an_operation_killed_after_its_record_is_finished_as_succeeded(tmp_path: Path) -> None:
+    """SIGKILL between the record's transaction and the operation's last write: the release
+    serves and the database says so; a CI job following the operation must not read
+    ``interrupted``. One killed before its record stays interrupted."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            publish(parts, "r1", "r2", "r3")
+            for release in ("r1", "r2"):
+                done = await deploy_and_wait(service, release)
+                assert done.status is OperationStatus.SUCCEEDED, done.error
+            last = done.steps[-1]
+            assert last.name == "record"
+            # What the database holds when the kill lands inside the record step, after
+            # its transaction: the operation still running, the record written.
+            parts.repos.operations.save(
+                replace(
+                    done,
+                    status=OperationStatus.RUNNING,
+                    finished_at=None,
+                    steps=(
+                        *done.steps[:-1],
+                        replace(last, status=StepStatus.RUNNING, finished_at=None),
+                    ),
+                )
+            )
+            before_record = Operation(
+                id="deadbeef00000003",
+                kind=OperationKind.DEPLOY,
+                model=MODEL,
+                release="r3",
+                from_release="r2",
+                trigger=Trigger.API,
+                status=OperationStatus.RUNNING,
+                created_at=START,
+            ).start_step("load", START)
+            parts.repos.operations.save(before_record)
+
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            report = await make_reconciler(service, parts).startup()
+
+            assert (report.recorded, report.interrupted) == ([done.id], [before_record.id])
+            finished = await service.get_operation(done.id)
+            assert finished.status is OperationStatus.SUCCEEDED
+            assert finished.error is None
+            assert [(s.name, s.status) for s in finished.steps][-1] == (
+                "record",
+                StepStatus.SUCCEEDED,
+            )
+            assert "record was written" in str(finished.detail["recovered"])
+            cut = await service.get_operation(before_record.id)
+            assert cut.status is OperationStatus.INTERRUPTED
+            assert await parts.repos.operations.unfinished() == []
+
+    asyncio.run(scenario())
+
+
 def test_running_operations_are_interrupted_and_staging_is_emptied(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with deploy_service(tmp_path) as (_service, parts):
