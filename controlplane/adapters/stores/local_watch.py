@@ -2,7 +2,11 @@
 
 Events only wake the watcher, which then lists the store as usual: a missed or coalesced event
 costs at most one poll interval, never a missed release. If inotify is not available (too many
-watches, a network filesystem), this returns and polling alone carries on.
+watches, a network filesystem), polling alone carries on.
+
+This runs as a supervised job, which must not end before shutdown: a store that does not exist
+yet is looked for every few seconds (and watched once it appears), and a store whose events are
+unavailable leaves the job idle rather than ended.
 """
 
 from __future__ import annotations
@@ -14,14 +18,33 @@ from pathlib import Path
 from watchfiles import awatch
 
 log = logging.getLogger(__name__)
+APPEAR_POLL = 2.0  # s between looks for a store dir that does not exist (yet)
 
 
-async def watch_local_store(root: Path, wake: asyncio.Event) -> None:
-    if not await asyncio.to_thread(root.is_dir):
-        log.warning("store %s does not exist yet; watching it by polling only", root)
-        return
-    try:
-        async for _changes in awatch(root, debounce=200, recursive=True, force_polling=False):
+async def watch_local_store(
+    root: Path, wake: asyncio.Event, appear_poll: float = APPEAR_POLL
+) -> None:
+    while True:
+        if not await asyncio.to_thread(root.is_dir):
+            log.warning(
+                "store %s does not exist; no release can be found until it does (create it, "
+                "or fix store.uri); looking for it every %g s",
+                root,
+                appear_poll,
+            )
+            while True:  # a dir has no event to wait for before it exists: look again
+                await asyncio.sleep(appear_poll)
+                if await asyncio.to_thread(root.is_dir):
+                    break
+            log.info("store %s is there now; watching it for new releases", root)
             wake.set()
-    except (OSError, RuntimeError) as exc:
-        log.warning("filesystem events unavailable for %s (%s); polling only", root, exc)
+        try:
+            async for _changes in awatch(root, debounce=200, recursive=True, force_polling=False):
+                wake.set()
+        except (OSError, RuntimeError) as exc:
+            log.warning("filesystem events unavailable for %s (%s); polling only", root, exc)
+            await asyncio.Event().wait()  # nothing left to do, but a job runs until shutdown
+        # The watch ended (the store dir went away): look for it again, after a pause, so a
+        # watch that keeps ending at once cannot spin.
+        wake.set()
+        await asyncio.sleep(appear_poll)
