@@ -130,6 +130,7 @@ def assemble(
         clock=clock,
         policy_for=policy_for,
         require_checksums=limits.require_checksums,
+        unload_timeout=limits.unload_seconds,
     )
     reconciler = Reconciler(
         deploy=deploy,

@@ -53,7 +53,7 @@ from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
-from controlplane.services.runner import AfterSuccess, Body, OperationRunner, Run
+from controlplane.services.runner import CANCEL_GRACE, AfterSuccess, Body, OperationRunner, Run
 from controlplane.services.slots import SlotBook
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class DeployService:
         clock: Clock,
         policy_for: Callable[[str], TrafficPolicy],
         require_checksums: bool = True,
+        unload_timeout: float = 60.0,
     ) -> None:
         self._store = store
         self._staging = staging
@@ -102,6 +103,7 @@ class DeployService:
         self._clock = clock
         self._policy_for = policy_for
         self._require_checksums = require_checksums
+        self._unload_timeout = unload_timeout
 
     def blue_green(self, model: str) -> bool:
         return self._policy_for(model).strategy is Strategy.BLUE_GREEN
@@ -143,7 +145,14 @@ class DeployService:
             await strategy.deploy(run, revision=info.revision, force=force)
 
         return await self._start(
-            kind, model, release, trigger, body, check=resolve, after=self._after_swap
+            kind,
+            model,
+            release,
+            trigger,
+            body,
+            check=resolve,
+            after=self._after_swap,
+            behind_housekeeping=True,
         )
 
     async def rollback(
@@ -239,10 +248,19 @@ class DeployService:
         *,
         check: Callable[[], Awaitable[Step]] | None = None,
         after: AfterSuccess | None = None,
+        behind_housekeeping: bool = False,
     ) -> Operation:
         """Take the model's lock, make ``check`` (a refusal there is not an operation), then
-        record the operation, with the check as its first step, and run ``body``."""
-        operation_id = self._runner.claim(model)
+        record the operation, with the check as its first step, and run ``body``.
+
+        ``behind_housekeeping``: if a retire holds the lock, wait for it (it is bounded by the
+        drain and the unload) instead of refusing. Rollbacks do not wait: their budget is
+        short, and they poll for the lock within it."""
+        if behind_housekeeping:
+            bound = self._policy_for(model).drain_timeout + self._unload_timeout + CANCEL_GRACE
+            operation_id = await self._runner.claim_after(model, (OperationKind.RETIRE,), bound)
+        else:
+            operation_id = self._runner.claim(model)
         try:
             checked = [await check()] if check is not None else []
             record = await self._slots.record(model)

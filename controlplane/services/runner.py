@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -97,6 +97,25 @@ class OperationRunner:
         operation_id = uuid.uuid4().hex[:16]
         self._locks.claim(model, operation_id)
         return operation_id
+
+    async def claim_after(self, model: str, kinds: Collection[OperationKind], bound: float) -> str:
+        """:meth:`claim`, but when the lock is held by an operation of one of ``kinds`` (the
+        daemon's own housekeeping, such as a retire), wait up to ``bound`` s for it to end
+        first rather than refuse: a CI deploy must not fail because a slot was being freed."""
+        holder = self._locks.holder(model)
+        run = self._runs.get(holder) if holder is not None else None
+        task = self._tasks.get(holder) if holder is not None else None
+        if run is not None and task is not None and run.operation.kind in kinds:
+            log.info(
+                "model %s: waiting up to %g s for the %s operation %s to end first",
+                model,
+                bound,
+                run.operation.kind.value,
+                holder,
+                extra={"model": model},
+            )
+            await asyncio.wait([task], timeout=bound)
+        return self.claim(model)
 
     def release(self, model: str, operation_id: str) -> None:
         """Give back a lock taken by :meth:`claim` for an operation that was never started."""

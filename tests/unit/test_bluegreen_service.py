@@ -31,7 +31,7 @@ from controlplane.domain.operations import (
 from controlplane.domain.slots import SlotState
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Strategy, TrafficPolicy
-from controlplane.services.deploy import DeployService
+from controlplane.services.deploy import DeployService, Unchanged
 from tests.support.fakes import (
     FakeMetrics,
     FakeTriton,
@@ -383,6 +383,39 @@ def test_drain_gives_up_at_its_timeout_and_unloads_anyway(tmp_path: Path) -> Non
             assert parts.triton.called("unload", BLUE) == 1
             assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
             assert not (parts.repository / BLUE).exists()
+
+    asyncio.run(scenario())
+
+
+def test_a_deploy_during_a_retire_waits_for_it_instead_of_being_refused(tmp_path: Path) -> None:
+    """Housekeeping must not fail a CI deploy: a tester's deploy got 409 while the daemon
+    unloaded a retired slot (for as long as the drain and the unload took)."""
+
+    async def scenario() -> None:
+        metrics = FakeMetrics()
+        metrics.pending[BLUE] = 3  # the retire drains until the test moves the clock
+        async with deploy_service(
+            tmp_path, traffic=blue_green(retire_after=SOON, drain_timeout=1.0), metrics=metrics
+        ) as (service, parts):
+            publish(parts, "r1", "r2", "r3")
+            await deployed(service, "r1", "r2")
+            await until(lambda: BLUE in metrics.reads, "the retire draining the old slot")
+            (retiring,) = await retires(service)
+            assert parts.runner.holder(MODEL) == retiring.id
+
+            deploy = asyncio.create_task(service.deploy(MODEL, "r3", trigger=Trigger.API))
+            await until(lambda: len(metrics.reads) >= 3, "the drain polled on")
+            assert not deploy.done()  # waiting behind the retire, not refused
+
+            parts.clock.advance(1.1)
+            async with asyncio.timeout(DEADLINE):
+                submitted = await deploy
+            assert not isinstance(submitted, Unchanged)
+            op = await service.wait(submitted.id)
+
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+            assert (await service.get_operation(retiring.id)).status is OperationStatus.SUCCEEDED
+            assert (await record(parts)).active_release == "r3"
 
     asyncio.run(scenario())
 
