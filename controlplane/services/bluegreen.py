@@ -136,10 +136,18 @@ class BlueGreen:
             )
             sample = await _smoke_sample(prepared.path)
             tracker.detail(slot=target.name, smoke=SMOKE_NAME if sample else "generated")
-        if target.state not in IDLE:
+        # At most one release stays warm beside the one that serves: with a spare slot (after
+        # a load that never ended) a third slot could otherwise be loaded while two others are.
+        extras = await self._also_loaded(model, keep={target.name, active.name if active else ""})
+        if target.state not in IDLE or extras:
             async with tracker.step("free"):
-                tracker.detail(slot=target.name, release=target.release)
-                target = await self.take_down(model, target, run.trigger, f"room for {release}")
+                if target.state not in IDLE:
+                    tracker.detail(slot=target.name, release=target.release)
+                    target = await self.take_down(model, target, run.trigger, f"room for {release}")
+                if extras:
+                    tracker.detail(also={s.name: s.release for s in extras})
+                for extra in extras:
+                    await self.take_down(model, extra, run.trigger, f"room for {release}")
         await check_headroom(tracker, self._headroom, prepared, force=force)
 
         async with self._load_slots.hold(tracker):
@@ -219,6 +227,12 @@ class BlueGreen:
             )
             return await self._slots.get(model, name)
         raise AssertionError("a model always has a base slot that is not active")
+
+    async def _also_loaded(self, model: str, keep: set[str]) -> list[Slot]:
+        """Slots other than ``keep`` that hold a loaded release Triton is not busy with."""
+        others = [s for s in await self.slots(model) if s.name not in keep and s.state in HOLDING]
+        busy = await self._busy_in_triton({s.name for s in others})
+        return [s for s in others if s.name not in busy]
 
     async def _busy_in_triton(self, names: set[str]) -> set[str]:
         try:

@@ -705,6 +705,37 @@ def test_a_load_that_never_ends_is_abandoned_and_the_next_deploy_uses_a_spare_sl
     asyncio.run(scenario())
 
 
+def test_with_a_spare_slot_no_more_than_two_releases_are_ever_loaded(tmp_path: Path) -> None:
+    """After a load that never ended the model has three slots. A tester saw all three loaded
+    at once (one serving, two retiring): a deploy into the idle one must free the others."""
+
+    async def scenario() -> None:
+        async with bg_service(tmp_path) as (service, parts):
+            publish(parts, "r1", "r2", "r3", "r4")
+            await deployed(service, "r1")
+            parts.triton.script_load(GREEN, LoadHangs())
+            failed_with(await deploy_and_wait(service, "r2"), "triton_timeout")
+            await deployed(service, "r3")  # into the spare
+            spare = f"{GREEN}-2"
+            parts.triton.set_state(GREEN, "UNAVAILABLE", "Triton restarted")
+            await make_reconciler(service, parts).run_pass()  # takes the failed slot down
+            assert await slot_state(parts, GREEN) == (SlotState.ABSENT, None)
+            assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")  # warm
+
+            op = await deploy_and_wait(service, "r4")
+
+            assert op.status is OperationStatus.SUCCEEDED, op.error
+            assert detail(op, "place")["slot"] == GREEN
+            assert detail(op, "free") == {"also": {BLUE: "r1"}}
+            loaded = {n for n in (BLUE, GREEN, spare) if parts.triton.state(n) == "READY"}
+            assert loaded == {GREEN, spare}
+            assert await slot_state(parts, spare) == (SlotState.RETIRING, "r3")
+            assert await slot_state(parts, BLUE) == (SlotState.ABSENT, None)
+            assert alias_points_at(parts) == GREEN
+
+    asyncio.run(scenario())
+
+
 def test_an_unload_records_the_operation_s_own_trigger_not_reconcile(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with bg_service(tmp_path) as (service, parts):
