@@ -464,7 +464,10 @@ class SettingsError(Exception):
 
 def load_settings(config_file: Path | None = None) -> Settings:
     if config_file is not None and not config_file.is_file():
-        raise SettingsError(f"config file {config_file} does not exist")
+        what = "is a directory, not a file" if config_file.is_dir() else "does not exist"
+        raise SettingsError(f"config file {config_file} {what}")
+    if config_file is not None:
+        _require_mapping(config_file)
 
     class _WithFile(Settings):
         @classmethod
@@ -487,6 +490,20 @@ def load_settings(config_file: Path | None = None) -> Settings:
         raise SettingsError(_describe(exc)) from None
     except (ValueError, yaml.YAMLError) as exc:  # YAML syntax, not a mapping, and similar
         raise SettingsError(f"cannot read {config_file}: {exc}") from None
+
+
+def _require_mapping(config_file: Path) -> None:
+    """A config file holds a YAML mapping (or nothing); a list or a scalar would otherwise
+    surface as a 'Field required' error far from the cause."""
+    try:
+        data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SettingsError(f"cannot read {config_file}: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise SettingsError(
+            f"{config_file} holds a YAML {type(data).__name__}, not a mapping of settings "
+            "(for example 'triton:' and 'store:' at the top level); see config/ for examples"
+        )
 
 
 def env_name(*path: str) -> str:

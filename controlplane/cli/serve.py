@@ -8,6 +8,7 @@ migration and start-up reconcile run only in the one daemon that holds them, unt
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -40,9 +41,32 @@ def run(config: Path | None) -> int:
     except InstanceLockError as exc:
         print(f"controlplane: {exc}", file=sys.stderr)
         return 2
+    if (busy := _port_taken(settings.api.host, settings.api.port)) is not None:
+        lock.release()
+        print(
+            f"controlplane: cannot listen on {settings.api.host}:{settings.api.port}: {busy}; "
+            "another process holds it (stop it, or set api.port / CONTROLPLANE_API__PORT)",
+            file=sys.stderr,
+        )
+        return 2
     with lock:
         _serve(settings, lock)
     return 0
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the API's address cannot be bound, or None. Checked before start-up, so that a
+    taken port is a clear refusal rather than an exit after reconcile has run."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def _serve(settings: Settings, lock: InstanceLock) -> None:

@@ -69,6 +69,12 @@ def parse_manifest(text: str) -> dict[str, str]:
                 f"{MANIFEST_NAME} line {number} is not '<sha256>  <path>': {line[:120]!r}"
             )
         digest, path = match.group(1).lower(), match.group(2)
+        if path.startswith("./"):
+            raise UnsafeRelease(
+                f"{MANIFEST_NAME} line {number} names {path[:120]!r}: paths are relative to the "
+                f"release dir without a leading './' (write it from inside the release dir "
+                f"with `sha256sum 1/model.py config.pbtxt ...`, not `find . | xargs sha256sum`)"
+            )
         rel = str(safe_relpath(path))
         if rel == MANIFEST_NAME:
             raise UnsafeRelease(f"{MANIFEST_NAME} must not list itself (line {number})")

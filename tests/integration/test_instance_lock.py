@@ -118,3 +118,23 @@ def test_after_sigkill_of_the_holder_a_new_daemon_starts_without_clean_up(
     model = restarted.get(f"/v1/models/{model_name}").json()
     assert model["active_release"] == "r1"
     assert infer_once(triton.grpc_url, model_name) == 2.0
+
+
+def test_a_daemon_whose_api_port_is_taken_is_refused_before_it_starts(
+    daemons: DaemonFactory, store: Path
+) -> None:
+    """A tester's daemon ran start-up reconcile against Triton and only then exited 3 on
+    'address already in use'; it must refuse at once, saying which address and what to do."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+
+        refused = daemons(store, extra_env={"CONTROLPLANE_API__PORT": str(port)}, expect_exit=True)
+
+    log = refused.log()
+    assert refused.process.returncode == EXIT_USAGE, log
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in log
+    assert "set api.port / CONTROLPLANE_API__PORT" in log
+    assert "reconcile" not in log
+    assert "Traceback" not in log

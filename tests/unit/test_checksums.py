@@ -53,7 +53,7 @@ def test_paths_with_spaces_are_kept_whole() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/etc/passwd", "../x", "a/../../x", "./x", "a//b", "a/./b", "a\\b", "..\\x", "a/", "."],
+    ["/etc/passwd", "../x", "a/../../x", "a//b", "a/./b", "a\\b", "..\\x", "a/", "."],
 )
 def test_unsafe_paths_are_refused(path: str) -> None:
     with pytest.raises(UnsafeRelease) as caught:
@@ -61,6 +61,15 @@ def test_unsafe_paths_are_refused(path: str) -> None:
     assert caught.value.code == "invalid_release"
     assert "not allowed in a release" in caught.value.message
     assert repr(path) in caught.value.message
+
+
+def test_a_leading_dot_slash_is_refused_with_how_to_write_the_manifest() -> None:
+    """``find . | xargs sha256sum`` writes ``./1/model.py``; the error says what to do."""
+    with pytest.raises(UnsafeRelease) as caught:
+        parse_manifest(f"{H1}  ./1/model.py\n")
+    assert caught.value.code == "invalid_release"
+    assert "'./1/model.py'" in caught.value.message
+    assert "without a leading './'" in caught.value.message
 
 
 def test_absolute_path_error_says_absolute() -> None:

@@ -130,10 +130,15 @@ def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
     assert "nope.yaml does not exist" in message
 
 
-def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+def test_a_directory_given_as_config_file_is_named_as_such(tmp_path: Path) -> None:
+    assert f"config file {tmp_path} is a directory, not a file" in settings_error(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "kind"), [("just a string\n", "str"), ("[]\n", "list")])
+def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path, text: str, kind: str) -> None:
     path = tmp_path / "controlplane.yaml"
-    path.write_text("just a string\n", encoding="utf-8")
-    assert f"cannot read {path}" in settings_error(path)
+    path.write_text(text, encoding="utf-8")
+    assert f"{path} holds a YAML {kind}, not a mapping of settings" in settings_error(path)
 
 
 def test_a_yaml_syntax_error_is_a_settings_error(tmp_path: Path) -> None:
