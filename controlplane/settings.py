@@ -10,6 +10,8 @@ Unknown keys are refused, so a typo is an error rather than a silently ignored s
 from __future__ import annotations
 
 import ipaddress
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
@@ -462,7 +464,30 @@ class SettingsError(Exception):
     """Invalid settings: the message names each setting, its variable and the problem."""
 
 
+def _env_model_names_in_capitals(environ: Mapping[str, str]) -> list[str]:
+    """Mixed-case model names in ``CONTROLPLANE_MODELS__<NAME>__...`` variables: the settings
+    loader reads variable names without case, so ``Dec`` would become ``dec`` and the policy
+    would silently apply to another model. All capitals is the usual way to write a variable
+    (``RESNET`` for ``resnet``), and is read as lowercase, as documented."""
+    prefix = f"{ENV_PREFIX}MODELS__"
+    return sorted(
+        {
+            name
+            for key in environ
+            if key.upper().startswith(prefix)
+            and (name := key[len(prefix) :].split("__", 1)[0]) not in (name.lower(), name.upper())
+        }
+    )
+
+
 def load_settings(config_file: Path | None = None) -> Settings:
+    if capitals := _env_model_names_in_capitals(os.environ):
+        raise SettingsError(
+            f"model name(s) {', '.join(capitals)} in CONTROLPLANE_MODELS__<NAME>__... "
+            "variables: environment variable names are read without case, so the policy "
+            "would apply to the lowercase name. Set per-model policy for names with capitals "
+            "in the config file (models: ...) instead; all-capital names mean the lowercase one"
+        )
     if config_file is not None and not config_file.is_file():
         what = "is a directory, not a file" if config_file.is_dir() else "does not exist"
         raise SettingsError(f"config file {config_file} {what}")

@@ -417,3 +417,13 @@ def test_rollback_defaults_follow_the_grey_release_rule(required: Path) -> None:
     assert (rollback.source, rollback.threshold, rollback.window_seconds) == ("triton", 0.95, 10)
     assert (rollback.fallback_budget_seconds, rollback.cpu_budget_seconds) == (3.0, 2.0)
     assert rollback.cooldown_seconds == 300
+
+
+def test_a_mixed_case_model_name_in_an_environment_variable_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loader reads variable names without case: ``Dec``'s policy went to ``dec``."""
+    monkeypatch.setenv("CONTROLPLANE_MODELS__Dec__STRATEGY", "inplace")
+    message = settings_error(None)
+    assert "model name(s) Dec in CONTROLPLANE_MODELS__<NAME>__... variables" in message
+    assert "in the config file (models: ...) instead" in message
