@@ -140,6 +140,16 @@ class ReleaseMarker:
 
 
 @dataclass(frozen=True)
+class CachedFiles:
+    """What the content cache gave a release before its fetch."""
+
+    linked: Mapping[str, FileDigest]  # path -> digest: hardlinked, the fetch skips them
+    # Paths whose hash the cache held but did not give: the entry's size is not the one the
+    # store lists, or its bytes do not match its name (it was deleted). They are fetched.
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Placement:
     """The result of placing a staged dir: where the replaced dir went, if there was one."""
 
@@ -159,8 +169,18 @@ class Staging(Protocol):
         """Bytes this process may still write on the staging filesystem."""
         ...
 
-    def link_cached(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
-        """Create ``dest`` and hardlink into it every manifest file the content cache holds."""
+    def link_cached(
+        self,
+        dest: Path,
+        manifest: Mapping[str, str] | None,
+        listed: Mapping[str, int],
+        *,
+        cancel: threading.Event | None = None,
+    ) -> CachedFiles:
+        """Create ``dest`` and hardlink into it every manifest file the content cache holds
+        with the size ``listed`` (the store's listing, path -> size) gives it. An entry this
+        process has not hashed as it is now (inode, size, mtime) is hashed first; one that
+        does not match its name is deleted. Once ``cancel`` is set, :class:`Interrupted`."""
         ...
 
     def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:

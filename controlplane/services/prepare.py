@@ -8,6 +8,9 @@ Nothing is copied before the store's listing has been checked: only the files ``
 lists are fetched (a listing with others is refused, naming them), and their sizes must fit
 under ``store.max_release_bytes`` and in the staging filesystem's free space, counting only
 what the content cache does not already hold. The figures go into the fetch step's detail.
+The cache gives a file only if its entry has the size the listing gives and the bytes its name
+says (``adapters/staging/cache.py``); the others are fetched, so a store whose file differs
+from ``SHA256SUMS`` is refused on every host, whatever its cache holds.
 
 The fetch runs in a worker thread with a cancel signal: when this task is cancelled
 (shutdown, an operation cut short) the signal is set and the thread is waited for, so no
@@ -66,7 +69,9 @@ async def prepare_release(
             raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS before the fetch")
         listing = await asyncio.to_thread(store.list_files, model, release)
         plan = listing.only(select_files(manifest, listing.sizes))
-        have = await asyncio.to_thread(staging.link_cached, dest, manifest)
+        # Cancellable: an entry this process has not hashed yet is hashed before it is linked.
+        cached = await _stoppable(partial(staging.link_cached, dest, manifest, plan.sizes))
+        have = cached.linked
         free = await asyncio.to_thread(staging.free_bytes)
         room = room_for(plan.sizes, have, free=free, max_release_bytes=max_release_bytes)
         tracker.detail(**room.detail())
@@ -81,6 +86,7 @@ async def prepare_release(
             bytes=fetched.bytes_total,
             bytes_fetched=fetched.bytes_fetched,
             files_cached=len(have),
+            files_cache_refused=len(cached.refused),
             refetched=fetched.refetched,
             retries=fetched.retries,
         )

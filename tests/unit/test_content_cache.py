@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import os
+import stat
 import threading
 from pathlib import Path
+
+import pytest
 
 from controlplane.adapters.staging.cache import ContentCache
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.domain.checksums import FileDigest
-from controlplane.domain.operations import Operation
+from controlplane.domain.errors import Interrupted
+from controlplane.domain.operations import Operation, OperationStatus
+from controlplane.ports import CachedFiles
 from tests.support.fakes import deploy_service, started
-from tests.support.models import write_scale_release
+from tests.support.models import write_scale_release, write_sha256sums
 
 
 def _fetch_detail(operation: Operation) -> dict[str, object]:
@@ -108,3 +115,205 @@ def test_releases_verified_at_the_same_time_are_all_cached(tmp_path: Path) -> No
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- what a cache hit trusts --------------------------------------------------------------
+
+GOOD = b"K = 1.0\n" * 100
+BAD = b"K = 9.0\n" * 100  # the same size: only a hash tells them apart
+
+
+def _cached(tmp_path: Path, data: bytes = GOOD) -> tuple[ContentCache, str, Path]:
+    """A cache holding ``data`` as verified by this process (added, as a fetch adds it)."""
+    release = tmp_path / "verified"
+    release.mkdir()
+    (release / "model.py").write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    cache = ContentCache(tmp_path / "cas", max_bytes=1024**2)
+    cache.add(release, {"model.py": FileDigest(len(data), digest)})
+    return cache, digest, tmp_path / "cas" / digest
+
+
+def _link(
+    cache: ContentCache, tmp_path: Path, digest: str, size: int, name: str = "dest"
+) -> tuple[CachedFiles, Path]:
+    """Link ``1/model.py`` listed with ``digest`` and ``size`` into a new dir ``name``."""
+    dest = tmp_path / name
+    dest.mkdir()
+    return cache.link_into(dest, {"1/model.py": digest}, {"1/model.py": size}), dest
+
+
+def _replace_with_new_inode(entry: Path, data: bytes) -> None:
+    """What ``sed -i`` does: write a new file and rename it over the entry."""
+    tmp = entry.with_name(".sed-tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, entry)
+
+
+def _write_in_place(entry: Path, data: bytes) -> None:
+    os.chmod(entry, stat.S_IRUSR | stat.S_IWUSR)
+    with entry.open("r+b") as stream:
+        stream.write(data)
+
+
+def test_an_entry_of_another_size_than_the_store_lists_is_not_linked(tmp_path: Path) -> None:
+    # A publisher edited the file after writing SHA256SUMS: the store lists another size.
+    cache, digest, entry = _cached(tmp_path)
+
+    cached, dest = _link(cache, tmp_path, digest, len(GOOD) + 9)
+
+    assert cached.linked == {}
+    assert cached.refused == ("1/model.py",)
+    assert not (dest / "1" / "model.py").exists()  # the fetch copies it, verify judges it
+    assert entry.read_bytes() == GOOD  # the entry may well be right: it stays
+
+
+def test_an_entry_replaced_by_other_bytes_is_not_linked_and_is_deleted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, digest, entry = _cached(tmp_path)
+    _replace_with_new_inode(entry, BAD)
+
+    with caplog.at_level(logging.WARNING):
+        cached, dest = _link(cache, tmp_path, digest, len(GOOD))
+
+    assert cached.linked == {}
+    assert cached.refused == ("1/model.py",)
+    assert not (dest / "1" / "model.py").exists()
+    assert not entry.exists()
+    assert digest in caplog.text
+
+
+def test_an_entry_written_in_place_is_not_linked_and_is_deleted(tmp_path: Path) -> None:
+    cache, digest, entry = _cached(tmp_path)
+    before = entry.stat()
+    _write_in_place(entry, BAD)
+    # Written within the same clock tick the mtime may not move; a tamperer's write later does.
+    os.utime(entry, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+
+    cached, dest = _link(cache, tmp_path, digest, len(GOOD))
+
+    assert cached.linked == {}
+    assert not (dest / "1" / "model.py").exists()
+    assert not entry.exists()
+
+
+def test_an_entry_this_process_verified_is_linked_without_reading_it_again(
+    tmp_path: Path,
+) -> None:
+    cache, digest, entry = _cached(tmp_path)
+    # Change the bytes but keep what identifies them (inode, size, mtime): only a re-hash
+    # could see it, so a link shows that the entry was not read again.
+    before = entry.stat()
+    _write_in_place(entry, BAD)
+    os.utime(entry, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    cached, dest = _link(cache, tmp_path, digest, len(GOOD))
+
+    assert cached.linked == {"1/model.py": FileDigest(len(GOOD), digest)}
+    assert (dest / "1" / "model.py").samefile(entry)
+    # A restarted daemon has hashed nothing yet: its first use reads the entry, and refuses it.
+    restarted = ContentCache(tmp_path / "cas", max_bytes=1024**2)
+    again, _dest = _link(restarted, tmp_path, digest, len(GOOD), name="after-restart")
+    assert again.linked == {}
+    assert not entry.exists()
+
+
+def test_after_a_restart_an_entry_is_hashed_once_then_trusted(tmp_path: Path) -> None:
+    _cache, digest, entry = _cached(tmp_path)
+    restarted = ContentCache(tmp_path / "cas", max_bytes=1024**2)
+    mtime = entry.stat().st_mtime_ns
+
+    first, dest = _link(restarted, tmp_path, digest, len(GOOD), name="first")
+    assert first.linked == {"1/model.py": FileDigest(len(GOOD), digest)}
+    assert (dest / "1" / "model.py").read_bytes() == GOOD
+    # Hashed once: from now on this process knows the inode (same trick as above).
+    _write_in_place(entry, BAD)
+    os.utime(entry, ns=(entry.stat().st_atime_ns, mtime))
+    second, _dest = _link(restarted, tmp_path, digest, len(GOOD), name="second")
+    assert second.linked == first.linked
+    assert entry.stat().st_mtime_ns == mtime  # the cache never touches mtimes (Triton reads them)
+
+
+def test_a_verified_file_replaces_an_entry_of_the_wrong_size(tmp_path: Path) -> None:
+    cache, digest, entry = _cached(tmp_path)
+    _replace_with_new_inode(entry, GOOD[:-1])  # truncated: another size than its hash's file
+    refused, _dest = _link(cache, tmp_path, digest, len(GOOD), name="refused")
+    assert refused.linked == {}
+
+    fetched = tmp_path / "fetched"  # the store's file, fetched and verified instead
+    fetched.mkdir()
+    (fetched / "model.py").write_bytes(GOOD)
+    cache.add(fetched, {"model.py": FileDigest(len(GOOD), digest)})
+
+    assert entry.read_bytes() == GOOD
+    linked, _dest = _link(cache, tmp_path, digest, len(GOOD), name="linked")
+    assert linked.linked == {"1/model.py": FileDigest(len(GOOD), digest)}
+
+
+def test_a_cancelled_link_stops_before_hashing(tmp_path: Path) -> None:
+    _cache, digest, _entry = _cached(tmp_path)
+    restarted = ContentCache(tmp_path / "cas", max_bytes=1024**2)
+    cancel = threading.Event()
+    cancel.set()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    with pytest.raises(Interrupted):
+        restarted.link_into(dest, {"1/model.py": digest}, {"1/model.py": len(GOOD)}, cancel=cancel)
+
+
+def test_a_file_edited_after_its_checksum_is_refused_though_the_cache_holds_the_hash(
+    tmp_path: Path,
+) -> None:
+    # Found by a tester: r2's SHA256SUMS lists r1's model.py, but model.py was edited after.
+    # The cache held the listed hash, so the edit was never read and r2 "succeeded" serving
+    # r1's bytes, where a host without that entry refused it. The verdict is now the same.
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, cache_max_bytes=10 * 1024**2) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            write_scale_release(parts.store_path, "m", "r2", k=1.0)
+            model_py = parts.store_path / "m" / "r2" / "1" / "model.py"
+            model_py.write_text(model_py.read_text().replace("K = 1.0", "K = 20.0"))
+            assert (await service.wait((await started(service, "m", "r1")).id)).error is None
+
+            refused = await service.wait((await started(service, "m", "r2")).id)
+
+            assert refused.error is not None
+            assert refused.error.code == "checksum_mismatch"
+            assert "1/model.py" in refused.error.message
+            detail = _fetch_detail(refused)
+            assert detail["files_cached"] == 1  # config.pbtxt, whose size is as listed
+            assert detail["files_cache_refused"] == 1
+            served = parts.repository / "m" / "1" / "model.py"  # r1's, as before
+            assert (
+                served.read_bytes()
+                == (parts.store_path / "m" / "r1" / "1" / "model.py").read_bytes()
+            )
+
+    asyncio.run(scenario())
+
+
+def test_a_damaged_cache_entry_is_fetched_again_from_the_store(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, cache_max_bytes=10 * 1024**2) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            assert (await service.wait((await started(service, "m", "r1")).id)).error is None
+            model_py = parts.store_path / "m" / "r1" / "1" / "model.py"
+            entry = parts.staging_path / "cas" / _sha(model_py)
+            _replace_with_new_inode(entry, model_py.read_bytes().replace(b"1.0", b"9.0"))
+            write_scale_release(parts.store_path, "m", "r2", k=1.0)
+            (parts.store_path / "m" / "r2" / "README").write_text("r2\n")  # r2 is not r1
+            write_sha256sums(parts.store_path / "m" / "r2")
+
+            second = await service.wait((await started(service, "m", "r2")).id)
+
+            assert second.status is OperationStatus.SUCCEEDED, second.error
+            placed = parts.repository / "m" / "1" / "model.py"
+            assert placed.read_bytes() == model_py.read_bytes()
+            assert entry.read_bytes() == model_py.read_bytes()  # the verified file replaced it
+            detail = _fetch_detail(second)
+            assert detail["files_cached"] == 1  # config.pbtxt
+            assert detail["files_cache_refused"] == 1
+
+    asyncio.run(scenario())

@@ -10,6 +10,15 @@ decide whether a model changed).
 
 Entries are made read-only: the inode is shared with the model dirs in the repository.
 
+An entry is not trusted for its name alone. A release gets it only if its size is the size
+the store lists for the file: a publisher who edited a file after writing ``SHA256SUMS`` gets
+the file fetched and refused (``checksum_mismatch``), as on a host whose cache lacks the hash.
+And an entry is hashed again before it is linked, unless this process made or hashed that
+very inode and its size and mtime are unchanged since (``_known``); after a restart, the first
+use of each entry hashes it once. An entry whose bytes do not match its name is deleted, with
+a warning, and the file is fetched from the store. A change that keeps the inode, its size
+and its mtime (a deliberate ``touch -r``) is not seen until the daemon restarts.
+
 Operations verify releases in worker threads at the same time, so adding and evicting are
 serialized by a lock: eviction also removes ``.tmp-`` leftovers, and it must never see a
 link another thread has made and not yet renamed into place.
@@ -17,6 +26,8 @@ link another thread has made and not yet renamed into place.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
 import re
@@ -27,10 +38,21 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controlplane.domain.checksums import FileDigest, safe_relpath
+from controlplane.domain.errors import Interrupted
+from controlplane.ports import CachedFiles
 
 log = logging.getLogger(__name__)
 CACHE_DIR = "cas"
+CHUNK = 1024 * 1024
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+# What identifies the bytes this process hashed: (st_dev, st_ino, st_size, st_mtime_ns). Not
+# ctime: every link and unlink of the inode changes it.
+_Identity = tuple[int, int, int, int]
+
+
+def _identity(info: os.stat_result) -> _Identity:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 class ContentCache:
@@ -38,41 +60,136 @@ class ContentCache:
         self.root = root
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self._known: dict[str, _Identity] = {}  # digest -> the inode this process hashed
 
-    def link_into(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
-        """Hardlink every manifest file the cache holds into ``dest``; return what was linked."""
+    def link_into(
+        self,
+        dest: Path,
+        manifest: Mapping[str, str] | None,
+        listed: Mapping[str, int],
+        *,
+        cancel: threading.Event | None = None,
+    ) -> CachedFiles:
+        """Hardlink into ``dest`` every manifest file the cache holds with the size ``listed``
+        (path -> size, the store's listing) gives it and the bytes its name says."""
         linked: dict[str, FileDigest] = {}
+        refused: list[str] = []
         if manifest is None or self.max_bytes == 0:
-            return linked
+            return CachedFiles(linked)
+        stop = cancel or threading.Event()
         for rel, digest in manifest.items():
+            if stop.is_set():
+                raise Interrupted("linking from the content cache was cancelled")
+            size = listed.get(rel)
+            if size is None or not _DIGEST.fullmatch(digest):
+                continue  # not in the listing: the plan already refused it
             entry = self.root / digest
             try:
-                size = entry.stat().st_size
+                # O_NONBLOCK: a FIFO put in the cache's place must not hang the open.
+                fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except FileNotFoundError:
                 continue
-            target = dest / safe_relpath(rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(entry, target)
-            except FileNotFoundError:  # evicted meanwhile: fetch it instead
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                self._drop(entry, None, f"{entry} is a symlink, not a cached file")
+                refused.append(rel)
                 continue
-            linked[rel] = FileDigest(size=size, sha256=digest)
-        return linked
+            try:
+                identity = self._check(fd, entry, digest, size, stop)
+            finally:
+                os.close(fd)
+            if identity is None:
+                refused.append(rel)
+                continue
+            if self._link(entry, dest / safe_relpath(rel), identity):
+                linked[rel] = FileDigest(size=size, sha256=digest)
+        return CachedFiles(linked, tuple(refused))
+
+    def _check(
+        self, fd: int, entry: Path, digest: str, size: int, stop: threading.Event
+    ) -> _Identity | None:
+        """The identity of the entry open as ``fd`` if it may be linked for a file listed with
+        ``size``; None (and a damaged entry deleted) if not."""
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            log.warning("content cache entry %s is not a regular file; not using it", entry)
+            return None
+        if info.st_size != size:
+            # The store's file is not the one the manifest names (or the entry is damaged:
+            # then the verified download replaces it, see add()). Fetch it and let
+            # verification judge.
+            log.info(
+                "content cache entry %s is %d bytes but the store lists %d; fetching the file",
+                digest,
+                info.st_size,
+                size,
+            )
+            return None
+        identity = _identity(info)
+        with self._lock:
+            if self._known.get(digest) == identity:
+                return identity
+        actual = _hash(fd, stop)
+        if actual != digest:
+            self._drop(entry, info, f"content cache entry {entry} holds bytes hashing to {actual}")
+            return None
+        with self._lock:
+            self._known[digest] = identity
+        return identity
+
+    def _link(self, entry: Path, target: Path, identity: _Identity) -> bool:
+        """Hardlink ``entry`` to ``target``, insisting it is still the inode that was checked."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(entry, target, follow_symlinks=False)
+        except FileNotFoundError:  # evicted meanwhile: fetch it instead
+            return False
+        if _identity(target.stat()) != identity:  # replaced or written since it was hashed
+            target.unlink()
+            return False
+        return True
+
+    def _drop(self, entry: Path, checked: os.stat_result | None, why: str) -> None:
+        """Delete a damaged entry, unless another thread has put a new one in its place."""
+        with self._lock:
+            try:
+                now = entry.lstat()
+            except FileNotFoundError:
+                return
+            if checked is not None and (now.st_dev, now.st_ino) != (
+                checked.st_dev,
+                checked.st_ino,
+            ):
+                return
+            log.warning("%s; deleted it, the file is fetched from the store instead", why)
+            entry.unlink(missing_ok=True)
+            self._known.pop(entry.name, None)
 
     def add(self, root: Path, files: Mapping[str, FileDigest]) -> None:
-        """Remember verified files, then evict unused entries down to the bound."""
+        """Remember verified files, then evict unused entries down to the bound.
+
+        An entry of another size than the verified file is damaged (a hash names one content,
+        so one size): the verified file replaces it."""
         if self.max_bytes == 0:
             return
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             for rel, digest in files.items():
                 entry = self.root / digest.sha256
-                if entry.exists() or digest.size > self.max_bytes:
+                if digest.size > self.max_bytes:
                     continue
+                try:
+                    if entry.lstat().st_size == digest.size:
+                        continue
+                except FileNotFoundError:
+                    pass
                 source = root / safe_relpath(rel)
                 tmp = self.root / f".tmp-{uuid.uuid4().hex}"
                 os.link(source, tmp)
                 os.chmod(tmp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+                # Hashed as it was fetched, by this process: trusted without a second read.
+                self._known[digest.sha256] = _identity(tmp.stat())
                 tmp.replace(entry)
             self._evict()
 
@@ -102,6 +219,7 @@ class ContentCache:
             if links > 1:
                 continue  # a placed release (or a staging dir) still uses it
             entry.unlink(missing_ok=True)
+            self._known.pop(entry.name, None)
             total -= size
             evicted.append(entry.name)
         if evicted:
@@ -112,3 +230,15 @@ class ContentCache:
         if not self.root.is_dir():
             return 0
         return sum(e.stat().st_size for e in self.root.iterdir() if _DIGEST.fullmatch(e.name))
+
+
+def _hash(fd: int, stop: threading.Event) -> str:
+    """SHA256 of the file open as ``fd``, read from its start (the file offset is not used)."""
+    digest = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        if stop.is_set():
+            raise Interrupted("linking from the content cache was cancelled")
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()

@@ -16,6 +16,7 @@ import logging
 import os
 import py_compile
 import shutil
+import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +34,7 @@ from controlplane.domain.errors import (
     UnsafeRelease,
 )
 from controlplane.domain.names import validate_model_name, validate_slot_name
-from controlplane.ports import Placement, ReleaseMarker
+from controlplane.ports import CachedFiles, Placement, ReleaseMarker
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,16 @@ class StagingArea:
     def release_dir(self, operation_dir: Path) -> Path:
         return operation_dir / RELEASE_DIR
 
-    def link_cached(self, dest: Path, manifest: Mapping[str, str] | None) -> dict[str, FileDigest]:
+    def link_cached(
+        self,
+        dest: Path,
+        manifest: Mapping[str, str] | None,
+        listed: Mapping[str, int],
+        *,
+        cancel: threading.Event | None = None,
+    ) -> CachedFiles:
         dest.mkdir(parents=False, exist_ok=False)
-        return self.cache.link_into(dest, manifest)
+        return self.cache.link_into(dest, manifest, listed, cancel=cancel)
 
     def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:
         self.cache.add(root, files)

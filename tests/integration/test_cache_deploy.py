@@ -1,0 +1,95 @@
+"""The content cache with the real local store and the real Triton: what a hit trusts.
+
+A cache entry is named by a hash, but the name alone is not believed: a file the store lists
+with another size is fetched (and refused when it does not match ``SHA256SUMS``), and an entry
+whose bytes changed on disk is hashed again, deleted and fetched from the store. Both were
+found by a tester: the cache served bytes that were not the release's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.adapters.triton.launcher import RunningTriton
+from tests.integration.conftest import DaemonFactory
+from tests.support.daemon import Daemon
+from tests.support.inference import infer_once
+from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.tree import snapshot
+
+pytestmark = pytest.mark.triton
+INPLACE = "model_defaults:\n  strategy: inplace\n"
+
+
+def _fetch_detail(daemon: Daemon, response: httpx.Response) -> dict[str, Any]:
+    """The fetch step's detail of the operation a deploy answered with (refused or not)."""
+    body = response.json()
+    operation_id = body["operation"]["id"] if "operation" in body else body["operation_id"]
+    operation = daemon.get(f"/v1/operations/{operation_id}").json()
+    steps = operation["operation"]["steps"]
+    return dict(next(s for s in steps if s["name"] == "fetch")["detail"])
+
+
+def test_a_file_edited_after_sha256sums_is_refused_even_when_the_cache_holds_its_hash(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    # r2's SHA256SUMS lists r1's model.py; the publisher then edited model.py (another size).
+    # The cache held the listed hash, and r2 used to "succeed" serving r1's bytes, while a
+    # host without that entry refused it.
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=1.0)
+    model_py = store / model_name / "r2" / "1" / "model.py"
+    model_py.write_text(model_py.read_text().replace("K = 1.0", "K = 20.0"))
+    daemon = daemons(store, config=INPLACE)
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    before = snapshot(daemon.repository / model_name)
+
+    response = daemon.deploy(model_name, "r2")
+
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "checksum_mismatch"
+    assert "1/model.py" in error["message"]
+    detail = _fetch_detail(daemon, response)
+    assert detail["files_cached"] == 1  # config.pbtxt: the size the store lists
+    assert detail["files_cache_refused"] == 1
+    assert snapshot(daemon.repository / model_name) == before
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "r1"
+    assert daemon.staging_leftovers() == []
+
+
+def test_a_cache_entry_changed_on_disk_is_not_served(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    write_scale_release(store, model_name, "r1", k=1.0)
+    daemon = daemons(store, config=INPLACE)
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    published = (store / model_name / "r1" / "1" / "model.py").read_bytes()
+    digest = hashlib.sha256(published).hexdigest()
+    entry = daemon.staging / "cas" / digest
+    # What `sed -i 's/K = 1.0/K = 9.0/'` does to the entry: a new inode, the same size.
+    tampered = entry.with_name(".sed-tmp")
+    tampered.write_bytes(published.replace(b"K = 1.0", b"K = 9.0"))
+    os.replace(tampered, entry)
+    # r2 lists r1's model.py (same hash) and one more file, so it is a release of its own.
+    release = write_scale_release(store, model_name, "r2", k=1.0)
+    (release / "1" / "notes.txt").write_text("r2\n", encoding="utf-8")
+    write_sha256sums(release)
+
+    response = daemon.deploy(model_name, "r2")
+
+    assert response.status_code == 200, response.text
+    assert infer_once(triton.grpc_url, model_name) == 1.0  # the store's bytes, not the entry's
+    assert (daemon.repository / model_name / "1" / "model.py").read_bytes() == published
+    assert entry.read_bytes() == published  # the verified download took the entry's place
+    detail = _fetch_detail(daemon, response)
+    assert detail["files_cached"] == 1  # config.pbtxt
+    assert detail["files_cache_refused"] == 1
+    assert digest in daemon.log()  # the warning names the deleted entry
