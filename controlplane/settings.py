@@ -107,6 +107,13 @@ class StagingSettings(_Group):
         description="Bound of the content cache of verified files (staging/cas); files no "
         "placed release uses are evicted beyond it. 0 disables the cache.",
     )
+    refuse_python_syntax_errors: bool = Field(
+        True,
+        description="Refuse a release whose Python sources do not compile (invalid_release, "
+        "naming the file and line) before anything is placed. They are compiled with the "
+        "daemon's Python: set false if Triton's Python backend runs a newer Python whose "
+        "syntax the daemon's does not know (a warning is logged instead).",
+    )
 
 
 class StoreSettings(_Group):

@@ -75,6 +75,7 @@ def check_filesystem(settings: Settings) -> StagingArea:
         settings.repository.path,
         settings.staging_path,
         cache_max_bytes=settings.staging.cache_max_bytes,
+        refuse_python_syntax_errors=settings.staging.refuse_python_syntax_errors,
     )
     staging.check()
     return staging

@@ -11,7 +11,8 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ReleaseNotFound        release_not_found
     │   ├── ReleaseIncomplete      release_incomplete
     │   ├── ChecksumMismatch       checksum_mismatch
-    │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files)
+    │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
+    │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
     │   ├── TritonLoadFailed       triton_load_failed
     │   ├── TritonError            triton_error      (Triton refused a call)

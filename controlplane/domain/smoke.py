@@ -9,16 +9,21 @@ Format (all keys but ``inputs`` optional)::
     }
 
 Without ``smoke.json`` the preflight generates inputs from the model config (ones, ``-1``
-dims as 1) and only checks that the inference succeeds.
+dims as 1). Either way the answer must carry every output the served config declares, none
+of them empty unless its dims allow it (:func:`check_answer`): Triton serves an answer that
+lacks an output, or holds zero elements, without an error, and clients would get
+``"outputs": []`` or ``"data": []`` from a release that looked healthy.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.domain.errors import PreflightFailed
+from controlplane.domain.traffic import Tensor
 
 SMOKE_NAME = "smoke.json"
 DATATYPES = frozenset(
@@ -91,3 +96,29 @@ def parse_smoke(text: str) -> SmokeSample:
     if not math.isfinite(tolerance) or tolerance < 0:
         raise PreflightFailed(f'{SMOKE_NAME}: "tolerance" must be finite and at least 0')
     return SmokeSample(inputs=inputs, expected=expected, tolerance=tolerance)
+
+
+def check_answer(declared: Sequence[Tensor], answered: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a smoke answer that lacks a declared output or holds an empty one.
+
+    ``declared`` are the outputs of the served config; ``answered`` maps each output of the
+    answer to its shape. An output may be empty only when its declared dims have a 0 (``-1``
+    dims are variable, but a model that answers nothing there is broken all the same).
+    """
+    for tensor in declared:
+        shape = answered.get(tensor.name)
+        if shape is None:
+            returned = ", ".join(repr(name) for name in sorted(answered)) or "no output at all"
+            raise PreflightFailed(
+                f"the smoke answer has no output {tensor.name!r}, which config.pbtxt declares "
+                f"(it returned {returned}); make model.py return every declared output under "
+                "the name config.pbtxt gives it, or rename the output in config.pbtxt",
+                details={"output": tensor.name, "problem": "missing"},
+            )
+        if math.prod(shape) == 0 and 0 not in tensor.dims:
+            raise PreflightFailed(
+                f"the smoke answer's output {tensor.name!r} is empty (shape {list(shape)}) "
+                f"although config.pbtxt declares dims {list(tensor.dims)}; make model.py "
+                "return values of the declared shape for it",
+                details={"output": tensor.name, "problem": "empty"},
+            )

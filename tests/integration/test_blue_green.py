@@ -13,7 +13,7 @@ from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions
-from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.models import SYNTAX_ERROR, write_scale_release, write_sha256sums
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
@@ -136,17 +136,42 @@ def test_deploying_the_serving_release_again_changes_nothing_and_keeps_the_warm_
     assert forced.status_code == 202, forced.text
 
 
-@pytest.mark.parametrize("failure", ["wrong-answer", "fails-to-load"])
+def _broken_r2(store: Path, model: str, failure: str) -> tuple[str, str]:
+    """Write the failing r2; return the error code and what its message must say."""
+    if failure == "wrong-answer":
+        _with_smoke(write_scale_release(store, model, "r2", k=2.0), expected=5.0)
+        return "preflight_failed", "expected [5.0]"
+    if failure == "fails-to-load":
+        write_scale_release(store, model, "r2", k=2.0, fail_init=True)
+        return "triton_load_failed", "initialize failed on purpose"
+    if failure == "renamed-output":  # config.pbtxt says OUTPUTX, model.py returns OUTPUT0
+        write_scale_release(store, model, "r2", k=2.0, declared_output="OUTPUTX")
+        return "preflight_failed", "no output 'OUTPUTX', which config.pbtxt declares"
+    if failure == "syntax-error":  # refused before anything is placed
+        release = write_scale_release(store, model, "r2", k=2.0, syntax_error=True)
+        lines = (release / "1" / "model.py").read_text().splitlines()
+        return "invalid_release", f"1/model.py line {lines.index(SYNTAX_ERROR) + 1}: "
+    dims = (1,) if failure == "empty-fixed-output" else (-1,)
+    write_scale_release(store, model, "r2", k=2.0, empty_output=True, output_dims=dims)
+    return "preflight_failed", "output 'OUTPUT0' is empty (shape [0]) although config.pbtxt"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        "wrong-answer",
+        "fails-to-load",
+        "renamed-output",
+        "empty-output",
+        "empty-fixed-output",
+        "syntax-error",
+    ],
+)
 def test_a_release_that_fails_preflight_never_takes_traffic(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, failure: str
 ) -> None:
     write_scale_release(store, model_name, "r1", k=1.0)
-    if failure == "wrong-answer":
-        _with_smoke(write_scale_release(store, model_name, "r2", k=2.0), expected=5.0)
-        code = "preflight_failed"
-    else:
-        write_scale_release(store, model_name, "r2", k=2.0, fail_init=True)
-        code = "triton_load_failed"
+    code, says = _broken_r2(store, model_name, failure)
     daemon = daemons(store, config=_config(model_name, retire_after=600))
     assert daemon.deploy(model_name, "r1").status_code == 200
 
@@ -155,13 +180,20 @@ def test_a_release_that_fails_preflight_never_takes_traffic(
         response = daemon.deploy(model_name, "r2")
         load.wait_for_answers(10)
 
-    assert response.json()["error"]["code"] == code
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert says in error["message"]
     assert [e for log in load.logs for e in log.errors] == []
     assert all(set(log.answers) == {1.0} for log in load.logs)
     green = f"{model_name}__green"
     assert _index(triton).get(green, "UNAVAILABLE") == "UNAVAILABLE"
     assert not (daemon.repository / green).exists()
-    assert daemon.get(f"/v1/models/{model_name}").json()["alias_target"] == f"{model_name}__blue"
+    assert daemon.staging_leftovers() == []
+    model = daemon.get(f"/v1/models/{model_name}").json()
+    assert model["alias_target"] == f"{model_name}__blue"
+    assert model["active_release"] == "r1"
+    assert infer_once(triton.grpc_url, model_name) == 1.0
 
 
 def test_after_triton_and_daemon_restart_the_alias_serves_the_active_release(

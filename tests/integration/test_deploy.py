@@ -102,6 +102,11 @@ def _fails_initialize(store: Path, model: str) -> str:
     return "bad-init"
 
 
+def _syntax_error(store: Path, model: str) -> str:
+    write_scale_release(store, model, "bad-syntax", k=7.0, syntax_error=True)
+    return "bad-syntax"
+
+
 REFUSED_BEFORE_WORK = ("release_not_found", "release_incomplete")
 
 
@@ -133,6 +138,7 @@ class TestBadReleases:
             (_broken_config, 422, "invalid_model_config", "config.pbtxt"),
             (_fails_initialize, 422, "triton_load_failed", "initialize failed on purpose"),
             (_manifest_not_utf8, 422, "invalid_release", "is not UTF-8 text"),
+            (_syntax_error, 422, "invalid_release", "1/model.py line "),
             (_missing, 404, "release_not_found", "does-not-exist"),
             (_no_checksums, 409, "release_incomplete", "SHA256SUMS"),
         ],
@@ -141,6 +147,7 @@ class TestBadReleases:
             "broken-config",
             "fails-initialize",
             "manifest-not-utf8",
+            "syntax-error",
             "missing",
             "no-checksums",
         ],

@@ -24,6 +24,7 @@ __all__ = [
     "LEAK_HOLDER_MARK",
     "LEAK_PREFIX",
     "SHA256SUMS",
+    "SYNTAX_ERROR",
     "cleanup_leaks",
     "corrupt_file",
     "leak_files",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 SHA256SUMS = "SHA256SUMS"
+SYNTAX_ERROR = "def broken(:"  # the line `syntax_error=True` ends model.py with
 
 _CONFIG = """\
 name: "{name}"
@@ -49,9 +51,9 @@ input [
 ]
 output [
   {{
-    name: "OUTPUT0"
+    name: "{output}"
     data_type: TYPE_FP32
-    dims: [ -1 ]
+    dims: [ {output_dims} ]
   }}
 ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
@@ -68,6 +70,7 @@ K = {k!r}
 INIT_SLEEP = {init_sleep!r}
 FAIL_INIT = {fail_init!r}
 EXECUTE_SLEEP = {execute_sleep!r}
+EMPTY_OUTPUT = {empty_output!r}
 
 
 class TritonPythonModel:
@@ -84,6 +87,8 @@ class TritonPythonModel:
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             y = (x * np.float32(K)).astype(np.float32)
+            if EMPTY_OUTPUT:
+                y = np.zeros((0,), dtype=np.float32)
             responses.append(
                 pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", y)])
             )
@@ -91,6 +96,12 @@ class TritonPythonModel:
 """
 
 _BROKEN_CONFIG = 'name: "x"\ninput [ { oops } ]\n'
+
+
+def _config(name: str, output: str = "OUTPUT0", output_dims: tuple[int, ...] = (-1,)) -> str:
+    return _CONFIG.format(
+        name=name, output=output, output_dims=", ".join(str(d) for d in output_dims)
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -145,19 +156,31 @@ def write_scale_release(
     execute_sleep: float = 0.0,
     checksums: bool = True,
     config_name: str | None = None,
+    declared_output: str = "OUTPUT0",
+    output_dims: tuple[int, ...] = (-1,),
+    empty_output: bool = False,
+    syntax_error: bool = False,
 ) -> Path:
     """Write a release whose model answers `OUTPUT0 = INPUT0 * k`; returns the release dir.
 
     `init_sleep` slows the load, `fail_init` makes it FAILED, `execute_sleep` keeps requests
     in flight. `checksums=False` leaves the release unpublished (no `SHA256SUMS`).
+
+    Broken answers that still load: `declared_output` renames the output in `config.pbtxt`
+    only (model.py still returns `OUTPUT0`), `empty_output` makes model.py return zero
+    elements whatever `output_dims` the config declares. `syntax_error` ends model.py with
+    a line Python cannot compile (`SYNTAX_ERROR`).
     """
     model_py = _MODEL.format(
         k=float(k),
         init_sleep=float(init_sleep),
         fail_init=bool(fail_init),
         execute_sleep=float(execute_sleep),
+        empty_output=bool(empty_output),
     )
-    config = _CONFIG.format(name=config_name or model)
+    if syntax_error:
+        model_py += SYNTAX_ERROR + "\n"
+    config = _config(config_name or model, declared_output, output_dims)
     release_dir = _write_release(store, model, release, config, model_py)
     if checksums:
         write_sha256sums(release_dir)
@@ -166,7 +189,9 @@ def write_scale_release(
 
 def write_broken_config_release(store: Path, model: str, release: str) -> Path:
     """A published release (valid `SHA256SUMS`) whose `config.pbtxt` does not parse."""
-    model_py = _MODEL.format(k=1.0, init_sleep=0.0, fail_init=False, execute_sleep=0.0)
+    model_py = _MODEL.format(
+        k=1.0, init_sleep=0.0, fail_init=False, execute_sleep=0.0, empty_output=False
+    )
     release_dir = _write_release(store, model, release, _BROKEN_CONFIG, model_py)
     write_sha256sums(release_dir)
     return release_dir
@@ -272,7 +297,7 @@ def write_leaky_release(
         prefix=LEAK_PREFIX,
         mark=LEAK_HOLDER_MARK,
     )
-    release_dir = _write_release(store, model, release, _CONFIG.format(name=model), model_py)
+    release_dir = _write_release(store, model, release, _config(model), model_py)
     (release_dir / HELD_FILE).write_text("held open by a process the model leaves behind\n")
     write_sha256sums(release_dir)
     return release_dir

@@ -279,15 +279,43 @@ def test_finalize_byte_compiles_python_sources(area: StagingArea) -> None:
     assert compiled.stat().st_mtime_ns >= (source / "1" / "model.py").stat().st_mtime_ns
 
 
-def test_finalize_survives_a_syntax_error_and_logs_it(
-    area: StagingArea, caplog: pytest.LogCaptureFixture
+def test_finalize_refuses_a_python_source_that_does_not_compile(area: StagingArea) -> None:
+    source = staged(area, "op-1", {**NEW, "1/model.py": b"import numpy\n\ndef broken(:\n"})
+
+    with pytest.raises(UnsafeRelease) as raised:
+        area.finalize(source, ReleaseMarker("m", "r2", "op-1"))
+
+    assert raised.value.code == "invalid_release"
+    assert raised.value.message.startswith("1/model.py line 3: ")
+    assert "staging.refuse_python_syntax_errors" in raised.value.message
+    assert raised.value.details == {"file": "1/model.py"}
+    assert not (source / MARKER_NAME).exists()
+
+
+def test_finalize_refuses_a_python_source_that_is_not_text(area: StagingArea) -> None:
+    source = staged(area, "op-1", {**NEW, "1/util.py": b"X = 1\n\x00\n"})
+
+    with pytest.raises(UnsafeRelease) as raised:
+        area.finalize(source, ReleaseMarker("m", "r2", "op-1"))
+
+    assert raised.value.message.startswith("1/util.py")  # a line too from Python 3.12 on
+    assert "null bytes" in raised.value.message
+
+
+def test_finalize_only_logs_a_syntax_error_when_told_not_to_refuse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # For a Triton whose Python backend runs a newer Python than the daemon's.
+    area = StagingArea(
+        tmp_path / "repository", tmp_path / "staging", refuse_python_syntax_errors=False
+    )
+    area.check()
     source = staged(area, "op-1", {**NEW, "1/model.py": b"def broken(:\n"})
 
     with caplog.at_level(logging.WARNING):
         area.finalize(source, ReleaseMarker("m", "r2", "op-1"))
 
-    assert "could not byte-compile model.py" in caplog.text
+    assert "could not byte-compile 1/model.py line 1: " in caplog.text
     assert (source / MARKER_NAME).is_file()
 
 

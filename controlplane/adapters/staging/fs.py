@@ -16,6 +16,7 @@ import logging
 import os
 import py_compile
 import shutil
+import sys
 import threading
 import uuid
 from collections.abc import Mapping
@@ -44,10 +45,18 @@ RELEASE_DIR = "model"
 
 
 class StagingArea:
-    def __init__(self, repository: Path, staging: Path, *, cache_max_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        staging: Path,
+        *,
+        cache_max_bytes: int = 0,
+        refuse_python_syntax_errors: bool = True,
+    ) -> None:
         self.repository = repository
         self.staging = staging
         self.cache = ContentCache(staging / CACHE_DIR, cache_max_bytes)
+        self.refuse_python_syntax_errors = refuse_python_syntax_errors
 
     # --- start-up checks --------------------------------------------------------------
 
@@ -128,7 +137,7 @@ class StagingArea:
             )
 
     def finalize(self, root: Path, marker: ReleaseMarker) -> None:
-        _byte_compile(root)
+        _byte_compile(root, refuse=self.refuse_python_syntax_errors)
         (root / MARKER_NAME).write_text(
             json.dumps(
                 {
@@ -272,15 +281,39 @@ class StagingArea:
         return removed
 
 
-def _byte_compile(root: Path) -> None:
+def _byte_compile(root: Path, *, refuse: bool) -> None:
     """Compile Python-backend sources now, so Python never writes ``__pycache__`` after the
-    load: Triton would see a newer mtime and treat the model as modified."""
+    load: Triton would see a newer mtime and treat the model as modified.
+
+    A source that does not compile is refused (``refuse``) before anything is placed: Triton
+    would only fail the load, after the release took a slot. It is compiled with the daemon's
+    Python, which may be older than the one Triton's Python backend runs; without ``refuse``
+    (``staging.refuse_python_syntax_errors: false``) it is only logged.
+    """
     for source in sorted(root.rglob("*.py")):
         try:
             py_compile.compile(str(source), doraise=True)
         except py_compile.PyCompileError as exc:
-            # Triton will report the same error when it loads the model, with its context.
-            log.warning("could not byte-compile %s: %s", source.name, exc.msg)
+            problem = _compile_problem(source.relative_to(root).as_posix(), exc)
+            if not refuse:
+                log.warning("could not byte-compile %s", problem)
+                continue
+            python = f"{sys.version_info.major}.{sys.version_info.minor}"
+            raise UnsafeRelease(
+                f"{problem}. Triton's Python backend could not load it: fix the source and "
+                f"publish a new release (compiled with Python {python}; if Triton runs a newer "
+                "Python that accepts it, set staging.refuse_python_syntax_errors: false)",
+                details={"file": source.relative_to(root).as_posix()},
+            ) from exc
+
+
+def _compile_problem(rel: str, exc: py_compile.PyCompileError) -> str:
+    """``<file> line <n>: <the compiler's message>`` (the line when the compiler gives one)."""
+    error = exc.exc_value
+    if isinstance(error, SyntaxError):  # IndentationError and TabError included
+        line = f" line {error.lineno}" if error.lineno else ""
+        return f"{rel}{line}: {error.msg}"
+    return f"{rel}: {error}"  # not text Python can read (a null byte, bad encoding)
 
 
 def _fsync_tree(root: Path) -> None:

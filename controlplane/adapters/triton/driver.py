@@ -33,7 +33,12 @@ from controlplane.adapters.triton.overrides import (
     cpu_only_config,
     signature_of,
 )
-from controlplane.adapters.triton.preflight import check_outputs, generated_inputs, sample_inputs
+from controlplane.adapters.triton.preflight import (
+    check_outputs,
+    decode_answer,
+    generated_inputs,
+    sample_inputs,
+)
 from controlplane.domain.errors import (
     ControlPlaneError,
     PreflightFailed,
@@ -43,7 +48,7 @@ from controlplane.domain.errors import (
     TritonTimeout,
     TritonUnavailable,
 )
-from controlplane.domain.smoke import SmokeSample
+from controlplane.domain.smoke import SmokeSample, check_answer
 from controlplane.domain.traffic import Signature
 from controlplane.ports import IndexEntry
 
@@ -208,22 +213,25 @@ class TritonDriver:
             return await self._client.infer(model, tensors, client_timeout=self._call_timeout)
 
         result = await self._retrying(call, what=f"inference on {model!r}")
-        outputs = result.get_response(as_json=True).get("outputs", [])
-        return {out["name"]: result.as_numpy(out["name"]) for out in outputs}
+        return decode_answer(model, result)
 
     async def smoke(self, model: str, sample: SmokeSample | None) -> dict[str, list[float]]:
-        """One inference with the sample's inputs (or generated ones), checked if it can be."""
-        inputs = (
-            sample_inputs(sample)
-            if sample is not None
-            else generated_inputs(await self.model_config(model))
-        )
+        """One inference with the sample's inputs (or generated ones); the answer must hold
+        every output the served config declares, none of them empty, and match the sample's
+        expected values if it has any."""
+        config = await self.model_config(model)
+        inputs = sample_inputs(sample) if sample is not None else generated_inputs(config)
         try:
             outputs = await self.infer(model, inputs)
         except TransientError:
             raise  # Triton unreachable or slow: nothing is known about the release yet
+        except PreflightFailed:
+            raise  # an answer that cannot be decoded: already says which output and why
         except ControlPlaneError as exc:
             raise PreflightFailed(f"smoke inference on {model!r} failed: {exc.message}") from exc
+        check_answer(
+            signature_of(config).outputs, {name: array.shape for name, array in outputs.items()}
+        )
         return check_outputs(outputs, sample)
 
     async def close(self) -> None:

@@ -1,7 +1,9 @@
 """Smoke inference for the preflight: one request to a freshly loaded slot, checked.
 
 Inputs come from the release's ``smoke.json`` or are generated from the model config (ones,
-``-1`` dims as 1, a batch of one when the model batches). numpy stays in this adapter.
+``-1`` dims as 1, a batch of one when the model batches); the answer is decoded here, and
+checked against the config by :func:`controlplane.domain.smoke.check_answer`. numpy stays in
+this adapter.
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ def sample_inputs(sample: SmokeSample) -> dict[str, np.ndarray[Any, Any]]:
         except ValueError as exc:
             raise PreflightFailed(f"smoke.json input {name!r}: {exc}") from None
     return arrays
+
+
+def decode_answer(model: str, result: Any) -> dict[str, np.ndarray[Any, Any]]:
+    """Every output of an inference answer (tritonclient's ``InferResult``) as numpy.
+
+    An output whose data does not fit the shape and datatype the answer gives it makes
+    tritonclient's reshape raise ValueError: that is the model's fault, so it is a
+    :class:`PreflightFailed` naming the output, not an internal error of the daemon.
+    """
+    outputs = {}
+    for out in result.get_response(as_json=True).get("outputs", []):
+        name = str(out["name"])
+        try:
+            outputs[name] = result.as_numpy(name)
+        except ValueError as exc:
+            shape = [int(d) for d in out.get("shape", [])]
+            raise PreflightFailed(
+                f"the answer of {model!r} cannot be decoded: output {name!r} is "
+                f"{out.get('datatype', '?')} of shape {shape} but its data does not fit ({exc}); "
+                "make model.py return for it an array of the shape and datatype it declares",
+                details={"output": name, "problem": "undecodable"},
+            ) from exc
+    return outputs
 
 
 def check_outputs(
