@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
-from tests.integration.conftest import DaemonFactory
+from tests.integration.conftest import DaemonFactory, serving_r2
 from tests.support.daemon import Daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions
 from tests.support.models import SYNTAX_ERROR, write_scale_release, write_sha256sums
@@ -90,11 +90,7 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
 def test_rollback_inside_the_retire_window_is_a_re_point(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    write_scale_release(store, model_name, "r1", k=1.0)
-    write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store, config=_config(model_name, retire_after=600))
-    assert daemon.deploy(model_name, "r1").status_code == 200
-    assert daemon.deploy(model_name, "r2").status_code == 200
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name, retire_after=600))
 
     response = daemon.post(f"/v1/models/{model_name}/rollback", {"wait": True})
 
@@ -116,11 +112,7 @@ def test_rollback_inside_the_retire_window_is_a_re_point(
 def test_deploying_the_serving_release_again_changes_nothing_and_keeps_the_warm_slot(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    write_scale_release(store, model_name, "r1", k=1.0)
-    write_scale_release(store, model_name, "r2", k=2.0)
-    daemon = daemons(store, config=_config(model_name, retire_after=600))
-    assert daemon.deploy(model_name, "r1").status_code == 200
-    assert daemon.deploy(model_name, "r2").status_code == 200
+    daemon = serving_r2(daemons, store, model_name, config=_config(model_name, retire_after=600))
     before = daemon.get(f"/v1/models/{model_name}").json()
 
     again = daemon.deploy(model_name, "r2")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from controlplane.adapters.stores.local_watch import watch_local_store
+from tests.support.polling import until
 
 DEADLINE = 10.0
 
@@ -19,7 +22,9 @@ async def _woken(wake: asyncio.Event, what: str) -> None:
     wake.clear()
 
 
-def test_a_store_that_does_not_exist_yet_is_watched_once_it_appears(tmp_path: Path) -> None:
+def test_a_store_that_does_not_exist_yet_is_watched_once_it_appears(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A missing store dir used to end the job at once, and the supervisor restarted it
     every few seconds, logging an error each time."""
 
@@ -28,8 +33,11 @@ def test_a_store_that_does_not_exist_yet_is_watched_once_it_appears(tmp_path: Pa
         wake = asyncio.Event()
         job = asyncio.create_task(watch_local_store(root, wake, appear_poll=0.05))
         try:
-            await asyncio.sleep(0.2)  # several looks for the dir: the job must still run
-            assert not job.done()
+            await until(
+                lambda: any("looking for it every" in m for m in caplog.messages),
+                "the job said it looks for the store dir",
+            )
+            assert not job.done()  # it looks again rather than end
             root.mkdir()
             await _woken(wake, "the store dir appeared")
             for attempt in range(50):  # the watch starts a moment after the wake-up
