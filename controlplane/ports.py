@@ -16,6 +16,7 @@ from typing import Protocol
 
 from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
+from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport
 from controlplane.domain.operations import Operation, Step
 from controlplane.domain.releases import ReleaseInfo
@@ -533,6 +534,49 @@ class Telemetry(Protocol):
 
     def store_retried(self, cause: RetryCause) -> None:
         """A store request is being tried again, for ``cause``."""
+        ...
+
+
+# --- the fleet ----------------------------------------------------------------------------
+
+
+class DesiredStates(Protocol):
+    """The fleet's desired state and its members' heartbeats, in the store the fleet shares
+    (under ``_controlplane/``). Blocking: services call it from worker threads.
+
+    Errors: :class:`StoreUnavailable` (retry later), :class:`StoreError` (refused, or a record
+    that is not readable), :class:`DesiredStateConflict` from :meth:`swap`."""
+
+    @property
+    def where(self) -> str:
+        """Where the records are, for messages (``s3://bucket/prefix/_controlplane``)."""
+        ...
+
+    def read(self, model: str) -> DesiredModel | None:
+        """The model's record; None when the fleet has none."""
+        ...
+
+    def read_all(self) -> dict[str, DesiredModel]:
+        """Every model's record, by model. A record that cannot be read is left out (and
+        logged): a model the fleet cannot read is not acted on."""
+        ...
+
+    def swap(self, desired: DesiredModel) -> None:
+        """Write ``desired`` if the stored record is still generation
+        ``desired.generation - 1`` (absent, for generation 1); else
+        :class:`DesiredStateConflict`, naming the record that won."""
+        ...
+
+    def beat(self, beat: MemberBeat) -> None:
+        """Write this member's heartbeat (replacing its last one)."""
+        ...
+
+    def beats(self) -> dict[str, MemberBeat]:
+        """Every member's last heartbeat, alive or not, by member."""
+        ...
+
+    def forget(self, member: str) -> None:
+        """Delete a member's heartbeat (it left the fleet for good)."""
         ...
 
 

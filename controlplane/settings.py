@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -36,10 +37,12 @@ from pydantic_settings import (
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.evaluator import check_threshold
 from controlplane.domain.names import (
+    validate_member_name,
     validate_model_name,
     validate_release_name,
     validate_slot_suffix,
 )
+from controlplane.domain.rollout import RolloutPolicy
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -204,6 +207,23 @@ class ApiSettings(_Group):
     )
 
 
+class RolloutSettings(_Group):
+    canary_members: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Fleet rollout: members that serve a new release first (the one that "
+        "received the deploy counts) while the others keep the stable release; 0: every "
+        "member at once.",
+    )
+    bake_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Fleet rollout: how long the canaries serve the release, with healthy GPU "
+        "verdicts and no failed deploy, before every member follows.",
+    )
+
+
 class ModelPolicy(_Group):
     auto_deploy: bool = Field(
         False,
@@ -239,6 +259,11 @@ class ModelPolicy(_Group):
         True,
         description="Roll back by itself on GPU overload (watcher or alert); the runbook route "
         "POST /api/v1/model/reload acts either way.",
+    )
+    rollout: RolloutSettings = Field(
+        default_factory=RolloutSettings,
+        description="How a new release spreads across the fleet: canary_members first, for "
+        "bake_seconds, then the rest.",
     )
 
     @field_validator("slot_suffixes")
@@ -321,6 +346,12 @@ class RollbackSettings(_Group):
     cpu_budget_seconds: float = Field(
         2.0, gt=0, description="Time for the CPU-only reload before the rollback is failed."
     )
+    scope: Literal["fleet", "member"] = Field(
+        "fleet",
+        description="What an automatic rollback changes: fleet (this member rolls back, then "
+        "the fleet's desired state moves to the fallback and the release is latched degraded "
+        "for every member) or member (only the member that saw the overload).",
+    )
     alert_label: str = Field(
         "model",
         pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
@@ -389,6 +420,38 @@ class MemorySettings(_Group):
     )
 
 
+class FleetSettings(_Group):
+    enabled: bool = Field(
+        True,
+        description="Keep the desired state in the store (under _controlplane/), shared by "
+        "every daemon on that store, so that a deploy through any member reaches all of them. "
+        "The store must then be writable. false: the desired state lives in this daemon's "
+        "database alone, and the store may be read-only.",
+    )
+    member: str | None = Field(
+        None,
+        description="This member's name in the fleet. Default: the host name (in Kubernetes "
+        "set it to the pod's name from the downward API).",
+    )
+    heartbeat_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="How often this member writes its heartbeat (what it serves, its GPU "
+        "verdict) into the store; a member not seen for 3 beats is not alive.",
+    )
+
+    @field_validator("member")
+    @classmethod
+    def _member_name(cls, member: str | None) -> str | None:
+        if member is not None:
+            try:
+                validate_member_name(member)
+            except InvalidName as exc:
+                raise ValueError(exc.message) from None
+        return member
+
+
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -407,6 +470,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     rollback: RollbackSettings = Field(default_factory=RollbackSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
     models: dict[str, ModelPolicy] = Field(
@@ -449,6 +513,14 @@ class Settings(BaseSettings):
             keep_warm=policy.keep_fallback_warm,
         )
 
+    def rollout(self, model: str) -> RolloutPolicy:
+        rollout = self.policy(model).rollout
+        return RolloutPolicy(rollout.canary_members, rollout.bake_seconds)
+
+    @property
+    def member_name(self) -> str:
+        return self.fleet.member or _host_name()
+
     @property
     def staging_path(self) -> Path:
         return self.staging.path or self.repository.path.parent / "staging"
@@ -456,6 +528,15 @@ class Settings(BaseSettings):
     @property
     def database_path(self) -> Path:
         return self.database.path or self.repository.path.parent / "controlplane.db"
+
+
+def _host_name() -> str:
+    """The host name as a member name (a pod's name in Kubernetes)."""
+    name = socket.gethostname().split(".")[0] or "member"
+    try:
+        return validate_member_name(name)
+    except InvalidName:
+        return "member"
 
 
 def _is_loopback(host: str) -> bool:
@@ -578,7 +659,7 @@ def render_defaults() -> str:
             if field.is_required():
                 out.append(f"  {name}:  # required")
             else:
-                out.append(f"  {name}: {_yaml_value(field.default)}")
+                out.append(f"  {name}: {_yaml_value(field.get_default(call_default_factory=True))}")
     out += [
         "",
         f"# {Settings.model_fields['models'].description}",
@@ -609,13 +690,20 @@ def settings_help() -> str:
     ]
     for group_name, group_type in _groups():
         for name, field in group_type.model_fields.items():
-            default = "required" if field.is_required() else f"default {_yaml_value(field.default)}"
+            default = (
+                "required"
+                if field.is_required()
+                else f"default {_yaml_value(field.get_default(call_default_factory=True))}"
+            )
             lines.append(f"{env_name(group_name, name)}: {field.description} ({default})")
             lines.append("")
     return "\n".join(lines)
 
 
 def _yaml_value(value: object) -> str:
+    if isinstance(value, BaseModel):
+        fields = value.model_dump()
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in fields.items()) + "}"
     if value is None:
         return "null"
     if isinstance(value, bool):

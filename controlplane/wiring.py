@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
+from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.host import HostAndGpuMemory
 from controlplane.adapters.instance_lock import InstanceLock, places
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
+from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import watch_local_store
 from controlplane.adapters.telemetry import PrometheusTelemetry
@@ -19,11 +23,13 @@ from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
-from controlplane.ports import ModelStore, Telemetry, UtilizationSource
+from controlplane.ports import DesiredStates, ModelStore, Telemetry, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
+from controlplane.services.fleet_ledger import FleetLedger, Member
+from controlplane.services.fleet_sync import FleetSync
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
@@ -58,6 +64,7 @@ class Container:
     telemetry: PrometheusTelemetry
     supervisor: Supervisor
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
+    fleet: FleetSync | None = None  # None: fleet.enabled is false
 
     async def close(self) -> None:
         await self.runner.close()
@@ -113,6 +120,17 @@ def build_store(settings: Settings, telemetry: Telemetry | None = None) -> Model
     return LocalStore(store.local_path, telemetry=telemetry)
 
 
+def build_records(settings: Settings, store: ModelStore) -> DesiredStates:
+    """Where the fleet's desired state and heartbeats live: beside the releases."""
+    if settings.store.scheme == "s3":
+        from controlplane.adapters.stores.s3 import S3Store
+        from controlplane.adapters.stores.s3_fleet import S3DesiredStates
+
+        assert isinstance(store, S3Store)
+        return S3DesiredStates(store)
+    return LocalDesiredStates(settings.store.local_path)
+
+
 def build(settings: Settings) -> Container:
     """Build the object graph. Must run inside the event loop that will serve requests."""
     staging = check_filesystem(settings)
@@ -120,6 +138,18 @@ def build(settings: Settings) -> Container:
     repos = SqliteRepos.open(settings.database_path)
     telemetry = PrometheusTelemetry()
     store = build_store(settings, telemetry)
+    fleet_wake = asyncio.Event()
+    ledger = (
+        FleetLedger(
+            records=build_records(settings, store),
+            member=Member(settings.member_name, uuid.uuid4().hex[:12], __version__),
+            clock=clock,
+            rollout_for=settings.rollout,
+            wake=fleet_wake.set,
+        )
+        if settings.fleet.enabled
+        else None
+    )
     triton = TritonDriver(
         settings.triton.grpc_url,
         call_timeout=settings.triton.call_timeout_seconds,
@@ -177,6 +207,8 @@ def build(settings: Settings) -> Container:
             max_release_bytes=settings.store.max_release_bytes,
         ),
         telemetry=telemetry,
+        fleet=ledger,
+        fleet_rollbacks=settings.rollback.scope == "fleet",
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
     rollback = AutoRollback(
@@ -245,8 +277,25 @@ def build(settings: Settings) -> Container:
         interval=settings.store.poll_interval_seconds,
     )
     ready = asyncio.Event()
+    reconciled = asyncio.Event() if ledger is not None else ready
     supervisor = Supervisor(clock, telemetry)
-    supervisor.add("reconcile", lambda: reconciler.run(settings.reconcile.interval_seconds, ready))
+    supervisor.add(
+        "reconcile", lambda: reconciler.run(settings.reconcile.interval_seconds, reconciled)
+    )
+    fleet = None
+    if ledger is not None:
+        fleet = FleetSync(
+            ledger=ledger,
+            deploy=deploy,
+            serving=repos.serving,
+            rollbacks=repos.rollbacks,
+            clock=clock,
+            poll_interval=settings.store.poll_interval_seconds,
+            beat_interval=settings.fleet.heartbeat_seconds,
+            overload=lambda: overload_verdict(overload),
+            wake=fleet_wake,
+        )
+        supervisor.add("fleet-sync", partial(fleet.run, reconciled, ready))
 
     async def watch_releases() -> None:
         await ready.wait()  # the watcher starts once start-up reconcile has run
@@ -287,7 +336,21 @@ def build(settings: Settings) -> Container:
         memory=memory_watch,
         supervisor=supervisor,
         readers=closers,
+        fleet=fleet,
     )
+
+
+def overload_verdict(overload: OverloadWatcher | None) -> str | None:
+    """The overload verdict a heartbeat carries: None when the watcher is off, ``no_gpu``
+    when there is no GPU to watch (nothing can overload), else the evaluator's verdict."""
+    if overload is None:
+        return None
+    view = overload.view
+    if view is None:
+        return "unknown"
+    if view.last_value is None and "no GPU" in view.note:
+        return "no_gpu"
+    return view.evaluation.verdict.value
 
 
 def build_utilization_source(

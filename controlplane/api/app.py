@@ -194,6 +194,8 @@ def create_app(settings: Settings) -> FastAPI:
             missing = await c.reconciler.not_serving()
         except TransientError as exc:
             return JSONResponse(error_body(exc.code, exc.message), status_code=503)
+        if c.fleet is not None:
+            missing = {**c.fleet.not_serving(), **missing}
         if missing:
             names = ", ".join(f"{model} ({why})" for model, why in sorted(missing.items()))
             return JSONResponse(

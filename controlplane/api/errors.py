@@ -42,6 +42,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "insufficient_memory": 409,
     "invalid_transition": 409,
     "release_changed": 409,
+    "desired_state_conflict": 409,
     "request_too_large": 413,
     "unsupported_media_type": 415,
     "checksum_mismatch": 422,
@@ -56,6 +57,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "interrupted": 500,
     "staging_failed": 500,
     "triton_error": 502,
+    "member_failed": 502,
     "store_error": 502,
     "triton_unavailable": 503,
     "not_ready": 503,
@@ -63,6 +65,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "store_unavailable": 503,
     "triton_timeout": 504,
     "budget_exceeded": 504,
+    "fleet_timeout": 504,
     "insufficient_disk": 507,
 }
 

@@ -29,6 +29,9 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ReleaseTooLarge        release_too_large (over store.max_release_bytes)
     │   ├── NoFallback             no_fallback
     │   ├── InvalidRequest         invalid_request
+    │   ├── DesiredStateConflict   desired_state_conflict (another member changed the fleet's
+    │   │                                             desired state first)
+    │   ├── MemberFailed           member_failed     (a member of the fleet could not follow)
     │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
         ├── TritonUnavailable      triton_unavailable
@@ -36,6 +39,7 @@ failure is worth retrying is part of its type, never a guess at the call site::
         ├── StoreUnavailable       store_unavailable (throttled, 5xx, dropped connections,
         │                                             bytes corrupted on the wire)
         ├── ReleaseChanged         release_changed   (objects changed during the download)
+        ├── FleetTimeout           fleet_timeout     (members did not follow within the bound)
         └── Interrupted            interrupted       (cancelled: shutdown, a fetch stopped)
 
 HTTP status codes are not known here: ``api/errors.py`` holds the one table from code to status.
@@ -188,3 +192,22 @@ class InsufficientMemory(PermanentError):
 
 class NameConflict(PermanentError):
     code = "name_conflict"
+
+
+class DesiredStateConflict(PermanentError):
+    """The fleet's desired state of a model changed since this request read it: another
+    member (or request) won the compare-and-swap. ``details`` say who set what."""
+
+    code = "desired_state_conflict"
+
+
+class MemberFailed(PermanentError):
+    """A member of the fleet failed to serve the desired release (``details``: each member)."""
+
+    code = "member_failed"
+
+
+class FleetTimeout(TransientError):
+    """Live members did not all serve the desired release within the wait's bound."""
+
+    code = "fleet_timeout"

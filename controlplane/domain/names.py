@@ -74,3 +74,8 @@ def validate_slot_suffix(suffix: object) -> str:
             f"and '-', at most {limit} characters in all"
         )
     return suffix
+
+
+def validate_member_name(name: object) -> str:
+    """A fleet member's name (a pod or host name): it names its heartbeat record."""
+    return _validate("member", name, MAX_NAME_LENGTH)

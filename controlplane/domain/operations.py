@@ -32,6 +32,7 @@ class Trigger(StrEnum):
     ALERT = "alert"
     RECONCILE = "reconcile"
     SCHEDULE = "schedule"  # a timer the daemon set itself (retiring an old slot)
+    FLEET = "fleet"  # the fleet's desired state moved (another member went first)
 
 
 class CancelReason(StrEnum):

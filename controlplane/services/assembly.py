@@ -27,6 +27,7 @@ from controlplane.ports import (
 from controlplane.services.bluegreen import BlueGreen, Bounds
 from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployService
+from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
@@ -77,6 +78,8 @@ def assemble(
     policy_for: Callable[[str], TrafficPolicy],
     limits: Limits,
     telemetry: Telemetry = NO_TELEMETRY,
+    fleet: FleetLedger | None = None,
+    fleet_rollbacks: bool = True,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal, staging=staging, clock=clock, locks=ModelLocks(), telemetry=telemetry
@@ -131,6 +134,8 @@ def assemble(
         policy_for=policy_for,
         require_checksums=limits.require_checksums,
         unload_timeout=limits.unload_seconds,
+        fleet=fleet,
+        fleet_rollbacks=fleet_rollbacks,
     )
     reconciler = Reconciler(
         deploy=deploy,

@@ -12,6 +12,10 @@ an error answer, not an operation. The bodies run in a task owned by the
   (:class:`Unchanged`), as ``kubectl apply`` does; ``force`` loads it again.
 * A rollback a person asks for rejects the release it leaves: it is latched degraded, so it is
   neither the fallback nor pushed again by the watcher until someone deploys it by name.
+* In a fleet, what a person, CI, the release watcher or a fleet-scope automatic rollback asks
+  of this member is published to the fleet's desired state as the operation's last step, once
+  it serves here (:mod:`.fleet_ledger`); what the fleet's sync asks (trigger ``fleet``), repairs
+  and retires are this member's own business and publish nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from controlplane.domain.errors import (
     NoPreviousRelease,
     ReleaseIncomplete,
 )
+from controlplane.domain.fleet import DesiredModel
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
     CancelReason,
@@ -37,7 +42,7 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.domain.rollback import DegradedRelease
+from controlplane.domain.rollback import AUTOMATIC, DegradedRelease
 from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
@@ -51,6 +56,7 @@ from controlplane.ports import (
 )
 from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.cpu_fallback import reload_on_cpu
+from controlplane.services.fleet_ledger import FleetLedger, Publication
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
 from controlplane.services.runner import CANCEL_GRACE, AfterSuccess, Body, OperationRunner, Run
@@ -58,6 +64,13 @@ from controlplane.services.slots import SlotBook
 
 log = logging.getLogger(__name__)
 PEOPLE = (Trigger.API, Trigger.CLI)
+
+
+@dataclass(frozen=True)
+class _FleetBase:
+    """The fleet's record of a model when a request that publishes arrived (None: none yet)."""
+
+    record: DesiredModel | None
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,8 @@ class DeployService:
         policy_for: Callable[[str], TrafficPolicy],
         require_checksums: bool = True,
         unload_timeout: float = 60.0,
+        fleet: FleetLedger | None = None,
+        fleet_rollbacks: bool = True,
     ) -> None:
         self._store = store
         self._staging = staging
@@ -104,6 +119,8 @@ class DeployService:
         self._policy_for = policy_for
         self._require_checksums = require_checksums
         self._unload_timeout = unload_timeout
+        self.fleet = fleet
+        self._fleet_rollbacks = fleet_rollbacks  # rollback.scope: fleet
 
     def blue_green(self, model: str) -> bool:
         return self._policy_for(model).strategy is Strategy.BLUE_GREEN
@@ -127,11 +144,20 @@ class DeployService:
         headroom check finds too little free memory."""
         validate_model_name(model)
         validate_release_name(release)
+        base = await self._fleet_base(model, kind, trigger)
         if not force and kind is OperationKind.DEPLOY:
             unchanged = await self._unchanged(model, release)
-            if unchanged is not None:
+            if unchanged is not None and self._fleet_agrees(base, release):
                 log.info("%s", unchanged.message, extra={"model": model, "release": release})
                 return unchanged
+            if unchanged is not None:  # it serves here already: only the fleet has to hear it
+                return await self._start(
+                    kind,
+                    model,
+                    release,
+                    trigger,
+                    lambda run: self._publish(run, base, release),
+                )
         strategy = self.bluegreen if self.blue_green(model) else self._inplace
         info: ReleaseInfo | None = None
 
@@ -143,6 +169,7 @@ class DeployService:
         async def body(run: Run) -> None:
             assert info is not None  # resolved before the operation was recorded
             await strategy.deploy(run, revision=info.revision, force=force)
+            await self._publish(run, base, release)
 
         return await self._start(
             kind,
@@ -179,13 +206,14 @@ class DeployService:
         if warm is None:
             return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
         slot_name = warm.name  # inside the retire window: a pure re-point
+        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
+
+        async def body(run: Run) -> None:
+            await self.bluegreen.repoint_back(run, slot_name)
+            await self._publish(run, base, target)
+
         return await self._start(
-            OperationKind.ROLLBACK,
-            model,
-            target,
-            trigger,
-            lambda run: self.bluegreen.repoint_back(run, slot_name),
-            after=self._after_swap,
+            OperationKind.ROLLBACK, model, target, trigger, body, after=self._after_swap
         )
 
     async def unload(self, model: str, *, trigger: Trigger) -> Operation:
@@ -193,7 +221,13 @@ class DeployService:
         record = await self._slots.record(model)
         if record is None or record.active_release is None:
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
-        body = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
+        unload = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
+        base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
+
+        async def body(run: Run) -> None:
+            await unload(run)
+            await self._publish(run, base, None)
+
         return await self._start(OperationKind.UNLOAD, model, None, trigger, body)
 
     async def serve_on_cpu(self, model: str, *, trigger: Trigger) -> Operation:
@@ -235,6 +269,46 @@ class DeployService:
 
     def holder(self, model: str) -> str | None:
         return self._runner.holder(model)
+
+    # --- the fleet ----------------------------------------------------------------------
+
+    def publishes(self, kind: OperationKind, trigger: Trigger) -> bool:
+        """Whether an operation of ``kind`` for ``trigger`` moves the fleet's desired state."""
+        if self.fleet is None:
+            return False
+        if trigger in PEOPLE:
+            return kind is not OperationKind.CPU_FALLBACK
+        if trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY:
+            return True  # the release watcher's auto-deploy: this member went first
+        return kind is OperationKind.ROLLBACK and trigger in AUTOMATIC and self._fleet_rollbacks
+
+    async def _fleet_base(
+        self, model: str, kind: OperationKind, trigger: Trigger
+    ) -> _FleetBase | None:
+        """The fleet's record as the request finds it (what its publish will replace); None
+        when the operation publishes nothing."""
+        if self.fleet is None or not self.publishes(kind, trigger):
+            return None
+        return _FleetBase(await self.fleet.read(model))
+
+    @staticmethod
+    def _fleet_agrees(base: _FleetBase | None, release: str) -> bool:
+        """Whether the fleet already wants ``release`` everywhere, not degraded."""
+        record = base.record if base is not None else None
+        return base is None or (
+            record is not None
+            and record.release == release
+            and not record.rollout.in_progress
+            and not record.is_degraded(release)
+        )
+
+    async def _publish(self, run: Run, base: _FleetBase | None, release: str | None) -> None:
+        if base is None or self.fleet is None:
+            return
+        operation = run.operation
+        rollback = operation.kind is OperationKind.ROLLBACK
+        latch = operation.from_release if rollback and operation.from_release != release else None
+        await self.fleet.publish(run, Publication(base.record, release, latch=latch))
 
     # --- pieces -----------------------------------------------------------------------
 

@@ -345,7 +345,11 @@ def test_render_defaults_is_yaml_that_mentions_every_field() -> None:
             if field.is_required():
                 assert data[group_name][name] is None
             else:
-                default = list(field.default) if isinstance(field.default, tuple) else field.default
+                default = field.get_default(call_default_factory=True)
+                if isinstance(default, tuple):
+                    default = list(default)
+                elif isinstance(default, BaseModel):
+                    default = default.model_dump()
                 assert data[group_name][name] == default, f"{group_name}.{name}"
 
 

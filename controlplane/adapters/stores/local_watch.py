@@ -15,7 +15,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-from watchfiles import awatch
+from watchfiles import Change, DefaultFilter, awatch
+
+from controlplane.domain.fleet import RESERVED_PREFIX
 
 log = logging.getLogger(__name__)
 APPEAR_POLL = 2.0  # s between looks for a store dir that does not exist (yet)
@@ -39,7 +41,10 @@ async def watch_local_store(
             log.info("store %s is there now; watching it for new releases", root)
             wake.set()
         try:
-            async for _changes in awatch(root, debounce=200, recursive=True, force_polling=False):
+            releases = _ReleasesOnly(root)
+            async for _changes in awatch(
+                root, watch_filter=releases, debounce=200, recursive=True, force_polling=False
+            ):
                 wake.set()
         except (OSError, RuntimeError) as exc:
             log.warning("filesystem events unavailable for %s (%s); polling only", root, exc)
@@ -48,3 +53,17 @@ async def watch_local_store(
         # watch that keeps ending at once cannot spin.
         wake.set()
         await asyncio.sleep(appear_poll)
+
+
+class _ReleasesOnly(DefaultFilter):
+    """Changes to releases, not to the fleet's records: every member's heartbeat is written
+    under ``_controlplane/`` every few seconds, and must not wake the release watcher."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self._reserved = str(root / RESERVED_PREFIX)
+
+    def __call__(self, change: Change, path: str) -> bool:
+        if path == self._reserved or path.startswith(self._reserved + "/"):
+            return False
+        return super().__call__(change, path)

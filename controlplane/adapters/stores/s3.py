@@ -371,6 +371,30 @@ class S3Store:
             retries=downloaded.retries,
         )
 
+    # --- for the fleet's records (:mod:`.s3_fleet`) -----------------------------------------
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def base(self) -> str:
+        """The key prefix of the store, ending in '/' (or empty)."""
+        return self._base
+
+    def request(self, fn: Callable[[], Any], key: str, *, patient: bool = False) -> Any:
+        """``fn()`` with this store's error mapping and retries: a scan's short budget, or
+        (``patient``) the whole ``retry_seconds``."""
+        return self._call(fn, key, None if patient else self._scan_retrier)
+
+    def pages(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """ListObjectsV2 pages under ``prefix`` (a scan's budget per page)."""
+        return self._pages(prefix, retrier=self._scan_retrier)
+
     # --- plumbing -------------------------------------------------------------------------
 
     def _call(self, fn: Callable[[], Any], key: str, retrier: Retrier | None = None) -> Any:

@@ -1,0 +1,199 @@
+"""The fleet's records in a directory store: ``<store>/_controlplane/{desired,members}/``.
+
+A write goes to a temp file beside its target, is fsynced, and renamed over it (atomic inside
+one directory, also on NFS), so a reader sees a whole record. The compare-and-swap of a
+desired state holds a lock file per model (``<model>.lock``, a POSIX record lock, which NFSv4
+and the lock daemon of NFSv3 honour across hosts) while it reads the generation and renames
+the new record in; a thread lock per model covers the threads of one process, which POSIX locks
+do not tell apart. A lock not had within :data:`LOCK_WAIT` seconds is ``store_unavailable``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from controlplane.adapters.stores.fleet_records import (
+    DESIRED_DIR,
+    MAX_RECORD_BYTES,
+    MEMBERS_DIR,
+    SUFFIX,
+    conflict,
+    decode_beat,
+    decode_desired,
+    encode_beat,
+    encode_desired,
+)
+from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
+from controlplane.domain.fleet import DesiredModel, MemberBeat
+from controlplane.domain.names import validate_member_name, validate_model_name
+
+log = logging.getLogger(__name__)
+LOCK_WAIT = 10.0
+LOCK_POLL = 0.01
+
+
+class LocalDesiredStates:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._desired = root / DESIRED_DIR
+        self._members = root / MEMBERS_DIR
+        self._threads: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return (self._root / DESIRED_DIR).parent.as_uri()
+
+    def read(self, model: str) -> DesiredModel | None:
+        path = self._desired / f"{validate_model_name(model)}{SUFFIX}"
+        data = _read(path)
+        return None if data is None else decode_desired(data, str(path))
+
+    def read_all(self) -> dict[str, DesiredModel]:
+        found: dict[str, DesiredModel] = {}
+        for path in _records(self._desired):
+            data = _read(path)
+            if data is None:
+                continue
+            try:
+                desired = decode_desired(data, str(path))
+            except ControlPlaneError as exc:
+                log.error("%s", exc.message)
+                continue
+            if path.name == f"{desired.model}{SUFFIX}":
+                found[desired.model] = desired
+        return found
+
+    def swap(self, desired: DesiredModel) -> None:
+        model = validate_model_name(desired.model)
+        path = self._desired / f"{model}{SUFFIX}"
+        with self._locked(model):
+            data = _read(path)
+            current = None if data is None else decode_desired(data, str(path))
+            if (current.generation if current else 0) != desired.generation - 1:
+                raise conflict(desired, current, str(path))
+            _write(path, encode_desired(desired))
+
+    def beat(self, beat: MemberBeat) -> None:
+        path = self._members / f"{validate_member_name(beat.member)}{SUFFIX}"
+        _write(path, encode_beat(beat))
+
+    def beats(self) -> dict[str, MemberBeat]:
+        found: dict[str, MemberBeat] = {}
+        for path in _records(self._members):
+            data = _read(path)
+            beat = None if data is None else decode_beat(data, str(path))
+            if beat is not None and path.name == f"{beat.member}{SUFFIX}":
+                found[beat.member] = beat
+        return found
+
+    def forget(self, member: str) -> None:
+        path = self._members / f"{validate_member_name(member)}{SUFFIX}"
+        with _mapped(path):
+            path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self, model: str) -> Iterator[None]:
+        with self._guard:
+            thread_lock = self._threads.setdefault(model, threading.Lock())
+        if not thread_lock.acquire(timeout=LOCK_WAIT):
+            raise StoreUnavailable(
+                f"the desired state of {model} stayed locked for {LOCK_WAIT:g} s"
+            )
+        try:
+            path = self._desired / f"{model}.lock"
+            with _mapped(path):
+                self._desired.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                deadline = time.monotonic() + LOCK_WAIT
+                while True:
+                    try:
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except OSError as exc:
+                        if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                            raise StoreError(f"cannot lock {path}: {exc}") from None
+                        if time.monotonic() > deadline:
+                            raise StoreUnavailable(
+                                f"{path} stayed locked for {LOCK_WAIT:g} s (another member "
+                                "is writing, or one died holding it on a filesystem that "
+                                "does not release dead holders' locks)"
+                            ) from None
+                        time.sleep(LOCK_POLL)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
+        finally:
+            thread_lock.release()
+
+
+def _records(directory: Path) -> list[Path]:
+    try:
+        return sorted(
+            p for p in directory.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")
+        )
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise _translated(exc, directory) from None
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        with path.open("rb") as stream:
+            return stream.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _translated(exc, path) from None
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename over ``path``, fsync the dir: all of it or none of it."""
+    with _mapped(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(name, 0o644)
+            os.replace(name, path)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise _translated(exc, path) from None
+
+
+def _translated(exc: OSError, path: Path) -> ControlPlaneError:
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StoreError(
+            f"cannot write the fleet's records at {path} ({exc.strerror}): the store must be "
+            "writable by every member (its desired state and heartbeats live under "
+            "_controlplane/)",
+            details={"path": str(path)},
+        )
+    return StoreUnavailable(f"{path}: {exc.strerror or exc}")

@@ -1,0 +1,102 @@
+"""The bytes of the fleet's records, shared by the local and the S3 store.
+
+``_controlplane/desired/<model>.json`` holds a model's desired state and
+``_controlplane/members/<member>.json`` a member's heartbeat: small JSON documents, written
+whole (an atomic rename, or one PutObject), so a reader sees the old one or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from controlplane.domain.errors import DesiredStateConflict, StoreError
+from controlplane.domain.fleet import (
+    RESERVED_PREFIX,
+    DesiredModel,
+    MemberBeat,
+    beat_for_storage,
+    beat_from_storage,
+    desired_for_storage,
+    desired_from_storage,
+)
+
+log = logging.getLogger(__name__)
+DESIRED_DIR = f"{RESERVED_PREFIX}/desired"
+MEMBERS_DIR = f"{RESERVED_PREFIX}/members"
+SUFFIX = ".json"
+MAX_RECORD_BYTES = 1024 * 1024  # a record is a few KiB; anything larger is not ours
+
+
+def encode_desired(desired: DesiredModel) -> bytes:
+    return _encode(desired_for_storage(desired))
+
+
+def encode_beat(beat: MemberBeat) -> bytes:
+    return _encode(beat_for_storage(beat))
+
+
+def _encode(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+
+
+def decode_desired(data: bytes, where: str) -> DesiredModel:
+    """The record, or :class:`StoreError` naming the file and what to do."""
+    try:
+        return desired_from_storage(_decode(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(
+            f"the desired-state record {where} cannot be read ({type(exc).__name__}: {exc}); "
+            "no member acts on this model until it is fixed: deploy a release of it through "
+            "any member's API after deleting the record, or restore it",
+            details={"record": where},
+        ) from None
+
+
+def decode_beat(data: bytes, where: str) -> MemberBeat | None:
+    """The heartbeat, or None (logged) when it is not one: a bad beat hides one member."""
+    try:
+        return beat_from_storage(_decode(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the member record %s: %s: %s", where, type(exc).__name__, exc)
+        return None
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than a record ever holds")
+    found = json.loads(data)
+    if not isinstance(found, dict):
+        raise TypeError(f"a JSON {type(found).__name__}, not an object")
+    return found
+
+
+def conflict(wanted: DesiredModel, found: DesiredModel | None, where: str) -> DesiredStateConflict:
+    """The error for a compare-and-swap that lost: what is there now, and who set it."""
+    expected = wanted.generation - 1
+    if found is None:
+        now = "no record"
+        details: dict[str, object] = {"generation": 0}
+    else:
+        now = (
+            f"generation {found.generation} ({found.release or 'unloaded'}, set by "
+            f"{found.set_by} at {found.set_at.isoformat()}: {found.reason})"
+        )
+        details = {
+            "generation": found.generation,
+            "release": found.release,
+            "set_by": found.set_by,
+            "set_at": found.set_at.isoformat(),
+        }
+    return DesiredStateConflict(
+        f"the desired state of {wanted.model} changed while this request ran: it expected "
+        f"generation {expected} but {where} holds {now}; nothing was changed by this request. "
+        "Read the fleet (GET /v1/fleet) and try again if it is still wanted",
+        details={"model": wanted.model, "expected_generation": expected, **details},
+    )
+
+
+def same_write(a: DesiredModel, b: DesiredModel) -> bool:
+    """Whether two records are one write (a retried request that had landed after all)."""
+    return desired_for_storage(a) == desired_for_storage(b)

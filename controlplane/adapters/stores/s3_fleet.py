@@ -1,0 +1,168 @@
+"""The fleet's records in an S3 store: ``s3://bucket/prefix/_controlplane/...``.
+
+The compare-and-swap of a desired state is S3's conditional write: the record is read with its
+ETag, its generation checked, and the new one put with ``If-Match: <that ETag>`` (or
+``If-None-Match: *`` when there was none). S3 answers 412 PreconditionFailed when another
+writer got there first (and 409 ConditionalRequestConflict while two such writes race), so two
+members cannot both win. AWS S3 has enforced both headers on PutObject since August and
+November 2024, MinIO for years, moto's server too; a store that ignored them (an old Ceph RGW
+or a gateway that drops the headers) would let the last writer win, so :meth:`swap` reads the
+record back after writing and reports a conflict when what it finds is not what it wrote.
+
+A write retried after a timeout may have landed the first time: its retry then fails the
+precondition against itself. A 412 is therefore checked against the record now there: when it
+is the very record this write carried, the write succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import botocore.exceptions  # type: ignore[import-untyped]
+
+from controlplane.adapters.stores.fleet_records import (
+    DESIRED_DIR,
+    MEMBERS_DIR,
+    SUFFIX,
+    conflict,
+    decode_beat,
+    decode_desired,
+    encode_beat,
+    encode_desired,
+    same_write,
+)
+from controlplane.adapters.stores.s3 import S3Store
+from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound
+from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
+from controlplane.domain.names import validate_member_name, validate_model_name
+
+log = logging.getLogger(__name__)
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+class _LostRace(Exception):
+    """The conditional write's precondition did not hold."""
+
+
+class S3DesiredStates:
+    def __init__(self, store: S3Store) -> None:
+        self._store = store
+        self._client = store.client
+        self._bucket = store.bucket
+        self._desired = f"{store.base}{DESIRED_DIR}/"
+        self._members = f"{store.base}{MEMBERS_DIR}/"
+
+    @property
+    def where(self) -> str:
+        return f"s3://{self._bucket}/{self._store.base}{RESERVED_PREFIX}"
+
+    def read(self, model: str) -> DesiredModel | None:
+        found = self._get(f"{self._desired}{validate_model_name(model)}{SUFFIX}")
+        return None if found is None else found[0]
+
+    def read_all(self) -> dict[str, DesiredModel]:
+        records: dict[str, DesiredModel] = {}
+        for key in self._keys(self._desired):
+            try:
+                found = self._get(key)
+            except ControlPlaneError as exc:
+                if exc.code != "store_error":
+                    raise
+                log.error("%s", exc.message)
+                continue
+            if found is not None and key.endswith(f"/{found[0].model}{SUFFIX}"):
+                records[found[0].model] = found[0]
+        return records
+
+    def swap(self, desired: DesiredModel) -> None:
+        key = f"{self._desired}{validate_model_name(desired.model)}{SUFFIX}"
+        found = self._get(key, patient=True)
+        current, etag = found if found is not None else (None, None)
+        if (current.generation if current else 0) != desired.generation - 1:
+            raise conflict(desired, current, self._url(key))
+        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        body = encode_desired(desired)
+        # Checked below on a lost race: a retry of a write that had landed loses to itself.
+        with contextlib.suppress(_LostRace):
+            self._store.request(lambda: self._put(key, body, condition), key, patient=True)
+        after = self._get(key, patient=True)
+        if after is None or not same_write(after[0], desired):
+            raise conflict(desired, after[0] if after else None, self._url(key))
+
+    def beat(self, beat: MemberBeat) -> None:
+        key = f"{self._members}{validate_member_name(beat.member)}{SUFFIX}"
+        body = encode_beat(beat)
+        self._store.request(lambda: self._put(key, body, {}), key)
+
+    def beats(self) -> dict[str, MemberBeat]:
+        found: dict[str, MemberBeat] = {}
+        for key in self._keys(self._members):
+            data = self._bytes(key)
+            beat = None if data is None else decode_beat(data, self._url(key))
+            if beat is not None and key.endswith(f"/{beat.member}{SUFFIX}"):
+                found[beat.member] = beat
+        return found
+
+    def forget(self, member: str) -> None:
+        key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
+        self._store.request(lambda: self._client.delete_object(Bucket=self._bucket, Key=key), key)
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _put(self, key: str, body: bytes, condition: dict[str, str]) -> None:
+        try:
+            self._client.put_object(
+                Bucket=self._bucket,
+                Key=key,
+                Body=body,
+                ContentType="application/json",
+                **condition,
+            )
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _LOST_RACE:
+                raise _LostRace() from None
+            raise
+
+    def _get(self, key: str, *, patient: bool = False) -> tuple[DesiredModel, str] | None:
+        found = self._fetch(key, patient=patient)
+        return None if found is None else (decode_desired(found[0], self._url(key)), found[1])
+
+    def _bytes(self, key: str) -> bytes | None:
+        found = self._fetch(key)
+        return None if found is None else found[0]
+
+    def _fetch(self, key: str, *, patient: bool = False) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None when there is no such object."""
+
+        def get() -> tuple[bytes, str] | None:
+            try:
+                response = self._client.get_object(Bucket=self._bucket, Key=key)
+            except botocore.exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+            body = response["Body"]
+            try:
+                return bytes(body.read()), str(response["ETag"])
+            finally:
+                body.close()
+
+        try:
+            found: tuple[bytes, str] | None = self._store.request(get, key, patient=patient)
+        except ReleaseNotFound:
+            return None
+        return found
+
+    def _keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        for page in self._store.pages(prefix):
+            keys += [
+                entry["Key"]
+                for entry in page.get("Contents", [])
+                if entry["Key"].endswith(SUFFIX) and "/" not in entry["Key"][len(prefix) :]
+            ]
+        return sorted(keys)
+
+    def _url(self, key: str) -> str:
+        return f"s3://{self._bucket}/{key}"

@@ -1,0 +1,333 @@
+"""The fleet's desired state, as data: what every member should serve, per model.
+
+It lives in the store the fleet already shares (``_controlplane/desired/<model>.json``), so
+a member that missed an event, crashed, or joined late reads the same thing as the others and
+converges the same way. The pod-local database is only a journal: losing it loses history,
+never what should serve.
+
+Invariants:
+
+* Every change makes a new :class:`DesiredModel` with ``generation`` one higher, written
+  compare-and-swap on the generation it replaces: two members racing cannot both win, and the
+  loser is told who won (:class:`~controlplane.domain.errors.DesiredStateConflict`).
+* What one member should serve is :meth:`DesiredModel.target_for`: the desired release, except
+  during a canary rollout, where members that are not canaries keep the stable release.
+* ``release is None`` means unloaded on purpose; a model with no record at all is not the
+  fleet's to manage (nothing is unloaded because a record is missing or unreadable).
+* A release in ``degraded`` was rolled back from; nothing automatic promotes it again. A person
+  deploying it by name clears it.
+
+Pure: standard library only; :func:`desired_for_storage` and :func:`desired_from_storage` give
+the JSON shape the adapters write, apart from the in-memory one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+RESERVED_PREFIX = "_controlplane"  # model names start with a letter or digit: no collision
+SCHEMA = 1
+
+
+class RolloutPhase(StrEnum):
+    COMPLETE = "complete"  # every member follows ``release``
+    CANARY = "canary"  # the canaries move to ``release``; the others keep ``stable``
+    BAKING = "baking"  # every canary serves it; it bakes before the others follow
+    ROLLED_BACK = "rolled_back"  # a canary failed or breached: back to ``stable`` everywhere
+
+
+@dataclass(frozen=True)
+class Rollout:
+    phase: RolloutPhase = RolloutPhase.COMPLETE
+    stable: str | None = None  # what the members that are not canaries keep meanwhile
+    canaries: tuple[str, ...] = ()
+    bake_seconds: float = 0.0
+    baking_since: datetime | None = None
+    since_generation: int = 0  # the generation that started it: older member reports are stale
+    note: str = ""  # how it ended, when it did not complete
+
+    @property
+    def in_progress(self) -> bool:
+        return self.phase in (RolloutPhase.CANARY, RolloutPhase.BAKING)
+
+
+@dataclass(frozen=True)
+class Degraded:
+    release: str
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A new release one member's watcher took on to deploy first (``auto_deploy``)."""
+
+    release: str
+    revision: str | None
+    member: str
+    incarnation: str  # the claimer's process: a claimer that restarted let go of its claim
+    at: datetime
+    failed: str | None = None  # why it failed on the claimer: no other member tries it
+
+
+@dataclass(frozen=True)
+class DesiredModel:
+    model: str
+    generation: int
+    release: str | None
+    previous: str | None
+    set_by: str
+    set_at: datetime
+    trigger: str
+    reason: str
+    degraded: tuple[Degraded, ...] = ()
+    rollout: Rollout = field(default_factory=Rollout)
+    claim: Claim | None = None
+
+    def target_for(self, member: str) -> str | None:
+        """What ``member`` should serve."""
+        if self.rollout.in_progress and member not in self.rollout.canaries:
+            return self.rollout.stable
+        return self.release
+
+    def is_degraded(self, release: str | None) -> bool:
+        return release is not None and any(d.release == release for d in self.degraded)
+
+    def changed(
+        self, *, by: str, at: datetime, trigger: str, reason: str, **fields: Any
+    ) -> DesiredModel:
+        """The next generation, with ``fields`` changed and who, when and why recorded."""
+        return replace(
+            self,
+            generation=self.generation + 1,
+            set_by=by,
+            set_at=at,
+            trigger=trigger,
+            reason=reason,
+            **fields,
+        )
+
+    def latched(self, release: str, at: datetime, reason: str) -> tuple[Degraded, ...]:
+        """``degraded`` with ``release`` latched (once)."""
+        if self.is_degraded(release):
+            return self.degraded
+        return (*self.degraded, Degraded(release, at, reason))
+
+    def unlatched(self, release: str | None) -> tuple[Degraded, ...]:
+        return tuple(d for d in self.degraded if d.release != release)
+
+
+def first_generation(
+    model: str, *, by: str, at: datetime, trigger: str, reason: str
+) -> DesiredModel:
+    """The record before the first write: generation 0, nothing desired. Writing its
+    :meth:`~DesiredModel.changed` creates the record (compare-and-swap on absence)."""
+    return DesiredModel(model, 0, None, None, by, at, trigger, reason)
+
+
+# --- members --------------------------------------------------------------------------------
+
+
+class MemberState(StrEnum):
+    """How one member stands with one model's target."""
+
+    SERVING = "serving"  # it serves its target
+    CONVERGING = "converging"  # an operation towards the target runs, or is about to
+    FAILED = "failed"  # its last attempt at the target failed; it serves what it had
+    HELD = "held"  # the target is latched degraded here (rollback.scope: member)
+    UNLOADED = "unloaded"  # the target is 'unloaded', and nothing serves here
+
+
+@dataclass(frozen=True)
+class MemberModel:
+    release: str | None  # what serves here
+    state: MemberState
+    target: str | None = None  # what it should serve (the desired state, for this member)
+    generation: int = 0  # the desired generation this state is about
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MemberBeat:
+    """One member's heartbeat: who it is, what it serves, how its GPUs look."""
+
+    member: str
+    incarnation: str
+    at: datetime
+    interval: float  # seconds between its beats: 3 missed and it is not alive
+    version: str
+    models: Mapping[str, MemberModel] = field(default_factory=dict)
+    overload: str | None = None  # the overload verdict: healthy, breach, unknown; None: off
+    stale: bool = False  # it could not read the desired state at its last try
+
+    def alive(self, now: datetime) -> bool:
+        return now - self.at <= timedelta(seconds=3 * self.interval)
+
+    def serves(self, model: str, release: str | None) -> bool:
+        state = self.models.get(model)
+        if state is None:
+            return release is None
+        return state.release == release and state.state in (
+            MemberState.SERVING,
+            MemberState.UNLOADED,
+        )
+
+    def failed(self, model: str, generation: int) -> str | None:
+        """The error of this member's attempt at ``generation`` (or later), if it failed."""
+        state = self.models.get(model)
+        if state is None or state.state is not MemberState.FAILED:
+            return None
+        return state.error if state.generation >= generation else None
+
+
+def converged(desired: DesiredModel, beats: Mapping[str, MemberBeat], now: datetime) -> bool:
+    """Every live member serves its target (and there is at least one)."""
+    alive = [beat for beat in beats.values() if beat.alive(now)]
+    return bool(alive) and all(
+        beat.serves(desired.model, desired.target_for(beat.member)) for beat in alive
+    )
+
+
+# --- the stored shape -----------------------------------------------------------------------
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _parse_time(value: object) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(str(value))
+
+
+def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
+    rollout = desired.rollout
+    claim = desired.claim
+    return {
+        "schema": SCHEMA,
+        "model": desired.model,
+        "generation": desired.generation,
+        "release": desired.release,
+        "previous": desired.previous,
+        "set_by": desired.set_by,
+        "set_at": _time(desired.set_at),
+        "trigger": desired.trigger,
+        "reason": desired.reason,
+        "degraded": [
+            {"release": d.release, "at": _time(d.at), "reason": d.reason} for d in desired.degraded
+        ],
+        "rollout": {
+            "phase": rollout.phase.value,
+            "stable": rollout.stable,
+            "canaries": list(rollout.canaries),
+            "bake_seconds": rollout.bake_seconds,
+            "baking_since": _time(rollout.baking_since),
+            "since_generation": rollout.since_generation,
+            "note": rollout.note,
+        },
+        "claim": None
+        if claim is None
+        else {
+            "release": claim.release,
+            "revision": claim.revision,
+            "member": claim.member,
+            "incarnation": claim.incarnation,
+            "at": _time(claim.at),
+            "failed": claim.failed,
+        },
+    }
+
+
+def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
+    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours."""
+    rollout = data.get("rollout") or {}
+    claim = data.get("claim")
+    return DesiredModel(
+        model=str(data["model"]),
+        generation=int(data["generation"]),
+        release=data["release"],
+        previous=data.get("previous"),
+        set_by=str(data["set_by"]),
+        set_at=_required_time(data["set_at"]),
+        trigger=str(data["trigger"]),
+        reason=str(data.get("reason", "")),
+        degraded=tuple(
+            Degraded(str(d["release"]), _required_time(d["at"]), str(d.get("reason", "")))
+            for d in data.get("degraded") or ()
+        ),
+        rollout=Rollout(
+            phase=RolloutPhase(rollout.get("phase", RolloutPhase.COMPLETE.value)),
+            stable=rollout.get("stable"),
+            canaries=tuple(str(c) for c in rollout.get("canaries") or ()),
+            bake_seconds=float(rollout.get("bake_seconds") or 0.0),
+            baking_since=_parse_time(rollout.get("baking_since")),
+            since_generation=int(rollout.get("since_generation") or 0),
+            note=str(rollout.get("note") or ""),
+        ),
+        claim=None
+        if not claim
+        else Claim(
+            release=str(claim["release"]),
+            revision=claim.get("revision"),
+            member=str(claim["member"]),
+            incarnation=str(claim["incarnation"]),
+            at=_required_time(claim["at"]),
+            failed=claim.get("failed"),
+        ),
+    )
+
+
+def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "member": beat.member,
+        "incarnation": beat.incarnation,
+        "at": _time(beat.at),
+        "interval": beat.interval,
+        "version": beat.version,
+        "overload": beat.overload,
+        "stale": beat.stale,
+        "models": {
+            name: {
+                "release": m.release,
+                "state": m.state.value,
+                "target": m.target,
+                "generation": m.generation,
+                "error": m.error,
+            }
+            for name, m in sorted(beat.models.items())
+        },
+    }
+
+
+def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
+    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours."""
+    return MemberBeat(
+        member=str(data["member"]),
+        incarnation=str(data["incarnation"]),
+        at=_required_time(data["at"]),
+        interval=float(data["interval"]),
+        version=str(data.get("version", "")),
+        overload=data.get("overload"),
+        stale=bool(data.get("stale", False)),
+        models={
+            str(name): MemberModel(
+                release=m.get("release"),
+                state=MemberState(m["state"]),
+                target=m.get("target"),
+                generation=int(m.get("generation", 0)),
+                error=m.get("error"),
+            )
+            for name, m in (data.get("models") or {}).items()
+        },
+    )
+
+
+def _required_time(value: object) -> datetime:
+    parsed = _parse_time(value)
+    if parsed is None:
+        raise ValueError("a time is missing")
+    return parsed

@@ -1,0 +1,136 @@
+"""A progressive rollout across the fleet, as pure rules over the desired state and the beats.
+
+With ``rollout: {canary_members: N, bake_seconds: S}`` a new release first goes to N members
+(the one that received the call counts, and went first), ``canary``; once every live canary
+serves it, it bakes for S seconds, ``baking``; then every member follows, ``complete``. A canary
+that fails to serve it, rolls it back (``rollback.scope: member``) or reports a GPU overload
+ends the rollout, ``rolled_back``: the release is latched degraded for the fleet and the
+canaries go back to the stable release. The members that are not canaries never moved.
+
+Promotion needs every live canary's overload verdict healthy (or no GPU to watch, or the watcher
+off); an ``unknown`` verdict (metrics unreadable) holds the bake rather than pass it. Any member
+may advance a rollout (compare-and-swap makes one of them win), so it completes even when the
+member that started it is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from controlplane.domain.fleet import (
+    DesiredModel,
+    MemberBeat,
+    MemberState,
+    Rollout,
+    RolloutPhase,
+)
+
+PASSING_VERDICTS = frozenset({None, "healthy", "no_gpu"})  # what lets a bake complete
+
+
+@dataclass(frozen=True)
+class RolloutPolicy:
+    canary_members: int = 0  # 0: every member at once
+    bake_seconds: float = 0.0
+
+    @property
+    def progressive(self) -> bool:
+        return self.canary_members > 0
+
+
+def start(
+    policy: RolloutPolicy,
+    *,
+    first: str,
+    alive: Iterable[str],
+    stable: str | None,
+    generation: int,
+) -> Rollout:
+    """The rollout of a release that ``first`` serves already (it went first)."""
+    if not policy.progressive or stable is None:
+        return Rollout(RolloutPhase.COMPLETE)
+    others = sorted(member for member in set(alive) if member != first)
+    return Rollout(
+        phase=RolloutPhase.CANARY,
+        stable=stable,
+        canaries=(first, *others[: policy.canary_members - 1]),
+        bake_seconds=policy.bake_seconds,
+        since_generation=generation,
+    )
+
+
+def stable_release(desired: DesiredModel | None) -> str | None:
+    """What serves everywhere now: the stable release during a rollout, else the release."""
+    if desired is None:
+        return None
+    return desired.rollout.stable if desired.rollout.in_progress else desired.release
+
+
+def advance(
+    desired: DesiredModel, beats: Mapping[str, MemberBeat], now: datetime, *, by: str
+) -> DesiredModel | None:
+    """The next state of a rollout in progress, or None while it stays as it is."""
+    rollout = desired.rollout
+    release = desired.release
+    if not rollout.in_progress or release is None:
+        return None
+    canaries = [beats[m] for m in rollout.canaries if m in beats and beats[m].alive(now)]
+    for beat in canaries:
+        why = _canary_trouble(desired, beat)
+        if why is not None:
+            return _rolled_back(desired, now, by=by, why=f"canary {beat.member}: {why}")
+    if not canaries:
+        return None  # no live canary to judge by: wait for one
+    if rollout.phase is RolloutPhase.CANARY:
+        if all(beat.serves(desired.model, release) for beat in canaries):
+            return desired.changed(
+                by=by,
+                at=now,
+                trigger="rollout",
+                reason=f"every canary serves {release}; baking {rollout.bake_seconds:g} s",
+                rollout=replace(rollout, phase=RolloutPhase.BAKING, baking_since=now),
+            )
+        return None
+    since = rollout.baking_since or now
+    if now - since < timedelta(seconds=rollout.bake_seconds):
+        return None
+    if not all(beat.overload in PASSING_VERDICTS for beat in canaries):
+        return None  # a verdict we cannot read holds the bake; a breach ends it above
+    return desired.changed(
+        by=by,
+        at=now,
+        trigger="rollout",
+        reason=f"{release} baked {rollout.bake_seconds:g} s on {len(canaries)} canary(ies); "
+        "every member follows",
+        rollout=replace(rollout, phase=RolloutPhase.COMPLETE),
+    )
+
+
+def _canary_trouble(desired: DesiredModel, beat: MemberBeat) -> str | None:
+    state = beat.models.get(desired.model)
+    if state is None or state.generation < desired.rollout.since_generation:
+        return None  # it has not reported on this rollout yet
+    if state.target == desired.release and state.state is MemberState.FAILED:
+        return f"it failed to serve {desired.release}: {state.error}"
+    if state.target == desired.release and state.state is MemberState.HELD:
+        return f"it rolled {desired.release} back"
+    if state.release == desired.release and beat.overload == "breach":
+        return "GPU overload"
+    return None
+
+
+def _rolled_back(desired: DesiredModel, now: datetime, *, by: str, why: str) -> DesiredModel:
+    rollout = desired.rollout
+    assert desired.release is not None
+    return desired.changed(
+        by=by,
+        at=now,
+        trigger="rollout",
+        reason=f"rollout of {desired.release} stopped: {why}",
+        release=rollout.stable,
+        previous=desired.release,
+        degraded=desired.latched(desired.release, now, f"rollout stopped: {why}"),
+        rollout=replace(rollout, phase=RolloutPhase.ROLLED_BACK, note=why),
+    )

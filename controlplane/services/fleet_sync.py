@@ -1,0 +1,401 @@
+"""The fleet sync: make what this member serves match the fleet's desired state, on a beat.
+
+Every ``store.poll_interval_seconds`` (sooner when woken: after this member's own writes, or
+when one of its operations ends) it reads the desired state from the store and, per model,
+compares this member's target (:meth:`~controlplane.domain.fleet.DesiredModel.target_for`) with
+what serves here, then runs whatever operation brings it there through the usual pipeline
+(trigger ``fleet``): a re-point when the target's slot is still warm, else a deploy, or an
+unload. Level-triggered: a member that missed a change, crashed, or joined late converges the
+same way. The reconcile loop below it keeps Triton true to what this member serves.
+
+Invariants:
+
+* Nothing is ever unloaded because the store cannot be read, or because a model has no record:
+  only a record that says ``unloaded`` unloads. When the store cannot be read the member keeps
+  serving what it has and reports itself stale (status, ``/metrics``, its heartbeat).
+* A target this member cannot serve is retried with backoff (2 s, doubling to 5 min) and
+  reported in its heartbeat; the release that serves keeps serving meanwhile.
+* A target latched degraded here after it was set (``rollback.scope: member``) is held: this
+  member does not go back to a release it rolled back from, until someone sets it again.
+* A model with an operation of this member's own running is left to it.
+
+It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and after each change,
+advances canary rollouts (:mod:`~controlplane.domain.rollout`), and, on the first pass, writes a
+record for each model that serves here but that the fleet has no record of (a member upgraded
+from a version without a fleet), so that the fleet knows what already serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+
+from controlplane.domain.errors import ControlPlaneError, DesiredStateConflict, OperationInProgress
+from controlplane.domain.fleet import (
+    DesiredModel,
+    MemberBeat,
+    MemberModel,
+    MemberState,
+    first_generation,
+)
+from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.rollout import advance
+from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
+from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.fleet_ledger import FleetLedger
+
+log = logging.getLogger(__name__)
+RETRY_FIRST, RETRY_MAX = 2.0, 300.0
+
+
+@dataclass(frozen=True)
+class _Failure:
+    target: str | None
+    generation: int
+    error: str
+    next_try: float
+    delay: float
+
+
+@dataclass
+class SyncReport:
+    """What one pass read and did."""
+
+    at: datetime
+    error: str | None = None  # the desired state could not be read: nothing was done
+    desired: dict[str, DesiredModel] = field(default_factory=dict)
+    states: dict[str, MemberModel] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)  # model -> what it went for
+
+
+class FleetSync:
+    def __init__(
+        self,
+        *,
+        ledger: FleetLedger,
+        deploy: DeployService,
+        serving: ServingRepo,
+        rollbacks: RollbackBook,
+        clock: Clock,
+        poll_interval: float,
+        beat_interval: float,
+        overload: Callable[[], str | None] = lambda: None,
+        wake: asyncio.Event | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._records = ledger.records
+        self.member = ledger.member
+        self._deploy = deploy
+        self._serving = serving
+        self._rollbacks = rollbacks
+        self._clock = clock
+        self._poll = poll_interval
+        self._beat_interval = beat_interval
+        self._overload = overload
+        self.wake = wake or asyncio.Event()
+        self.last: SyncReport | None = None
+        self.last_read: datetime | None = None  # when the desired state was last read
+        self.stale_since: datetime | None = None  # reads fail since then
+        self.last_beat_error: str | None = None
+        self._failures: dict[str, _Failure] = {}
+        self._follows: dict[str, asyncio.Task[None]] = {}
+        self._seeded = False
+
+    @property
+    def stale(self) -> bool:
+        return self.stale_since is not None
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self, reconciled: asyncio.Event, ready: asyncio.Event) -> None:
+        """Once start-up reconcile has run: a pass (the first one waits for what it starts,
+        then ``ready`` is set), a heartbeat, and again every poll interval or when woken."""
+        await reconciled.wait()
+        try:
+            while True:
+                await self.sync_pass(wait=not ready.is_set())
+                ready.set()
+                await self.beat()
+                await self._until_next_pass()
+        finally:
+            for task in self._follows.values():
+                task.cancel("the fleet sync stops")
+
+    async def _until_next_pass(self) -> None:
+        """Sleep a poll interval (less when a retry is due, or when woken), beating on the way."""
+        loop = asyncio.get_running_loop()
+        pause = self._poll
+        if self._failures:
+            soonest = min(f.next_try for f in self._failures.values())
+            pause = max(0.1, min(pause, soonest - self._clock.monotonic()))
+        deadline = loop.time() + pause
+        next_beat = loop.time() + self._beat_interval
+        while (left := deadline - loop.time()) > 0:
+            # asyncio.timeout, not wait_for: see the reconcile loop (Python 3.11 cancellation).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, max(0.0, next_beat - loop.time()))):
+                    await self.wake.wait()
+            if self.wake.is_set():
+                break
+            if loop.time() >= next_beat:
+                await self.beat()
+                next_beat = loop.time() + self._beat_interval
+        self.wake.clear()
+
+    async def sync_pass(self, *, wait: bool = False) -> SyncReport:
+        """Read the desired state and start what brings this member to it. ``wait``: return
+        once what it started has ended (the first pass, so readiness means converged)."""
+        report = SyncReport(at=self._clock.now())
+        try:
+            desired = await asyncio.to_thread(self._records.read_all)
+        except ControlPlaneError as exc:
+            report.error = str(exc)
+            if self.stale_since is None:
+                self.stale_since = report.at
+                log.error(
+                    "cannot read the fleet's desired state at %s (%s); serving what this member "
+                    "has until it can",
+                    self._records.where,
+                    exc,
+                )
+            report.states = self._states_when_stale()
+            self.last = report
+            return report
+        if self.stale_since is not None:
+            log.info("the fleet's desired state can be read again; following it")
+        self.stale_since = None
+        self.last_read = report.at
+        records = {record.name: record for record in await self._serving.all()}
+        if not self._seeded:
+            await self._seed(records, desired)
+            self._seeded = True
+        report.desired = desired
+        for model, wanted in sorted(desired.items()):
+            report.states[model] = await self._converge(model, wanted, records.get(model), report)
+        for model, record in records.items():  # served here, not the fleet's: reported as is
+            if model not in desired and record.active_release is not None:
+                report.states[model] = MemberModel(
+                    record.active_release, MemberState.SERVING, target=record.active_release
+                )
+        self.last = report
+        await self._advance_rollouts(desired, report.at)
+        if wait and self._follows:
+            await asyncio.gather(*self._follows.values(), return_exceptions=True)
+            report.states.update(
+                {
+                    model: await self._converge(model, wanted, await self._serving.get(model), None)
+                    for model, wanted in desired.items()
+                }
+            )
+        return report
+
+    async def _converge(
+        self,
+        model: str,
+        wanted: DesiredModel,
+        record: ModelRecord | None,
+        report: SyncReport | None,
+    ) -> MemberModel:
+        target = wanted.target_for(self.member.name)
+        serving = record.active_release if record is not None else None
+        state = partial(MemberModel, serving, target=target, generation=wanted.generation)
+        if target == serving:
+            self._failures.pop(model, None)
+            return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
+        if model in self._follows or self._deploy.holder(model) is not None:
+            return state(MemberState.CONVERGING)
+        if await self._held(model, target, wanted):
+            return state(MemberState.HELD, error=f"{target} was rolled back on this member")
+        failure = self._failures.get(model)
+        if failure is not None and failure.target == target:
+            if wanted.generation > failure.generation and wanted.trigger != "rollout":
+                self._failures.pop(model)  # set again since: try again now
+            elif self._clock.monotonic() < failure.next_try or report is None:
+                return state(MemberState.FAILED, error=failure.error)
+        if report is None:
+            return state(MemberState.CONVERGING)
+        log.info(
+            "%s: the fleet wants %s here (generation %d, set by %s); serving %s",
+            model,
+            target or "it unloaded",
+            wanted.generation,
+            wanted.set_by,
+            serving or "nothing",
+            extra={"model": model},
+        )
+        task = asyncio.create_task(self._follow(model, wanted, target), name=f"follow-{model}")
+        self._follows[model] = task
+        task.add_done_callback(partial(self._followed, model))
+        report.started[model] = target or "unload"
+        failed = self._failures.get(model)
+        return state(MemberState.CONVERGING, error=failed.error if failed else None)
+
+    def _followed(self, model: str, task: asyncio.Task[None]) -> None:
+        if self._follows.get(model) is task:
+            del self._follows[model]
+        self.wake.set()  # beat and look again now
+
+    async def _follow(self, model: str, wanted: DesiredModel, target: str | None) -> None:
+        """One operation towards ``target``; a failure is remembered, with its backoff."""
+        try:
+            started: Operation | Unchanged
+            if target is None:
+                started = await self._deploy.unload(model, trigger=Trigger.FLEET)
+            elif await self._deploy.is_warm(model, target):
+                started = await self._deploy.rollback(model, to=target, trigger=Trigger.FLEET)
+            else:
+                started = await self._deploy.deploy(model, target, trigger=Trigger.FLEET)
+        except OperationInProgress:
+            return  # an operation of ours started meanwhile: the next pass looks again
+        except ControlPlaneError as exc:
+            self._failed(model, wanted, target, str(exc))
+            return
+        if isinstance(started, Unchanged):
+            return
+        done = await self._deploy.wait(started.id)
+        if done.status is OperationStatus.SUCCEEDED:
+            self._failures.pop(model, None)
+            log.info("%s: serves %s, as the fleet wants (operation %s)", model, target, done.id)
+            return
+        error = f"{done.error.code}: {done.error.message}" if done.error else done.status.value
+        self._failed(model, wanted, target, f"{error} (operation {done.id})")
+
+    def _failed(self, model: str, wanted: DesiredModel, target: str | None, error: str) -> None:
+        last = self._failures.get(model)
+        delay = RETRY_FIRST if last is None or last.target != target else last.delay * 2
+        delay = min(RETRY_MAX, delay)
+        self._failures[model] = _Failure(
+            target, wanted.generation, error, self._clock.monotonic() + delay, delay
+        )
+        log.error(
+            "%s: cannot serve %s as the fleet wants: %s; serving what it had, trying again "
+            "in %.0f s",
+            model,
+            target or "it unloaded",
+            error,
+            delay,
+            extra={"model": model},
+        )
+
+    async def _held(self, model: str, target: str | None, wanted: DesiredModel) -> bool:
+        """``target`` was latched degraded here after the fleet set it (a member-scope
+        rollback): this member does not go back to it until it is set again."""
+        if target is None:
+            return False
+        return any(
+            latch.release == target and latch.at > wanted.set_at
+            for latch in await self._rollbacks.latched(model)
+        )
+
+    async def _seed(
+        self, records: dict[str, ModelRecord], desired: dict[str, DesiredModel]
+    ) -> None:
+        """Models that serve here and that the fleet has no record of become the fleet's."""
+        for model, record in sorted(records.items()):
+            if model in desired or record.active_release is None:
+                continue
+            now = self._clock.now()
+            seed = first_generation(model, by=self.member.name, at=now, trigger="seed", reason="")
+            new = seed.changed(
+                by=self.member.name,
+                at=now,
+                trigger="seed",
+                reason=f"served on {self.member.name} before the fleet had a record of it",
+                release=record.active_release,
+                previous=record.previous_release,
+            )
+            try:
+                await asyncio.to_thread(self._records.swap, new)
+            except DesiredStateConflict:
+                continue  # another member wrote one first: the next pass reads it
+            except ControlPlaneError as exc:
+                log.warning("%s: could not record it in the fleet's desired state: %s", model, exc)
+                continue
+            desired[model] = new
+            log.info(
+                "%s: recorded %s in the fleet's desired state (it served here already)",
+                model,
+                record.active_release,
+            )
+
+    async def _advance_rollouts(self, desired: dict[str, DesiredModel], now: datetime) -> None:
+        rolling = [wanted for wanted in desired.values() if wanted.rollout.in_progress]
+        if not rolling:
+            return
+        try:
+            beats = await asyncio.to_thread(self._records.beats)
+        except ControlPlaneError as exc:
+            log.warning("cannot read the members' heartbeats to judge a rollout: %s", exc)
+            return
+        beats[self.member.name] = self.heartbeat()  # this member as it is now, not as it was
+        for wanted in rolling:
+            after = advance(wanted, beats, now, by=self.member.name)
+            if after is None:
+                continue
+            try:
+                await asyncio.to_thread(self._records.swap, after)
+            except DesiredStateConflict:
+                continue  # another member advanced it first
+            except ControlPlaneError as exc:
+                log.warning("%s: could not advance its rollout: %s", wanted.model, exc)
+                continue
+            log.warning(
+                "%s: rollout of %s is now %s: %s",
+                wanted.model,
+                wanted.release,
+                after.rollout.phase.value,
+                after.reason,
+            )
+            self.wake.set()
+
+    # --- heartbeats -------------------------------------------------------------------------
+
+    def heartbeat(self) -> MemberBeat:
+        states = self.last.states if self.last is not None else {}
+        return MemberBeat(
+            member=self.member.name,
+            incarnation=self.member.incarnation,
+            at=self._clock.now(),
+            interval=self._beat_interval,
+            version=self.member.version,
+            models=dict(states),
+            overload=self._overload(),
+            stale=self.stale,
+        )
+
+    async def beat(self) -> None:
+        try:
+            await asyncio.to_thread(self._records.beat, self.heartbeat())
+        except ControlPlaneError as exc:
+            if self.last_beat_error is None:
+                log.warning("cannot write this member's heartbeat: %s", exc)
+            self.last_beat_error = str(exc)
+            return
+        if self.last_beat_error is not None:
+            log.info("this member's heartbeat is written again")
+        self.last_beat_error = None
+
+    def _states_when_stale(self) -> dict[str, MemberModel]:
+        """The last known states, kept while the store cannot be read."""
+        return dict(self.last.states) if self.last is not None else {}
+
+    # --- readiness --------------------------------------------------------------------------
+
+    def not_serving(self) -> dict[str, str]:
+        """Models the fleet wants here that serve nothing here yet: a new member gets traffic
+        only once it serves what the fleet does. (A member that serves an older release while
+        it converges stays ready: taking every member out of the Service during a rollout
+        would turn a slow load into an outage.)"""
+        if self.last is None:
+            return {}
+        return {
+            model: f"the fleet wants {state.target} here; it serves nothing yet"
+            + (f" ({state.error})" if state.error else "")
+            for model, state in self.last.states.items()
+            if state.target is not None and state.release is None
+        }
