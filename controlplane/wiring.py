@@ -28,6 +28,7 @@ from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
+from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_ledger import FleetLedger, Member
 from controlplane.services.fleet_sync import FleetSync
 from controlplane.services.headroom import HeadroomPolicy
@@ -65,6 +66,7 @@ class Container:
     supervisor: Supervisor
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
     fleet: FleetSync | None = None  # None: fleet.enabled is false
+    fleet_view: FleetService | None = None
 
     async def close(self) -> None:
         await self.runner.close()
@@ -208,7 +210,6 @@ def build(settings: Settings) -> Container:
         ),
         telemetry=telemetry,
         fleet=ledger,
-        fleet_rollbacks=settings.rollback.scope == "fleet",
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
     rollback = AutoRollback(
@@ -225,6 +226,7 @@ def build(settings: Settings) -> Container:
         configured_fallback=lambda model: settings.policy(model).fallback_release,
         enabled=lambda model: settings.policy(model).auto_rollback,
         telemetry=telemetry,
+        fleet=ledger if settings.rollback.scope == "fleet" else None,
     )
     utilization = build_utilization_source(settings, metrics_at)
     overload = (
@@ -337,6 +339,11 @@ def build(settings: Settings) -> Container:
         supervisor=supervisor,
         readers=closers,
         fleet=fleet,
+        fleet_view=(
+            FleetService(records=ledger.records, sync=fleet, clock=clock)
+            if ledger is not None and fleet is not None
+            else None
+        ),
     )
 
 

@@ -33,7 +33,16 @@ DEPLOY_REFUSALS = (
     "store_unavailable",
 )
 ROLLBACK_REFUSALS = (*DEPLOY_REFUSALS, "model_not_found", "no_previous_release")
-UNLOAD_REFUSALS = ("invalid_name", "model_not_found", "operation_in_progress")
+UNLOAD_REFUSALS = (
+    "invalid_name",
+    "model_not_found",
+    "operation_in_progress",
+    "store_error",
+    "store_unavailable",
+)
+# What a deploy, rollback or unload can end with in a fleet: its publish lost the race, or
+# (with "fleet": true) another member could not follow, or did not within the bound.
+FLEET_FAILURES = ("desired_state_conflict", "member_failed", "fleet_timeout")
 RELOAD_REFUSALS = ("invalid_name", "model_not_found", "no_fallback", "rollback_failed")
 # What a waited deploy or rollback can end with: every step of the pipeline can fail.
 LOAD_FAILURES = (
@@ -58,6 +67,7 @@ LOAD_FAILURES = (
     "staging_failed",
     "name_conflict",
     "interrupted",
+    *FLEET_FAILURES,
 )
 UNLOAD_FAILURES = (
     "invalid_transition",
@@ -66,6 +76,9 @@ UNLOAD_FAILURES = (
     "triton_timeout",
     "staging_failed",
     "interrupted",
+    "store_error",
+    "store_unavailable",
+    *FLEET_FAILURES,
 )
 STARTED: dict[int | str, dict[str, Any]] = {
     202: {"model": OperationEnvelope, "description": "The operation started."}

@@ -45,6 +45,7 @@ from controlplane.api.schemas import (
     MODEL_NAME_SCHEMA,
     AlertmanagerNotification,
     DeployRequest,
+    FleetWait,
     OperationEnvelope,
     OperationFailure,
     RollbackFailure,
@@ -60,6 +61,7 @@ from controlplane.api.schemas import (
 )
 from controlplane.api.security import Authenticate
 from controlplane.domain.errors import (
+    ControlPlaneError,
     InvalidRequest,
     NoFallback,
     OperationNotFound,
@@ -67,6 +69,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
 from controlplane.services.deploy import Unchanged
+from controlplane.services.fleet import FleetService, fleet_json, fleet_json_model
 from controlplane.settings import Settings
 from controlplane.wiring import Container, build
 
@@ -89,6 +92,26 @@ def _mutating(request: Request) -> Container:
     if not found.ready.is_set():
         raise NotReady(_starting(found))
     return found
+
+
+def fleet_of(c: Container) -> FleetService:
+    if c.fleet_view is None:
+        raise InvalidRequest(
+            "this daemon is not a member of a fleet (fleet.enabled: false): its desired state "
+            "lives in its own database; see GET /v1/models"
+        )
+    return c.fleet_view
+
+
+def fleet_request(c: Container, body: FleetWait) -> None:
+    """Refuse a fleet wait that cannot be had, before anything starts."""
+    if body.fleet and not body.wait:
+        raise InvalidRequest(
+            "'fleet': true waits for every member; send 'wait': true with it (without wait, "
+            "follow the fleet with GET /v1/fleet)"
+        )
+    if body.fleet:
+        fleet_of(c)
 
 
 def _starting(c: Container) -> str:
@@ -146,26 +169,50 @@ def create_app(settings: Settings) -> FastAPI:
     def trigger_of(request: Request) -> Trigger:
         return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
 
-    async def answer(c: Container, operation: Operation | Unchanged, wait: bool) -> JSONResponse:
+    async def answer(
+        c: Container, operation: Operation | Unchanged, request: FleetWait
+    ) -> JSONResponse:
         if isinstance(operation, Unchanged):
-            return JSONResponse(
-                {
-                    "unchanged": True,
-                    "model": operation.model,
-                    "release": operation.release,
-                    "message": operation.message,
-                },
-                status_code=200,
-            )
-        if not wait:
+            body: dict[str, Any] = {
+                "unchanged": True,
+                "model": operation.model,
+                "release": operation.release,
+                "message": operation.message,
+            }
+            if request.fleet and request.wait:
+                fleet = await _fleet_wait(c, operation.model, operation.release, request)
+                if isinstance(fleet, JSONResponse):
+                    return fleet
+                body["fleet"] = fleet
+            return JSONResponse(body, status_code=200)
+        if not request.wait:
             return JSONResponse({"operation": operation_json(operation)}, status_code=202)
         done = await c.deploy.wait(operation.id)
         body = {"operation": operation_json(done)}
-        if done.status is OperationStatus.SUCCEEDED:
-            return JSONResponse(body, status_code=200)
-        code = done.error.code if done.error else "internal_error"
-        message = done.error.message if done.error else done.status.value
-        return JSONResponse(error_body(code, message, **body), status_code=status_for(code))
+        if done.status is not OperationStatus.SUCCEEDED:
+            code = done.error.code if done.error else "internal_error"
+            message = done.error.message if done.error else done.status.value
+            return JSONResponse(error_body(code, message, **body), status_code=status_for(code))
+        if request.fleet:
+            fleet = await _fleet_wait(c, done.model, done.release, request, **body)
+            if isinstance(fleet, JSONResponse):
+                return fleet
+            body["fleet"] = fleet
+        return JSONResponse(body, status_code=200)
+
+    async def _fleet_wait(
+        c: Container, model: str, release: str | None, request: FleetWait, **body: Any
+    ) -> dict[str, Any] | JSONResponse:
+        """The model across the fleet once every member serves it; an error answer when one
+        cannot, or not within the bound."""
+        try:
+            snapshot = await fleet_of(c).wait_for(model, release, request.fleet_timeout_seconds)
+        except ControlPlaneError as exc:
+            return JSONResponse(
+                error_body(exc.code, exc.message, **body, **exc.details),
+                status_code=status_for(exc.code),
+            )
+        return fleet_json_model(snapshot, model)
 
     @app.get("/healthz", tags=["probes"])
     async def healthz(c: Reader) -> dict[str, Any]:
@@ -225,6 +272,18 @@ def create_app(settings: Settings) -> FastAPI:
         )
         return Response(content=body, media_type=content_type)
 
+    @app.get(
+        "/v1/fleet",
+        tags=["fleet"],
+        responses=answers(("invalid_request", "store_error", "store_unavailable")),
+    )
+    async def fleet(c: Reader) -> dict[str, Any]:
+        """The fleet: every member (alive or not, what it serves per model, its GPU verdict)
+        and every model's desired state (release, generation, whether every live member serves
+        it, the rollout phase), read from the store."""
+        service = fleet_of(c)
+        return fleet_json(await service.snapshot(), stale=service.stale)
+
     @app.get("/v1/memory", tags=["models"])
     async def memory(c: Reader) -> dict[str, Any]:
         """Triton's memory after recent swaps, the leak trend, and whether the audit can see
@@ -262,10 +321,11 @@ def create_app(settings: Settings) -> FastAPI:
         name: ModelName, body: DeployRequest, request: Request, c: Writer
     ) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
+        fleet_request(c, body)
         operation = await c.deploy.deploy(
             name, body.release, trigger=trigger_of(request), force=body.force
         )
-        return await answer(c, operation, body.wait)
+        return await answer(c, operation, body)
 
     @app.post(
         "/v1/models/{name}/rollback",
@@ -281,8 +341,9 @@ def create_app(settings: Settings) -> FastAPI:
         name: ModelName, body: RollbackRequest, request: Request, c: Writer
     ) -> JSONResponse:
         """Serve the previous release again (or the one named in ``to``)."""
+        fleet_request(c, body)
         operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
-        return await answer(c, operation, body.wait)
+        return await answer(c, operation, body)
 
     @app.post(
         "/v1/models/{name}/unload",
@@ -298,8 +359,9 @@ def create_app(settings: Settings) -> FastAPI:
         name: ModelName, body: UnloadRequest, request: Request, c: Writer
     ) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
+        fleet_request(c, body)
         operation = await c.deploy.unload(name, trigger=trigger_of(request))
-        return await answer(c, operation, body.wait)
+        return await answer(c, operation, body)
 
     @app.get(
         "/v1/operations/{operation_id}",

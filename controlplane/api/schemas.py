@@ -6,7 +6,7 @@ routes render with the ``*_json`` functions); the API fuzzer checks that the two
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
@@ -56,6 +56,14 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class FleetWait(Protocol):
+    """What the mutating routes' bodies say about waiting."""
+
+    wait: bool
+    fleet: bool
+    fleet_timeout_seconds: float
+
+
 class DeployRequest(_Body):
     release: str = Field(
         description="Release name in the store, e.g. 'r2' or '2026-11-29.1'.",
@@ -65,6 +73,17 @@ class DeployRequest(_Body):
     force: bool = Field(
         False, description="Load even when the headroom check finds too little free memory."
     )
+    fleet: bool = Field(
+        False,
+        description="With wait: answer only when every live member of the fleet serves it (or "
+        "one reports that it cannot), with each member's state under 'fleet'.",
+    )
+    fleet_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="With fleet: how long to wait for the other members (fleet_timeout after).",
+    )
 
 
 class RollbackRequest(_Body):
@@ -72,10 +91,32 @@ class RollbackRequest(_Body):
         "previous", description="'previous' or a release name.", json_schema_extra=NAME_SCHEMA
     )
     wait: bool = Field(False, description="Answer only when the operation has finished.")
+    fleet: bool = Field(
+        False,
+        description="With wait: answer only when every live member of the fleet serves it (or "
+        "one reports that it cannot), with each member's state under 'fleet'.",
+    )
+    fleet_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="With fleet: how long to wait for the other members (fleet_timeout after).",
+    )
 
 
 class UnloadRequest(_Body):
     wait: bool = Field(False, description="Answer only when the operation has finished.")
+    fleet: bool = Field(
+        False,
+        description="With wait: answer only when every live member of the fleet serves it (or "
+        "one reports that it cannot), with each member's state under 'fleet'.",
+    )
+    fleet_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="With fleet: how long to wait for the other members (fleet_timeout after).",
+    )
 
 
 class AlertmanagerAlert(BaseModel):
@@ -325,6 +366,9 @@ class OperationEnvelope(_Answer):
     """A mutating route's answer: the operation started (202) or finished (200)."""
 
     operation: OperationAnswer
+    fleet: dict[str, Any] | None = Field(
+        None, description="With fleet: the model across the fleet, member by member."
+    )
 
 
 class UnchangedAnswer(_Answer):
@@ -350,6 +394,9 @@ class OperationFailure(ErrorBody):
 
     operation: OperationAnswer | None = Field(
         None, description="With wait: the operation, which failed with this error."
+    )
+    fleet: dict[str, Any] | None = Field(
+        None, description="With fleet: the model across the fleet, member by member."
     )
 
 

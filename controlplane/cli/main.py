@@ -1,7 +1,8 @@
 """The ``controlplane`` command: the daemon (``serve``) and a client for CI and operators.
 
-Exit codes: 0 success; 1 the operation failed or was refused; 2 bad usage or settings;
-3 the daemon could not be reached.
+Exit codes: 0 success; 1 the operation failed or was refused (or, with --fleet, a member could
+not follow); 2 bad usage or settings; 3 the daemon could not be reached; 4 (--fleet) the fleet
+did not converge within --timeout (it goes on converging).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.client import ApiError, Client, Unreachable
+from controlplane.cli.fleet import fleet_table, follow_fleet
 from controlplane.settings import settings_help
 
 EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -41,6 +43,14 @@ WaitOption = Annotated[
 ]
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", help="Seconds to wait with --wait before giving up.")
+]
+FleetOption = Annotated[
+    bool,
+    typer.Option(
+        "--fleet",
+        help="With --wait: also wait until every live member of the fleet serves it (or one "
+        "cannot), and print each member's state.",
+    ),
 ]
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -76,6 +86,7 @@ def deploy(
     release: str,
     wait: WaitOption = False,
     timeout: TimeoutOption = 900.0,
+    fleet: FleetOption = False,
     force: Annotated[
         bool,
         typer.Option(
@@ -90,7 +101,7 @@ def deploy(
     body: dict[str, Any] = {"release": release}
     if force:
         body["force"] = True
-    _operation(client, f"/v1/models/{model}/deploy", body, wait, timeout)
+    _operation(client, f"/v1/models/{model}/deploy", body, wait, timeout, fleet)
 
 
 @app.command()
@@ -99,11 +110,13 @@ def rollback(
     to: Annotated[str, typer.Option("--to", help="Release to go back to.")] = "previous",
     wait: WaitOption = False,
     timeout: TimeoutOption = 900.0,
+    fleet: FleetOption = False,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Serve the previous release of MODEL again (or the one given with --to)."""
-    _operation(Client(url, token), f"/v1/models/{model}/rollback", {"to": to}, wait, timeout)
+    client = Client(url, token)
+    _operation(client, f"/v1/models/{model}/rollback", {"to": to}, wait, timeout, fleet)
 
 
 @app.command()
@@ -111,11 +124,21 @@ def unload(
     model: str,
     wait: WaitOption = False,
     timeout: TimeoutOption = 300.0,
+    fleet: FleetOption = False,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Unload MODEL from Triton and remove it from the repository."""
-    _operation(Client(url, token), f"/v1/models/{model}/unload", {}, wait, timeout)
+    """Unload MODEL from Triton and remove it from the repository (on every member: the
+    fleet's desired state says it is unloaded)."""
+    _operation(Client(url, token), f"/v1/models/{model}/unload", {}, wait, timeout, fleet)
+
+
+@app.command(name="fleet")
+def fleet_command(url: UrlOption = DEFAULT_URL, token: TokenOption = None) -> None:
+    """The fleet: each member (alive or not, what it serves) and each model's desired state."""
+    data = _call(lambda: Client(url, token).get("/v1/fleet"))
+    for line in fleet_table(data):
+        typer.echo(line)
 
 
 @app.command()
@@ -141,21 +164,50 @@ def status(
             )
 
 
-def _operation(client: Client, path: str, body: dict[str, Any], wait: bool, timeout: float) -> None:
+def _operation(
+    client: Client,
+    path: str,
+    body: dict[str, Any],
+    wait: bool,
+    timeout: float,
+    fleet: bool = False,
+) -> None:
+    if fleet and not wait:
+        typer.echo("--fleet waits for the fleet: use it with --wait", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    deadline = time.monotonic() + timeout
+    operation = _run_operation(client, path, body, wait, deadline, timeout)
+    if fleet and operation is not None:
+        code = follow_fleet(
+            client, operation["model"], operation.get("release"), deadline, timeout, _call
+        )
+        if code:
+            raise typer.Exit(code)
+
+
+def _run_operation(
+    client: Client,
+    path: str,
+    body: dict[str, Any],
+    wait: bool,
+    deadline: float,
+    timeout: float,
+) -> dict[str, Any] | None:
+    """Start the operation and (``wait``) follow it to its end; the operation, or None when
+    it was not waited for or nothing had to be done here."""
     data = _call(lambda: client.post(path, {**body, "wait": False}))
     if data.get("unchanged"):
         typer.echo(f"unchanged: {data.get('message', '')}")
-        return
-    operation = data["operation"]
+        return {"model": data["model"], "release": data["release"]}
+    operation: dict[str, Any] = data["operation"]
     typer.echo(
         f"operation {operation['id']}: {operation['kind']} {operation['model']} "
         f"{operation.get('release') or ''}".rstrip()
     )
     if not wait:
         typer.echo(f"follow it with: GET {client.url}/v1/operations/{operation['id']}")
-        return
+        return None
     printed = 0
-    deadline = time.monotonic() + timeout
     while True:
         steps = operation.get("steps", [])
         for step in steps[printed:]:
@@ -172,7 +224,7 @@ def _operation(client: Client, path: str, body: dict[str, Any], wait: bool, time
         operation = _call(partial(client.get, f"/v1/operations/{operation['id']}"))["operation"]
     if operation["status"] == "succeeded":
         typer.echo(f"{operation['status']} in {operation['duration_seconds']:.2f} s")
-        return
+        return operation
     error = operation.get("error") or {}
     typer.echo(
         f"error: {error.get('code', operation['status'])}: {error.get('message', '')}", err=True

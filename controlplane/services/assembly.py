@@ -79,7 +79,6 @@ def assemble(
     limits: Limits,
     telemetry: Telemetry = NO_TELEMETRY,
     fleet: FleetLedger | None = None,
-    fleet_rollbacks: bool = True,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal, staging=staging, clock=clock, locks=ModelLocks(), telemetry=telemetry
@@ -135,7 +134,6 @@ def assemble(
         require_checksums=limits.require_checksums,
         unload_timeout=limits.unload_seconds,
         fleet=fleet,
-        fleet_rollbacks=fleet_rollbacks,
     )
     reconciler = Reconciler(
         deploy=deploy,

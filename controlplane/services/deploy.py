@@ -12,10 +12,10 @@ an error answer, not an operation. The bodies run in a task owned by the
   (:class:`Unchanged`), as ``kubectl apply`` does; ``force`` loads it again.
 * A rollback a person asks for rejects the release it leaves: it is latched degraded, so it is
   neither the fallback nor pushed again by the watcher until someone deploys it by name.
-* In a fleet, what a person, CI, the release watcher or a fleet-scope automatic rollback asks
-  of this member is published to the fleet's desired state as the operation's last step, once
-  it serves here (:mod:`.fleet_ledger`); what the fleet's sync asks (trigger ``fleet``), repairs
-  and retires are this member's own business and publish nothing.
+* In a fleet, what a person, CI or the release watcher asks of this member is published to the
+  fleet's desired state as the operation's last step, once it serves here
+  (:mod:`.fleet_ledger`); what the fleet's sync asks (trigger ``fleet``), repairs, retires and
+  automatic rollbacks (they move the fleet afterwards) publish nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.domain.rollback import AUTOMATIC, DegradedRelease
+from controlplane.domain.rollback import DegradedRelease
 from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
@@ -102,7 +102,6 @@ class DeployService:
         require_checksums: bool = True,
         unload_timeout: float = 60.0,
         fleet: FleetLedger | None = None,
-        fleet_rollbacks: bool = True,
     ) -> None:
         self._store = store
         self._staging = staging
@@ -120,7 +119,6 @@ class DeployService:
         self._require_checksums = require_checksums
         self._unload_timeout = unload_timeout
         self.fleet = fleet
-        self._fleet_rollbacks = fleet_rollbacks  # rollback.scope: fleet
 
     def blue_green(self, model: str) -> bool:
         return self._policy_for(model).strategy is Strategy.BLUE_GREEN
@@ -199,14 +197,22 @@ class DeployService:
             target = record.previous_release
         else:
             target = validate_release_name(to)
+        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
         unchanged = await self._unchanged(model, target)
-        if unchanged is not None:
+        if unchanged is not None and self._fleet_agrees(base, target):
             return unchanged
+        if unchanged is not None:  # it serves here already: only the fleet has to hear it
+            return await self._start(
+                OperationKind.ROLLBACK,
+                model,
+                target,
+                trigger,
+                lambda run: self._publish(run, base, target),
+            )
         warm = await self.bluegreen.warm(model, target) if self.blue_green(model) else None
         if warm is None:
             return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
         slot_name = warm.name  # inside the retire window: a pure re-point
-        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
 
         async def body(run: Run) -> None:
             await self.bluegreen.repoint_back(run, slot_name)
@@ -218,11 +224,20 @@ class DeployService:
 
     async def unload(self, model: str, *, trigger: Trigger) -> Operation:
         validate_model_name(model)
+        base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
         record = await self._slots.record(model)
         if record is None or record.active_release is None:
+            if base is not None and base.record is not None and base.record.release is not None:
+                # Not here, but the fleet serves it elsewhere: unloading it is the fleet's.
+                return await self._start(
+                    OperationKind.UNLOAD,
+                    model,
+                    None,
+                    trigger,
+                    lambda run: self._publish(run, base, None),
+                )
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
         unload = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
-        base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
 
         async def body(run: Run) -> None:
             await unload(run)
@@ -278,9 +293,9 @@ class DeployService:
             return False
         if trigger in PEOPLE:
             return kind is not OperationKind.CPU_FALLBACK
-        if trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY:
-            return True  # the release watcher's auto-deploy: this member went first
-        return kind is OperationKind.ROLLBACK and trigger in AUTOMATIC and self._fleet_rollbacks
+        # The release watcher's auto-deploy: this member went first. (An automatic rollback
+        # moves the fleet after its chain, outside its budget: see AutoRollback.)
+        return trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY
 
     async def _fleet_base(
         self, model: str, kind: OperationKind, trigger: Trigger

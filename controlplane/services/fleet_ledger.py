@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.domain.errors import DesiredStateConflict
 from controlplane.domain.fleet import (
+    Claim,
     Degraded,
     DesiredModel,
     Rollout,
@@ -32,6 +33,7 @@ from controlplane.ports import Clock, DesiredStates
 from controlplane.services.runner import Run
 
 log = logging.getLogger(__name__)
+ROLL_BACK_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,13 @@ class Member:
     name: str
     incarnation: str  # this process: a restarted member is another incarnation
     version: str
+
+
+@dataclass(frozen=True)
+class ClaimAnswer:
+    won: bool
+    why: str
+    look_again: bool = False  # another member holds it now; it may give up or die
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,125 @@ class FleetLedger:
             )
         self._wake()
         return new
+
+    async def claim(self, model: str, release: str, revision: str | None) -> ClaimAnswer:
+        """Take on a new release for the fleet (the release watcher's ``auto_deploy``): one
+        member deploys it first and, once it serves there, publishes it; the others follow.
+        Refused when another member holds a live claim on it (look again later: it may die),
+        it failed on its claimer, or the fleet has it already or latched it degraded."""
+        now = self._clock.now()
+        current = await self.read(model) or first_generation(
+            model, by=self.member.name, at=now, trigger="watcher", reason=""
+        )
+        if current.release == release:
+            return ClaimAnswer(False, f"the fleet's desired state is {release} already")
+        if current.is_degraded(release):
+            return ClaimAnswer(False, f"{release} is latched degraded for the fleet")
+        held = current.claim
+        if held is not None and (held.release, held.revision) == (release, revision):
+            if held.failed is not None:
+                why = f"it failed on {held.member}, which claimed it: {held.failed}"
+                return ClaimAnswer(False, why)
+            if held.member != self.member.name or held.incarnation != self.member.incarnation:
+                beats = await asyncio.to_thread(self.records.beats)
+                beat = beats.get(held.member)
+                if beat is not None and beat.alive(now) and beat.incarnation == held.incarnation:
+                    why = f"{held.member} claimed it and deploys it first"
+                    return ClaimAnswer(False, why, look_again=True)
+        new = current.changed(
+            by=self.member.name,
+            at=now,
+            trigger="watcher",
+            reason=f"{self.member.name} claimed {release} to deploy it first",
+            claim=Claim(release, revision, self.member.name, self.member.incarnation, now),
+        )
+        try:
+            await asyncio.to_thread(self.records.swap, new)
+        except DesiredStateConflict:
+            return ClaimAnswer(False, "another member changed the desired state first", True)
+        return ClaimAnswer(True, f"claimed (generation {new.generation})")
+
+    async def claim_failed(self, model: str, release: str, error: str) -> None:
+        """This member's claimed deploy failed: say so in the record, so that no other member
+        tries the release (it stops at one member) until it is published again."""
+        for _attempt in range(ROLL_BACK_ATTEMPTS):
+            current = await self.read(model)
+            held = current.claim if current is not None else None
+            if current is None or held is None or held.release != release:
+                return
+            if held.member != self.member.name:
+                return
+            failed = current.changed(
+                by=self.member.name,
+                at=self._clock.now(),
+                trigger="watcher",
+                reason=f"{release} failed on {self.member.name}, which claimed it",
+                claim=replace(held, failed=error[:500]),
+            )
+            try:
+                await asyncio.to_thread(self.records.swap, failed)
+                return
+            except DesiredStateConflict:
+                continue
+
+    async def roll_back(
+        self, model: str, *, away_from: str, to: str, trigger: str, reason: str
+    ) -> DesiredModel | None:
+        """After an automatic rollback served ``to`` here (``rollback.scope: fleet``): latch
+        ``away_from`` degraded for the fleet and move the desired state to ``to``, so that every
+        member follows. Left alone when the desired state moved elsewhere meanwhile (a person
+        deployed another release); the record written, or None when nothing was written."""
+        for _attempt in range(ROLL_BACK_ATTEMPTS):
+            now = self._clock.now()
+            current = await self.read(model) or first_generation(
+                model, by=self.member.name, at=now, trigger=trigger, reason=""
+            )
+            if current.release == to and current.is_degraded(away_from):
+                return None  # another member got there first
+            if current.release not in (away_from, to, None) or (
+                current.release is None and current.generation > 0
+            ):
+                log.warning(
+                    "%s: not moving the fleet to %s: its desired state is %s now (set by %s)",
+                    model,
+                    to,
+                    current.release or "unloaded",
+                    current.set_by,
+                )
+                return None
+            rollout = current.rollout
+            if rollout.in_progress:
+                rollout = replace(
+                    rollout, phase=RolloutPhase.ROLLED_BACK, note=f"{self.member.name}: {reason}"
+                )
+            new = current.changed(
+                by=self.member.name,
+                at=now,
+                trigger=trigger,
+                reason=f"automatic rollback on {self.member.name}: {reason}",
+                release=to,
+                previous=away_from,
+                degraded=current.latched(away_from, now, f"{self.member.name}: {reason}"),
+                rollout=rollout,
+            )
+            try:
+                await asyncio.to_thread(self.records.swap, new)
+            except DesiredStateConflict:
+                continue  # read it again: another member may have done it, or moved it
+            log.warning(
+                "%s: the fleet's desired state is now %s (generation %d); %s is latched "
+                "degraded for every member",
+                model,
+                to,
+                new.generation,
+                away_from,
+            )
+            self._wake()
+            return new
+        raise DesiredStateConflict(
+            f"the desired state of {model} kept changing under {ROLL_BACK_ATTEMPTS} attempts "
+            f"to move it to {to}"
+        )
 
     async def _next(self, run: Run, publication: Publication) -> DesiredModel:
         operation = run.operation

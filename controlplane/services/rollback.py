@@ -42,6 +42,7 @@ from controlplane.domain.rollback import (
 )
 from controlplane.ports import Clock, RollbackBook, ServingRepo, Telemetry
 from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class AutoRollback:
         configured_fallback: Callable[[str], str | None],
         enabled: Callable[[str], bool],
         telemetry: Telemetry = NO_TELEMETRY,
+        fleet: FleetLedger | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
@@ -98,6 +100,7 @@ class AutoRollback:
         self._configured_fallback = configured_fallback
         self._enabled = enabled
         self._locks: dict[str, asyncio.Lock] = {}
+        self._fleet = fleet  # rollback.scope: fleet
 
     @property
     def cooldown(self) -> float:
@@ -218,6 +221,8 @@ class AutoRollback:
                 outcome, target = RollbackOutcome.CPU, active
         elapsed = (self._clock.now() - started).total_seconds()
         detail["seconds"] = round(elapsed, 3)
+        if outcome is RollbackOutcome.FALLBACK and target is not None and trigger in AUTOMATIC:
+            detail["fleet"] = await self._move_fleet(model, active, target, trigger, reason)
         done = RollbackRecord(
             id=uuid.uuid4().hex[:16],
             model=model,
@@ -255,6 +260,32 @@ class AutoRollback:
                 extra={"model": model},
             )
         return done
+
+    async def _move_fleet(
+        self, model: str, active: str, target: str, trigger: Trigger, reason: str
+    ) -> str:
+        """``rollback.scope: fleet``: every member goes back to ``target`` too. After the
+        chain, so the store's answer never eats into the rollback's budget; meanwhile this
+        member's latch keeps its sync from going back to ``active``."""
+        if self._fleet is None:
+            return "member scope: only this member rolled back"
+        try:
+            moved = await self._fleet.roll_back(
+                model, away_from=active, to=target, trigger=trigger.value, reason=reason
+            )
+        except ControlPlaneError as exc:
+            log.error(
+                "%s: rolled back here, but the fleet's desired state could not be moved to "
+                "%s: %s; the other members keep serving %s",
+                model,
+                target,
+                exc,
+                active,
+            )
+            return f"not moved: {exc}"
+        if moved is None:
+            return "unchanged: the fleet's desired state had moved already"
+        return f"the fleet's desired state is {target} (generation {moved.generation})"
 
     async def _attempt(
         self, start: Callable[[], Awaitable[Operation | Unchanged]], budget: float, what: str

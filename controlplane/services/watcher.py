@@ -8,6 +8,12 @@ model's policy says ``auto_deploy``, the newest complete release (natural sort) 
 but only if it is itself new: a release a person rolled back from is not pushed again, and
 one latched degraded by an automatic rollback is not pushed even when republished.
 
+In a fleet every member's watcher sees a new release, and each tries to *claim* it in the
+fleet's desired state (compare-and-swap): the one that wins deploys it first, as if it had
+received the call, and publishes it once it serves; the others follow the desired state. So a
+bad release published to the store stops at one member. A member that lost to a live claim
+looks again at its next scans, and claims it itself if the claimer died before finishing.
+
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
 release is republished.
@@ -134,6 +140,20 @@ class ReleaseWatcher:
             self._retry.add(key)  # busy now: try again at the next scan
             return
         self._retry.discard(key)
+        fleet = self._deploy.fleet
+        if fleet is not None:  # one member goes first; the others follow the desired state
+            claim = await fleet.claim(model, newest.name, newest.revision)
+            if not claim.won:
+                log.info(
+                    "not auto-deploying %s %s here: %s",
+                    model,
+                    newest.name,
+                    claim.why,
+                    extra={"model": model, "release": newest.name},
+                )
+                if claim.look_again:
+                    self._retry.add(key)
+                return
         try:
             operation = await self._deploy.deploy(model, newest.name, trigger=Trigger.WATCHER)
         except ControlPlaneError as exc:
@@ -156,5 +176,8 @@ class ReleaseWatcher:
             log.warning(
                 "auto-deploy of %s %s failed (%s); retrying at the next scan", *key[:2], code
             )
-        else:
-            log.error("auto-deploy of %s %s failed (%s); waiting for a new release", *key[:2], code)
+            return
+        log.error("auto-deploy of %s %s failed (%s); waiting for a new release", *key[:2], code)
+        if self._deploy.fleet is not None:  # the release stops here: no other member tries it
+            message = done.error.message if done.error else done.status.value
+            await self._deploy.fleet.claim_failed(key[0], key[1], f"{code}: {message}")

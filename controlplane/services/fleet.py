@@ -1,0 +1,211 @@
+"""The fleet as a person or CI sees it: who is in it, what each member serves, and waiting
+until every member serves what was asked.
+
+Read from the store (the desired state and the heartbeats), with this member's own state as it
+is now rather than as its last heartbeat said. Waiting polls the same records with a bound: it
+ends when every live member serves the release, when one reports that it cannot (its error is
+in the answer), or when the desired state moved elsewhere (a canary was rolled back, another
+deploy won).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from controlplane.domain.errors import DesiredStateConflict, FleetTimeout, MemberFailed
+from controlplane.domain.fleet import (
+    DesiredModel,
+    MemberBeat,
+    MemberModel,
+    MemberState,
+    RolloutPhase,
+    converged,
+)
+from controlplane.ports import Clock, DesiredStates
+from controlplane.services.fleet_sync import FleetSync
+
+log = logging.getLogger(__name__)
+WAIT_POLL = 0.25
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    at: datetime
+    member: str  # this member
+    desired: dict[str, DesiredModel]
+    beats: dict[str, MemberBeat]
+
+    def converged(self, model: str) -> bool:
+        wanted = self.desired.get(model)
+        return wanted is not None and converged(wanted, self.beats, self.at)
+
+
+class FleetService:
+    def __init__(self, *, records: DesiredStates, sync: FleetSync, clock: Clock) -> None:
+        self._records = records
+        self._sync = sync
+        self._clock = clock
+
+    @property
+    def member(self) -> str:
+        return self._sync.member.name
+
+    @property
+    def stale(self) -> bool:
+        return self._sync.stale
+
+    async def snapshot(self, model: str | None = None) -> FleetSnapshot:
+        """The fleet now: every record (or ``model``'s), every heartbeat, this member live."""
+        if model is None:
+            desired = await asyncio.to_thread(self._records.read_all)
+        else:
+            one = await asyncio.to_thread(self._records.read, model)
+            desired = {model: one} if one is not None else {}
+        beats = await asyncio.to_thread(self._records.beats)
+        beats[self.member] = self._sync.heartbeat()
+        return FleetSnapshot(self._clock.now(), self.member, desired, beats)
+
+    async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
+        """Return once every live member serves ``release`` of ``model`` (the rollout, if
+        any, complete); :class:`MemberFailed` when one cannot, :class:`DesiredStateConflict`
+        when the desired state moved to something else, :class:`FleetTimeout` past
+        ``timeout`` s. Each error's details carry every member's state."""
+        self._sync.wake.set()  # this member's own state first: beat it now
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            snapshot = await self.snapshot(model)
+            wanted = snapshot.desired.get(model)
+            details = {"fleet": fleet_json_model(snapshot, model)}
+            if wanted is None or wanted.release != release:
+                moved = (
+                    "has no record"
+                    if wanted is None
+                    else f"wants {wanted.release or 'it unloaded'} now (set by {wanted.set_by}: "
+                    f"{wanted.reason})"
+                )
+                error: Exception = DesiredStateConflict(
+                    f"the fleet's desired state of {model} moved while waiting: it {moved}",
+                    details=details,
+                )
+                if wanted is not None and wanted.rollout.phase is RolloutPhase.ROLLED_BACK:
+                    error = MemberFailed(
+                        f"the rollout of {release} was stopped: {wanted.rollout.note}",
+                        details=details,
+                    )
+                raise error
+            failed = _failed_members(wanted, snapshot)
+            if failed:
+                raise MemberFailed(
+                    f"{len(failed)} member(s) could not serve {model} {release or '(unloaded)'}: "
+                    + "; ".join(f"{member}: {why}" for member, why in failed.items()),
+                    details=details,
+                )
+            if wanted.rollout.phase is RolloutPhase.COMPLETE and snapshot.converged(model):
+                return snapshot
+            if loop.time() >= deadline:
+                waiting = [
+                    beat.member
+                    for beat in snapshot.beats.values()
+                    if beat.alive(snapshot.at)
+                    and not beat.serves(model, wanted.target_for(beat.member))
+                ]
+                raise FleetTimeout(
+                    f"not every member serves {model} {release or '(unloaded)'} after "
+                    f"{timeout:g} s (phase {wanted.rollout.phase.value}; waiting for "
+                    f"{', '.join(waiting) or 'the rollout'}); they go on converging",
+                    details=details,
+                )
+            await asyncio.sleep(WAIT_POLL)
+
+
+def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, str]:
+    failed = {}
+    for beat in snapshot.beats.values():
+        state = beat.models.get(wanted.model)
+        if not beat.alive(snapshot.at) or state is None:
+            continue
+        if state.target != wanted.target_for(beat.member) or state.generation < wanted.generation:
+            continue  # a report on an older desired state
+        if state.state in (MemberState.FAILED, MemberState.HELD):
+            failed[beat.member] = state.error or state.state.value
+    return failed
+
+
+def _state_json(state: MemberModel | None) -> dict[str, object]:
+    if state is None:
+        return {"release": None, "state": None, "target": None, "error": None}
+    return {
+        "release": state.release,
+        "state": state.state.value,
+        "target": state.target,
+        "error": state.error,
+    }
+
+
+def member_json(beat: MemberBeat, now: datetime) -> dict[str, object]:
+    return {
+        "member": beat.member,
+        "alive": beat.alive(now),
+        "last_seen": beat.at.isoformat(),
+        "version": beat.version,
+        "stale": beat.stale,
+        "overload": beat.overload,
+        "models": {name: _state_json(state) for name, state in sorted(beat.models.items())},
+    }
+
+
+def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, object]:
+    rollout = wanted.rollout
+    return {
+        "desired": wanted.release,
+        "generation": wanted.generation,
+        "converged": snapshot.converged(wanted.model),
+        "phase": rollout.phase.value,
+        "previous": wanted.previous,
+        "set_by": wanted.set_by,
+        "set_at": wanted.set_at.isoformat(),
+        "trigger": wanted.trigger,
+        "reason": wanted.reason,
+        "stable": rollout.stable if rollout.in_progress else None,
+        "canaries": list(rollout.canaries),
+        "rollout_note": rollout.note or None,
+        "degraded": [
+            {"release": d.release, "at": d.at.isoformat(), "reason": d.reason}
+            for d in wanted.degraded
+        ],
+    }
+
+
+def fleet_json(snapshot: FleetSnapshot, *, stale: bool) -> dict[str, object]:
+    return {
+        "member": snapshot.member,
+        "stale": stale,
+        "members": [
+            member_json(beat, snapshot.at) for _name, beat in sorted(snapshot.beats.items())
+        ],
+        "models": {
+            name: desired_json(snapshot, wanted)
+            for name, wanted in sorted(snapshot.desired.items())
+        },
+    }
+
+
+def fleet_json_model(snapshot: FleetSnapshot, model: str) -> dict[str, object]:
+    """One model across the fleet: its desired state and each member's state of it."""
+    wanted = snapshot.desired.get(model)
+    return {
+        "model": model,
+        **(desired_json(snapshot, wanted) if wanted is not None else {"desired": None}),
+        "members": [
+            {
+                "member": beat.member,
+                "alive": beat.alive(snapshot.at),
+                **_state_json(beat.models.get(model)),
+            }
+            for _name, beat in sorted(snapshot.beats.items())
+        ],
+    }
