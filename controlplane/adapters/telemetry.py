@@ -17,6 +17,8 @@ never a label.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -150,6 +152,17 @@ class PrometheusTelemetry:
             "reconcile pass (readiness fails while this is above 0).",
             registry=r,
         )
+        self._fleet_stale = Gauge(
+            "controlplane_fleet_stale",
+            "1 while this member cannot read the fleet's desired state from the store (it "
+            "keeps serving what it has), else 0; absent when fleet.enabled is false.",
+            registry=r,
+        )
+        self._fleet_read = Gauge(
+            "controlplane_fleet_last_read_timestamp_seconds",
+            "When this member last read the fleet's desired state (Unix time).",
+            registry=r,
+        )
         for action in ("load", "repoint", "redeploy", "remove"):
             self._repairs.labels(action=action)
         self._store_retries = Counter(
@@ -239,15 +252,26 @@ class PrometheusTelemetry:
         triton_up: bool,
         jobs: Mapping[str, bool],
         not_serving: int,
+        fleet: FleetFigures | None = None,
     ) -> tuple[bytes, str]:
         """The exposition text and its content type, with what serves now."""
         self._triton_up.set(1 if triton_up else 0)
+        if fleet is not None:
+            self._fleet_stale.set(1 if fleet.stale else 0)
+            if fleet.last_read is not None:
+                self._fleet_read.set(fleet.last_read.timestamp())
         for job, up in jobs.items():
             self._job_up.labels(job=job).set(1 if up else 0)
             self._job_restarts.labels(job=job)
         self._not_serving.set(not_serving)
         self._serving.models = list(models)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class FleetFigures:
+    stale: bool
+    last_read: datetime | None
 
 
 class _ServingCollector(Collector):

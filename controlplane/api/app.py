@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from controlplane import __version__
+from controlplane.adapters.telemetry import FleetFigures
 from controlplane.api.answers import (
     DEPLOY_REFUSALS,
     DEPLOYED,
@@ -269,6 +270,7 @@ def create_app(settings: Settings) -> FastAPI:
             triton_up=live,
             jobs={s.name: not s.down for s in c.supervisor.statuses()},
             not_serving=len(last.not_serving) if last is not None else 0,
+            fleet=(FleetFigures(c.fleet.stale, c.fleet.last_read) if c.fleet is not None else None),
         )
         return Response(content=body, media_type=content_type)
 
@@ -304,8 +306,12 @@ def create_app(settings: Settings) -> FastAPI:
         "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
     )
     async def get_model(name: ModelName, c: Reader) -> dict[str, Any]:
-        """One model: active and previous release, Triton's state, releases in the store."""
-        return model_json(await c.status.get_model(name))
+        """One model: active and previous release, Triton's state, releases in the store, and
+        (in a fleet) what the fleet wants of this member and whether it can read the store."""
+        body = model_json(await c.status.get_model(name))
+        if c.fleet is not None:
+            body["fleet"] = c.fleet.model_status(name)
+        return body
 
     @app.post(
         "/v1/models/{name}/deploy",

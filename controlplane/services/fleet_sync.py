@@ -163,7 +163,8 @@ class FleetSync:
                     self._records.where,
                     exc,
                 )
-            report.states = self._states_when_stale()
+            report.states = await self._states_when_stale()
+            report.desired = dict(self.last.desired) if self.last is not None else {}
             self.last = report
             return report
         if self.stale_since is not None:
@@ -380,9 +381,37 @@ class FleetSync:
             log.info("this member's heartbeat is written again")
         self.last_beat_error = None
 
-    def _states_when_stale(self) -> dict[str, MemberModel]:
-        """The last known states, kept while the store cannot be read."""
-        return dict(self.last.states) if self.last is not None else {}
+    async def _states_when_stale(self) -> dict[str, MemberModel]:
+        """The last known states, kept while the store cannot be read (at start-up: what
+        serves here, as recorded)."""
+        if self.last is not None:
+            return dict(self.last.states)
+        return {
+            record.name: MemberModel(
+                record.active_release, MemberState.SERVING, target=record.active_release
+            )
+            for record in await self._serving.all()
+            if record.active_release is not None
+        }
+
+    # --- status -----------------------------------------------------------------------------
+
+    def model_status(self, model: str) -> dict[str, object]:
+        """What the fleet wants of this member for ``model``, as of the last pass."""
+        last = self.last
+        wanted = last.desired.get(model) if last is not None else None
+        state = last.states.get(model) if last is not None else None
+        return {
+            "member": self.member.name,
+            "stale": self.stale,
+            "stale_since": self.stale_since.isoformat() if self.stale_since else None,
+            "last_read": self.last_read.isoformat() if self.last_read else None,
+            "desired": wanted.release if wanted is not None else None,
+            "generation": wanted.generation if wanted is not None else None,
+            "target": state.target if state is not None else None,
+            "state": state.state.value if state is not None else None,
+            "error": state.error if state is not None else None,
+        }
 
     # --- readiness --------------------------------------------------------------------------
 
@@ -393,6 +422,15 @@ class FleetSync:
         would turn a slow load into an outage.)"""
         if self.last is None:
             return {}
+        if self.last_read is None and self.last.error is not None:
+            # It never read the desired state: it cannot know what to serve. A member that
+            # serves models already (its daemon restarted) stays ready on what it has.
+            serving = any(s.release is not None for s in self.last.states.values())
+            if not serving:
+                return {
+                    "(fleet)": "cannot read the fleet's desired state from the store, so this "
+                    f"member does not know what to serve: {self.last.error}"
+                }
         return {
             model: f"the fleet wants {state.target} here; it serves nothing yet"
             + (f" ({state.error})" if state.error else "")

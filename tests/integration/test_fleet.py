@@ -4,13 +4,16 @@ member that received it reaches none, and members that were down or are new catc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TritonFactory
-from tests.support.fleet import Fleet, running_fleet
+from tests.support.fleet import Fleet, Member, running_fleet
+from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
@@ -102,11 +105,220 @@ def test_a_new_member_serves_the_desired_release_before_it_is_ready(
     assert view["models"][MODEL]["converged"] is True
 
 
-def _ready(member: object) -> bool:
-    from tests.support.fleet import Member
-
-    assert isinstance(member, Member)
+def _ready(member: Member) -> bool:
     try:
         return member.api.get("/readyz").status_code == 200
     except Exception:
         return False
+
+
+# --- progressive rollout and automatic rollback --------------------------------------------
+
+WINDOW, INTERVAL = 3.0, 0.5
+
+
+def _rollback_config(*, canaries: int = 0, bake: float = 0.0) -> str:
+    return (
+        "rollback:\n"
+        f"  window_seconds: {WINDOW}\n"
+        f"  interval_seconds: {INTERVAL}\n"
+        "  cpu_budget_seconds: 10\n"
+        "models:\n"
+        f"  {MODEL}:\n"
+        "    retire_after_seconds: 600\n"
+        "    drain_timeout_seconds: 5\n"
+        f"    rollout: {{canary_members: {canaries}, bake_seconds: {bake}}}\n"
+    )
+
+
+@pytest.fixture
+def exporters() -> Iterator[dict[str, GpuExporter]]:
+    """One GPU exporter per member (m1..m3), each at a healthy 0.30."""
+    with GpuExporter() as m1, GpuExporter() as m2, GpuExporter() as m3:
+        found = {"m1": m1, "m2": m2, "m3": m3}
+        for exporter in found.values():
+            exporter.set(gpu0=0.30)
+        yield found
+
+
+def _add_watched(fleet: Fleet, exporters: dict[str, GpuExporter], config: str) -> list[Member]:
+    return [
+        fleet.add(
+            name,
+            config=config,
+            extra_env={"CONTROLPLANE_ROLLBACK__METRICS_URL": exporters[name].url},
+        )
+        for name in ("m1", "m2", "m3")
+    ]
+
+
+def _releases_seen(member: Member) -> set[str]:
+    operations = member.api.get(f"/v1/operations?model={MODEL}&limit=50").json()["operations"]
+    return {o["release"] for o in operations if o["release"]}
+
+
+def test_a_canary_rollout_bakes_on_one_member_before_the_others_follow(
+    fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    bake = 4.0
+    first, second, _third = _add_watched(fleet, exporters, _rollback_config(canaries=1, bake=bake))
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    began = time.monotonic()
+    answer = second.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    took = time.monotonic() - began
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["fleet"]["phase"] == "complete"
+    assert answer.json()["fleet"]["canaries"] == ["m2"]
+    assert took >= bake  # the rest waited for the bake
+    fleet.wait_serving(MODEL, "r2", 2.0)
+    # The publish step said which member was the canary.
+    publish = [s for s in answer.json()["operation"]["steps"] if s["name"] == "publish"]
+    assert publish[0]["detail"]["phase"] == "canary"
+
+
+def test_a_breach_on_the_canary_rolls_it_back_and_the_release_reaches_no_other(
+    fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    first, second, third = _add_watched(fleet, exporters, _rollback_config(canaries=1, bake=600))
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    answer = second.api.deploy(MODEL, "r2")  # this member goes first: the canary
+    assert answer.status_code == 200, answer.text
+    eventually(lambda: fleet.fleet()["models"][MODEL]["phase"] == "baking", 30, "the canary baking")
+    assert (first.answer(MODEL), second.answer(MODEL), third.answer(MODEL)) == (1.0, 2.0, 1.0)
+
+    exporters["m2"].set(gpu0=0.99)
+    eventually(
+        lambda: fleet.fleet()["models"][MODEL]["phase"] == "rolled_back",
+        WINDOW + 30,
+        "the rollout rolled back",
+    )
+    fleet.wait_serving(MODEL, "r1", 1.0)
+    model = fleet.fleet(via=third)["models"][MODEL]
+    assert model["desired"] == "r1"
+    assert [d["release"] for d in model["degraded"]] == ["r2"]
+    assert "m2" in (model["rollout_note"] or "")
+    # The release never reached the members that were not canaries.
+    assert "r2" not in _releases_seen(first)
+    assert "r2" not in _releases_seen(third)
+
+
+def test_overload_on_one_member_brings_every_member_back_to_the_fallback(
+    fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    first, _second, third = _add_watched(fleet, exporters, _rollback_config())
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    answer = first.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(MODEL, "r2", 2.0)
+
+    with LoadGenerator(first.triton.grpc_url, MODEL, clients=2) as load:
+        load.wait_for_answers(5)
+        exporters["m3"].set(gpu0=0.99)  # only m3's GPUs are hot
+        fleet.wait_serving(MODEL, "r1", 1.0, timeout=WINDOW + 60)
+        load.wait_for_answers(5)
+    assert [e for log in load.logs for e in log.errors] == []
+    model = fleet.fleet()["models"][MODEL]
+    assert (model["desired"], model["set_by"]) == ("r1", "m3")
+    assert [d["release"] for d in model["degraded"]] == ["r2"]
+    rollback = third.api.get(f"/v1/models/{MODEL}").json()["rollback"]["last"]
+    assert rollback["outcome"] == "fallback"
+    assert "generation" in rollback["detail"]["fleet"]
+
+
+def test_member_scope_rolls_back_only_the_member_that_saw_the_overload(
+    fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    config = _rollback_config().replace("rollback:\n", "rollback:\n  scope: member\n")
+    first, second, third = _add_watched(fleet, exporters, config)
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    answer = first.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    exporters["m3"].set(gpu0=0.99)
+    eventually(lambda: third.answer(MODEL) == 1.0, WINDOW + 30, "m3 back on r1")
+    # It stays there (held), while the fleet still wants r2 and the others serve it.
+    eventually(lambda: _member_state(fleet, "m3") == ("r1", "held"), 30, "m3 reporting it holds r1")
+    assert fleet.fleet()["models"][MODEL]["desired"] == "r2"
+    assert (first.answer(MODEL), second.answer(MODEL), third.answer(MODEL)) == (2.0, 2.0, 1.0)
+
+
+def _member_state(fleet: Fleet, member: str) -> tuple[str | None, str | None]:
+    for found in fleet.fleet()["members"]:
+        if found["member"] == member:
+            state = found["models"].get(MODEL) or {}
+            return state.get("release"), state.get("state")
+    return None, None
+
+
+# --- crashes and races ------------------------------------------------------------------
+
+
+def test_a_member_killed_during_a_rollout_converges_after_its_restart(
+    fleet: Fleet, store: Path
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0, init_sleep=3.0)
+    first, _second, third = (fleet.add() for _ in range(3))
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    assert first.api.deploy(MODEL, "r2", wait=False).status_code == 202
+
+    def following() -> bool:
+        operations = third.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+        return any(
+            o["release"] == "r2" and o["trigger"] == "fleet" and o["status"] == "running"
+            for o in operations
+        )
+
+    eventually(following, 60, "m3 following the fleet to r2", every=0.05)
+    third.api.kill()  # mid-load: the release half-placed or loading in its Triton
+    fleet.start(third)
+    fleet.wait_serving(MODEL, "r2", 2.0)
+    assert fleet.fleet()["models"][MODEL]["converged"] is True
+
+
+def test_two_members_racing_to_set_the_desired_state_one_wins_and_the_other_is_told(
+    fleet: Fleet, store: Path
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0, init_sleep=1.0)
+    write_scale_release(store, MODEL, "r3", k=3.0, init_sleep=2.0)
+    first, second = fleet.add(), fleet.add()
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    # Both start from generation 1; r2 loads faster and publishes first.
+    with first.api.client() as one, second.api.client() as other, ThreadPoolExecutor(2) as pool:
+        path = f"/v1/models/{MODEL}/deploy"
+        fast = pool.submit(one.post, path, json={"release": "r2", "wait": True})
+        slow = pool.submit(other.post, path, json={"release": "r3", "wait": True})
+        won, lost = fast.result(), slow.result()
+    assert won.status_code == 200, won.text
+    assert lost.status_code == 409, lost.text
+    error = lost.json()["error"]
+    assert error["code"] == "desired_state_conflict"
+    assert "set by m1" in error["message"]
+    # Nothing is lost: the loser's operation is on record, and the fleet serves the winner.
+    steps = [s["name"] for s in lost.json()["operation"]["steps"]]
+    assert steps[-1] == "publish"
+    fleet.wait_serving(MODEL, "r2", 2.0)
+    assert fleet.fleet()["models"][MODEL]["generation"] == 2

@@ -1,0 +1,124 @@
+"""A fleet on an S3 store (moto's server over loopback HTTP): three real Tritons and their
+daemons share one bucket. One member reaches the bucket through a fault proxy, so that the
+store can go away for it alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import TritonFactory
+from tests.support.fault_proxy import FaultProxy
+from tests.support.fleet import Fleet, running_fleet
+from tests.support.models import write_scale_release
+from tests.support.polling import eventually
+from tests.support.s3 import aws_env, upload_release_dir
+from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
+
+pytestmark = pytest.mark.triton
+MODEL = "fleets3"
+PREFIX = "models"
+
+
+@pytest.fixture
+def fleet(
+    own_triton: TritonFactory,
+    tmp_path: Path,
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    moto_endpoint: str,  # noqa: F811
+) -> Iterator[Fleet]:
+    client, bucket = s3_bucket
+    releases = tmp_path / "releases"
+    for release, k in (("r1", 1.0), ("r2", 2.0)):
+        release_dir = write_scale_release(releases, MODEL, release, k=k)
+        upload_release_dir(client, bucket, PREFIX, release_dir)
+    with running_fleet(
+        own_triton,
+        tmp_path / "unused-local-store",
+        tmp_path / "fleet",
+        store_uri=f"s3://{bucket}/{PREFIX}",
+        env=aws_env(moto_endpoint),
+    ) as running:
+        yield running
+
+
+def test_a_deploy_through_one_member_reaches_every_member_on_s3(
+    fleet: Fleet,
+    s3_bucket: tuple[Any, str],  # noqa: F811
+) -> None:
+    first, second, third = (fleet.add() for _ in range(3))
+    answer = second.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(MODEL, "r1", 1.0)
+    view = fleet.fleet(via=third)
+    assert [m["member"] for m in view["members"]] == ["m1", "m2", "m3"]
+    assert view["models"][MODEL]["converged"] is True
+    # The fleet's records live under the store's reserved prefix, beside the releases.
+    client, bucket = s3_bucket
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert f"{PREFIX}/_controlplane/desired/{MODEL}.json" in keys
+    assert {f"{PREFIX}/_controlplane/members/m{i}.json" for i in (1, 2, 3)} <= keys
+    # ... and are never taken for a model.
+    assert [m["name"] for m in first.api.get("/v1/models").json()["models"]] == [MODEL]
+
+
+def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
+    fleet: Fleet,
+    fault_proxy: FaultProxy,  # noqa: F811
+) -> None:
+    first, second = fleet.add(), fleet.add()
+    cut_off = fleet.add(extra_env=aws_env(fault_proxy.endpoint))
+    answer = first.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    fault_proxy.go_down()
+    eventually(
+        lambda: cut_off.api.get(f"/v1/models/{MODEL}").json()["fleet"]["stale"] is True,
+        30,
+        "the cut-off member saying it is stale",
+    )
+    metrics = cut_off.api.get("/metrics").text
+    assert "controlplane_fleet_stale 1.0" in metrics
+    assert first.api.deploy(MODEL, "r2").status_code == 200
+    eventually(lambda: second.answer(MODEL) == 2.0, 60, "the other members following")
+    # Still serving what it had, nothing unloaded, and ready: it serves.
+    for _ in range(10):
+        assert cut_off.answer(MODEL) == 1.0
+    assert cut_off.api.get("/readyz").status_code == 200
+    # The others see it as not alive (its heartbeats cannot land): converged counts live ones.
+    members = {m["member"]: m["alive"] for m in fleet.fleet()["members"]}
+    assert members == {"m1": True, "m2": True, "m3": False}
+
+    fault_proxy.come_back()
+    fleet.wait_serving(MODEL, "r2", 2.0)
+    assert cut_off.api.get(f"/v1/models/{MODEL}").json()["fleet"]["stale"] is False
+    assert "controlplane_fleet_stale 0.0" in cut_off.api.get("/metrics").text
+    eventually(lambda: fleet.fleet()["models"][MODEL]["converged"], 30, "converged")
+
+
+def test_a_new_member_that_cannot_reach_the_store_is_not_ready_and_says_why(
+    fleet: Fleet,
+) -> None:
+    first = fleet.add()
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    lost = fleet.add(extra_env=aws_env("http://127.0.0.1:9"), wait_ready=False)
+
+    def refused() -> bool:
+        try:
+            answer = lost.api.get("/readyz")
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 503 and "desired state" in answer.json()["error"]["message"]
+
+    eventually(refused, 60, "the member saying why it is not ready")
+    assert lost.api.get("/healthz").status_code == 200
+    status = lost.api.get(f"/v1/models/{MODEL}")
+    assert status.status_code == 404  # it knows nothing of the model: it never read the store
