@@ -4,20 +4,23 @@
 object against the Kubernetes schemas and runs promtool on the PrometheusRule. It cannot know
 what the daemon needs, and kubernetes-validate has no schema for the Prometheus Operator's CRDs
 (it only warns about them). So each overlay is rendered here with ``kubectl kustomize``, as
-``kubectl apply -k`` would, and checked for what a wrong edit breaks quietly: the shared volume
-that makes placement atomic, the process namespace of the residue audit, secrets never written
-as literals, settings the daemon accepts, and monitoring objects that point at real ports.
+``kubectl apply -k`` would, and checked for what a wrong edit breaks quietly: a fleet that
+rolls, drains and scales without ever losing its last serving pod, no pod state that a
+replacement pod would miss, the shared volume that makes placement atomic, the process namespace
+of the residue audit, secrets never written as literals, settings the daemon accepts, and
+monitoring objects that point at real ports.
 
-kubectl comes from PATH (Debian: kubernetes-client). Without it the tests skip, except in CI
-(``CI`` set), where .ci/run installs it and a missing one is a failure.
+kubectl is the 1.32 that ``make install`` puts in the venv (tests/support/kubectl.py); without
+it the tests fail, never skip. Rendering must print nothing on stderr: kustomize's deprecation
+warnings are failures too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -28,6 +31,7 @@ import yaml
 from pydantic import BaseModel
 
 from controlplane.settings import ENV_PREFIX, Settings, load_settings
+from tests.support.kubectl import K8S_VERSION, kubectl, kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -45,14 +49,6 @@ RBAC = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
 # The client side of the CLI reads these; the daemon's settings do not.
 CLI_ENV = {"CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"}
-# Kustomization fields kustomize v2.0.3 knows (kubectl 1.20, Debian's kubernetes-client, which
-# CI installs); `resources` there takes files only, `bases` takes directories.
-KUSTOMIZE_V2_FIELDS = {
-    "apiVersion", "kind", "namespace", "namePrefix", "nameSuffix", "commonLabels",
-    "commonAnnotations", "resources", "bases", "images", "configMapGenerator",
-    "secretGenerator", "generatorOptions", "patchesStrategicMerge", "patchesJson6902",
-    "crds", "vars", "configurations",
-}  # fmt: skip
 
 
 class _Loader(yaml.SafeLoader):
@@ -72,32 +68,18 @@ Obj = dict[str, Any]
 # --- rendering ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must provide kubectl (Debian package kubernetes-client; see .ci/run)")
-        pytest.skip("kubectl not on PATH (Debian package kubernetes-client)")
-    return path
-
-
-def render(kubectl: str, overlay: str) -> list[Obj]:
-    done = subprocess.run(
-        [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl kustomize overlays/{overlay} failed:\n{done.stderr}"
+def render(directory: Path) -> list[Obj]:
+    done = kustomize(directory)
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    # A deprecated field, a patch that matches nothing: kustomize says so on stderr and renders.
+    assert done.stderr == "", f"kubectl kustomize {directory} warns:\n{done.stderr}"
     return [doc for doc in yaml.load_all(done.stdout, Loader=_Loader) if doc]
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
-def overlay(request: pytest.FixtureRequest, kubectl: str) -> tuple[str, list[Obj]]:
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
     name: str = request.param
-    return name, render(kubectl, name)
+    return name, render(K8S / "overlays" / name)
 
 
 @pytest.fixture(scope="module")
@@ -530,13 +512,31 @@ def test_the_overlay_sets_its_store(overlay: tuple[str, list[Obj]]) -> None:
         assert claim in names
 
 
-@pytest.mark.parametrize("directory", ["base", *(f"overlays/{name}" for name in OVERLAYS)])
-def test_kustomizations_use_only_what_kustomize_v2_reads(directory: str) -> None:
-    kustomization = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())
-    newer = set(kustomization) - KUSTOMIZE_V2_FIELDS
-    assert not newer, f"{directory}: {sorted(newer)} would break Debian's kubectl 1.20"
-    for entry in kustomization.get("resources", []):
-        assert (K8S / directory / entry).is_file(), f"{directory}: directories go under bases"
+# --- rendering with the current kubectl --------------------------------------------------------
+
+
+def test_the_kubectl_that_renders_is_1_32_with_kustomize_v5() -> None:
+    done = subprocess.run(
+        [kubectl(), "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    version = json.loads(done.stdout)
+    client = version["clientVersion"]
+    assert f"{client['major']}.{client['minor']}" == K8S_VERSION.rsplit(".", 1)[0]
+    assert version["kustomizeVersion"].startswith("v5.")
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_rendering_prints_nothing_on_stderr(target: str) -> None:
+    done = kustomize(K8S / "overlays" / target)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+    # Deprecated fields (bases, patchesStrategicMerge, commonLabels...) warn here first.
+    assert done.stderr == ""
 
 
 # --- the image ---------------------------------------------------------------------------------
