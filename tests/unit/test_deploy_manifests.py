@@ -49,6 +49,10 @@ RBAC = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
 # The client side of the CLI reads these; the daemon's settings do not.
 CLI_ENV = {"CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"}
+# The fleet's settings group comes with issue 12's fleet branch. Until this branch's Settings has
+# it, the pod's fleet variables are not checked against it (the daemon ignores them meanwhile);
+# once it has, they are checked like every other.
+FLEET_ENV_PREFIX = f"{ENV_PREFIX}FLEET__"
 
 
 class _Loader(yaml.SafeLoader):
@@ -154,10 +158,90 @@ def test_the_pod_runs_triton_and_the_controlplane_sidecar(objects: list[Obj]) ->
     # A set: kustomize's patches may reorder the containers.
     assert {c["name"] for c in pod(objects)["containers"]} == {"tritonserver", "controlplane"}
     assert len(pod(objects)["containers"]) == 2
-    deployment = one(objects, "Deployment")
-    # One SQLite state file on a ReadWriteOnce claim: one pod, and never two at once.
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+def test_the_fleet_runs_more_than_one_pod(objects: list[Obj]) -> None:
+    # One pod would make every drain, eviction and crash an outage.
+    assert one(objects, "Deployment")["spec"]["replicas"] > 1
+
+
+def test_a_rollout_never_takes_a_serving_pod_away_before_its_replacement_serves(
+    objects: list[Obj],
+) -> None:
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    rolling = spec["strategy"]["rollingUpdate"]
+    # No old pod goes before a new one is available; a new one is added first.
+    assert rolling["maxUnavailable"] in (0, "0%")
+    assert rolling["maxSurge"] not in (0, "0%")
+    # "Available" means ready for a while, so a pod that turns ready and falls over stops it.
+    assert spec.get("minReadySeconds", 0) > 0
+    # Ready means the sidecar says this pod serves the fleet's desired releases.
+    probe = container(objects, "controlplane")["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/readyz"
+    # Long enough for a new pod to pull Triton and load every release, or the rollout "fails".
+    assert spec.get("progressDeadlineSeconds", 600) >= 600
+
+
+def test_a_terminating_pod_finishes_its_requests(objects: list[Obj]) -> None:
+    spec = pod(objects)
+    triton = container(objects, "tritonserver")
+    # Clients stop being sent to a terminating pod only after it is told to stop: Triton keeps
+    # taking requests for a moment, then its exit timeout lets the in-flight ones finish.
+    pause = triton["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep"
+    exit_timeout = next(
+        int(a.split("=", 1)[1]) for a in triton["args"] if a.startswith("--exit-timeout-secs=")
+    )
+    assert spec["terminationGracePeriodSeconds"] > int(pause[1]) + exit_timeout
+
+
+def test_each_pod_names_itself_in_the_fleet(objects: list[Obj]) -> None:
+    member = env(container(objects, "controlplane"))["CONTROLPLANE_FLEET__MEMBER"]
+    # The pod's own name: unique in the namespace, new for every replacement pod.
+    assert member["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def claims_mounted(objects: list[Obj], c: Obj) -> dict[str, Obj]:
+    """mountPath -> the PersistentVolumeClaim object behind it, in container `c`."""
+    claims = {pvc["metadata"]["name"]: pvc for pvc in of_kind(objects, "PersistentVolumeClaim")}
+    mounted = {}
+    for mount in c.get("volumeMounts", []):
+        source = volume(objects, mount["name"]).get("persistentVolumeClaim")
+        if source is not None:
+            assert source["claimName"] in claims, f"{source['claimName']} is no claim shipped"
+            mounted[mount["mountPath"]] = claims[source["claimName"]]
+    return mounted
+
+
+def test_no_pod_keeps_state_on_a_claim_of_its_own(overlay: tuple[str, list[Obj]]) -> None:
+    name, objects = overlay
+    store = {"local-store": {"/store"}, "s3": set()}[name]
+    for c in all_containers(objects):
+        claims = claims_mounted(objects, c)
+        # The one claim is the model store that the whole fleet shares; nothing per pod.
+        assert claims.keys() <= store, f"{c['name']} mounts {sorted(claims)}"
+        for path, claim in claims.items():
+            assert claim["spec"]["accessModes"] == ["ReadWriteMany"], path
+    assert len(of_kind(objects, "PersistentVolumeClaim")) == len(store)
+
+
+def test_the_journal_lives_and_dies_with_the_pod(objects: list[Obj]) -> None:
+    sidecar = container(objects, "controlplane")
+    database = literal_env(sidecar)["CONTROLPLANE_DATABASE__PATH"]
+    # SQLite's -wal and -shm files go beside the database, on the same volume.
+    mount = mount_of(sidecar, str(PurePosixPath(database).parent))
+    assert mount is not None, f"{database} is on the read-only root filesystem"
+    assert not mount.get("readOnly")
+    journal = volume(objects, mount["name"])
+    assert "emptyDir" in journal, journal
+    assert journal["emptyDir"].get("medium") != "Memory", "the journal would count as memory"
+    assert journal["emptyDir"].get("sizeLimit"), "an unbounded journal could fill the node"
+    # Not on the models volume either: that one is sized for releases.
+    assert mount["name"] != "models"
 
 
 def test_triton_runs_explicit_non_strict_on_the_shared_repository(objects: list[Obj]) -> None:
@@ -285,11 +369,6 @@ def test_the_sidecar_is_locked_down_and_writes_only_to_volumes(objects: list[Obj
         mount = mount_of(sidecar, path)
         assert mount is not None, f"{path} is on the read-only root filesystem"
         assert not mount.get("readOnly"), f"{path} is on a read-only mount"
-    # Desired state lives only in SQLite: on a claim, not on the pod's emptyDir.
-    state = mount_of(sidecar, database_dir)
-    assert state is not None
-    claim = volume(objects, state["name"])["persistentVolumeClaim"]["claimName"]
-    assert claim in {pvc["metadata"]["name"] for pvc in of_kind(objects, "PersistentVolumeClaim")}
 
 
 def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
@@ -316,8 +395,12 @@ def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
     for name, var in env(sidecar).items():
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV:
             continue
+        if name.startswith(FLEET_ENV_PREFIX) and "fleet" not in Settings.model_fields:
+            continue
         assert known_setting(name), f"{name} names no setting: the daemon would ignore it"
-        monkeypatch.setenv(name, var.get("value", "from-a-secret"))
+        source = var.get("valueFrom", {})
+        value = "triton-7d9f8b6c4-x2k8p" if "fieldRef" in source else "from-a-secret"
+        monkeypatch.setenv(name, var.get("value", value))
     settings = load_settings(config_file)
     assert str(settings.repository.path) == "/models/repository"
     assert settings.api.host == "0.0.0.0"
@@ -398,10 +481,15 @@ def test_the_network_policy_opens_the_api_only_to_named_clients(objects: list[Ob
     assert any("controlplane-api-client" in p["podSelector"]["matchLabels"] for p in api_peers)
 
 
-def test_a_disruption_budget_guards_the_pod(objects: list[Obj]) -> None:
+def test_drains_take_one_pod_at_a_time_and_are_never_blocked(objects: list[Obj]) -> None:
     budget = one(objects, "PodDisruptionBudget")["spec"]
     assert selects(budget["selector"]["matchLabels"], pod_labels(objects))
-    assert budget.get("minAvailable") == 1 or budget.get("maxUnavailable") == 0
+    # One eviction at a time, whatever the fleet's size; minAvailable equal to the replica
+    # count (or maxUnavailable 0) would make every drain wait for a person.
+    assert budget["maxUnavailable"] == 1
+    assert "minAvailable" not in budget
+    # A pod that is not ready serves nothing: evicting it never waits for the budget.
+    assert budget.get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
 
 
 # --- monitoring --------------------------------------------------------------------------------
@@ -506,10 +594,17 @@ def test_the_overlay_sets_its_store(overlay: tuple[str, list[Obj]]) -> None:
         mount = mount_of(sidecar, "/store")
         assert mount is not None
         assert mount["mountPath"] == "/store"
-        assert mount["readOnly"] is True
-        claim = volume(objects, mount["name"])["persistentVolumeClaim"]["claimName"]
-        names = {pvc["metadata"]["name"] for pvc in of_kind(objects, "PersistentVolumeClaim")}
-        assert claim in names
+        # The sidecar writes the fleet's records under /store/_controlplane/.
+        assert not mount.get("readOnly"), "the store must be writable by the sidecar"
+        source = volume(objects, mount["name"])["persistentVolumeClaim"]
+        assert not source.get("readOnly")
+        (claim,) = [
+            pvc
+            for pvc in of_kind(objects, "PersistentVolumeClaim")
+            if pvc["metadata"]["name"] == source["claimName"]
+        ]
+        # Every pod, on any node, mounts it at once.
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 # --- rendering with the current kubectl --------------------------------------------------------
