@@ -3,7 +3,7 @@
 #
 #   1. hadolint on the Dockerfile;
 #   2. base/prometheusrule.yaml is what deploy/monitoring/rules.yml generates;
-#   3. each overlay, alone and with each component in COMPONENTS, renders with the kubectl
+#   3. each overlay, alone and with each component (components/hpa), renders with the kubectl
 #      1.32 that `make install` puts in $BIN, and kustomize prints nothing on stderr: any
 #      warning, a deprecated field included, fails;
 #   4. each rendered object validates against the Kubernetes $K8S_VERSION schemas, strictly
@@ -24,7 +24,7 @@ BIN=${BIN:-.venv/bin}
 # with "version not supported" rather than validating against another version.
 K8S_VERSION=1.32.0
 OVERLAYS=(local-store s3)
-COMPONENTS=()
+COMPONENTS=(hpa)
 CRD_KINDS=(
     "ServiceMonitor monitoring.coreos.com/v1"
     "PrometheusRule monitoring.coreos.com/v1"

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 RULES = ROOT / "deploy" / "monitoring" / "rules.yml"
 OVERLAYS = ("local-store", "s3")
+# Kustomize Components an overlay may opt into, each rendered over every overlay.
+COMPONENTS = ("hpa",)
 NAMESPACE = "triton"
 
 # Prometheus Operator kinds: no schema in kubernetes-validate, so their shape is checked here.
@@ -80,10 +83,32 @@ def render(directory: Path) -> list[Obj]:
     return [doc for doc in yaml.load_all(done.stdout, Loader=_Loader) if doc]
 
 
+def with_component(overlay: str, component: str, workdir: Path) -> Path:
+    """A user's kustomization: the shipped overlay plus an opt-in component."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    relative = {
+        "resources": [os.path.relpath(K8S / "overlays" / overlay, workdir)],
+        "components": [os.path.relpath(K8S / "components" / component, workdir)],
+    }
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump({**kustomization, **relative}))
+    return workdir
+
+
 @pytest.fixture(scope="module", params=OVERLAYS)
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
     name: str = request.param
     return name, render(K8S / "overlays" / name)
+
+
+@pytest.fixture(scope="module", params=[(o, c) for o in OVERLAYS for c in COMPONENTS])
+def composed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[Obj]]:
+    """An overlay with a component: (component, rendered objects)."""
+    overlay_name, component = request.param
+    workdir = tmp_path_factory.mktemp(f"{overlay_name}-{component}")
+    return component, render(with_component(overlay_name, component, workdir))
 
 
 @pytest.fixture(scope="module")
@@ -624,14 +649,76 @@ def test_the_kubectl_that_renders_is_1_32_with_kustomize_v5() -> None:
     assert version["kustomizeVersion"].startswith("v5.")
 
 
-@pytest.mark.parametrize("target", OVERLAYS)
-def test_rendering_prints_nothing_on_stderr(target: str) -> None:
-    done = kustomize(K8S / "overlays" / target)
+@pytest.mark.parametrize("target", [*OVERLAYS, *(f"{o}+{c}" for o in OVERLAYS for c in COMPONENTS)])
+def test_rendering_prints_nothing_on_stderr(target: str, tmp_path: Path) -> None:
+    overlay_name, _, component = target.partition("+")
+    directory = (
+        with_component(overlay_name, component, tmp_path)
+        if component
+        else K8S / "overlays" / overlay_name
+    )
+
+    done = kustomize(directory)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout
     # Deprecated fields (bases, patchesStrategicMerge, commonLabels...) warn here first.
     assert done.stderr == ""
+
+
+# --- the autoscaler (components/hpa) -----------------------------------------------------------
+
+
+def test_overlays_do_not_autoscale_unless_asked(objects: list[Obj]) -> None:
+    assert not of_kind(objects, "HorizontalPodAutoscaler")
+
+
+def test_the_autoscaler_scales_the_fleet_on_tritons_queue(
+    composed: tuple[str, list[Obj]],
+) -> None:
+    _component, objects = composed
+    deployment = one(objects, "Deployment")
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    # Never down to the single pod a drain or a rollout would take away.
+    assert spec["minReplicas"] >= 2
+    assert spec["maxReplicas"] > spec["minReplicas"]
+    # The autoscaler owns the count: `kubectl apply` must not reset it to the manifest's.
+    assert "replicas" not in deployment["spec"]
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "Pods"
+    # A Triton metric the ServiceMonitor scrapes, by the name Triton gives it.
+    assert metric["pods"]["metric"]["name"].startswith("nv_inference_")
+    assert metric["pods"]["target"]["type"] == "AverageValue"
+    # New pods take minutes to serve: one at a time, and scaling down waits longer still.
+    behavior = spec["behavior"]
+    assert all(p["value"] == 1 for p in behavior["scaleUp"]["policies"] if p["type"] == "Pods")
+    assert (
+        behavior["scaleDown"]["stabilizationWindowSeconds"]
+        > behavior["scaleUp"]["stabilizationWindowSeconds"]
+    )
+    # The rest of the fleet's promises hold with the component too.
+    assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] in (0, "0%")
+
+
+def test_the_autoscaler_validates_against_the_kubernetes_schemas(
+    composed: tuple[str, list[Obj]],
+) -> None:
+    _component, objects = composed
+    for obj in objects:
+        if obj["kind"] in CRDS:
+            continue  # no schema; checked above
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
 
 
 # --- the image ---------------------------------------------------------------------------------
