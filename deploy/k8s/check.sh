@@ -20,8 +20,9 @@ cd "$(dirname "$0")/../.."
 
 BIN=${BIN:-.venv/bin}
 # The Kubernetes of the kubectl that renders (tools/k8s-tools.txt). kubernetes-validate 1.37.0
-# (constraints.txt) bundles the schemas of 1.32 to 1.37; a release that drops 1.32 fails here
-# with "version not supported" rather than validating against another version.
+# (constraints.txt) bundles the schemas of 1.32 to 1.37. A release without 1.32 fails this check
+# ("could not be validated") rather than validating against another version: then move both
+# this and the kubectl on.
 K8S_VERSION=1.32.0
 OVERLAYS=(local-store s3)
 COMPONENTS=(hpa)
