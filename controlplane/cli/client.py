@@ -1,8 +1,14 @@
-"""The CLI's HTTP client: calls the daemon's API and turns answers into results or errors."""
+"""The CLI's HTTP client: calls the daemon's API and turns answers into results or errors.
+
+One command keeps one connection open for all its calls. Behind a Kubernetes Service with
+several pods, each new connection may reach another pod, and an operation is known only to the
+pod that runs it: a kept connection makes ``--wait``'s polls reach the pod that started it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import atexit
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -30,12 +36,26 @@ class Client:
     url: str
     token: str | None
     timeout: float = 30.0
+    _http: httpx.Client | None = field(default=None, repr=False)
 
     def _client(self) -> httpx.Client:
-        headers = {CLIENT_HEADER: "cli"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout)
+        if self._http is None:
+            headers = {CLIENT_HEADER: "cli"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self._http = httpx.Client(
+                base_url=self.url,
+                headers=headers,
+                timeout=self.timeout,
+                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            )
+            atexit.register(self.close)
+        return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
 
     def get(self, path: str) -> dict[str, Any]:
         return self._call("GET", path, None)
@@ -45,8 +65,7 @@ class Client:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
-            with self._client() as client:
-                response = client.request(method, path, json=body)
+            response = self._client().request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise Unreachable(f"cannot reach the control plane at {self.url}: {exc}") from exc
         try:

@@ -221,7 +221,7 @@ def _run_operation(
             typer.echo(f"gave up waiting after {timeout:.0f} s; the operation goes on", err=True)
             raise typer.Exit(EXIT_FAILED)
         time.sleep(0.2)
-        operation = _call(partial(client.get, f"/v1/operations/{operation['id']}"))["operation"]
+        operation = _call(partial(_poll, client, operation["id"]))
     if operation["status"] == "succeeded":
         typer.echo(f"{operation['status']} in {operation['duration_seconds']:.2f} s")
         return operation
@@ -230,6 +230,23 @@ def _run_operation(
         f"error: {error.get('code', operation['status'])}: {error.get('message', '')}", err=True
     )
     raise typer.Exit(EXIT_FAILED)
+
+
+def _poll(client: Client, operation_id: str) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = client.get(f"/v1/operations/{operation_id}")["operation"]
+        return found
+    except ApiError as exc:
+        if exc.code != "operation_not_found":
+            raise
+        typer.echo(
+            f"error: operation {operation_id} is not known where this call landed: behind a "
+            "Service with several pods, only the pod that runs an operation knows it, and the "
+            "connection moved to another pod. Follow the fleet with 'controlplane fleet', or "
+            "call one pod's address",
+            err=True,
+        )
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _step_line(step: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TritonFactory
+from tests.integration.test_cli import cli
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator
@@ -66,6 +67,17 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
         ("r1", "fleet", "succeeded"),
     ]
 
+    # The CLI: the fleet as a table, and a rollback through one member that waits for all.
+    table = cli(third.api.url, "fleet")
+    assert table.returncode == 0, table.stderr
+    assert f"{MODEL:<24} r2" in table.stdout
+    assert all(f"m{i}" in table.stdout for i in (1, 2, 3))
+    back = cli(first.api.url, "rollback", MODEL, "--wait", "--fleet")
+    assert back.returncode == 0, back.stderr
+    assert f"fleet: every live member serves {MODEL} r1" in back.stdout
+    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert [d["release"] for d in fleet.fleet()["models"][MODEL]["degraded"]] == ["r2"]
+
 
 def test_a_release_that_fails_on_the_receiving_member_reaches_no_other(
     fleet: Fleet, store: Path
@@ -76,11 +88,9 @@ def test_a_release_that_fails_on_the_receiving_member_reaches_no_other(
     assert first.api.deploy(MODEL, "r1").status_code == 200
     fleet.wait_serving(MODEL, "r1", 1.0)
 
-    answer = second.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "bad", "wait": True, "fleet": True}
-    )
-    assert answer.status_code == 422, answer.text
-    assert answer.json()["error"]["code"] == "triton_load_failed"
+    refused = cli(second.api.url, "deploy", MODEL, "bad", "--wait", "--fleet")
+    assert refused.returncode == 1
+    assert "triton_load_failed" in refused.stderr
     view = fleet.fleet()
     assert view["models"][MODEL]["desired"] == "r1"
     assert view["models"][MODEL]["generation"] == 1
