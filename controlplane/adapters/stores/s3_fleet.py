@@ -9,15 +9,28 @@ November 2024, MinIO for years, moto's server too; a store that ignored them (an
 or a gateway that drops the headers) would let the last writer win, so :meth:`swap` reads the
 record back after writing and reports a conflict when what it finds is not what it wrote.
 
+What the stores do (2026): AWS S3 enforces ``If-None-Match: *`` (since August 2024) and
+``If-Match`` (since November 2024) on PutObject, answering 412, 409 ConditionalRequestConflict
+while two conditional writes race, and 404 NoSuchKey for ``If-Match`` on a key that is gone;
+MinIO enforces both (releases since 2024; an ``If-Match`` on a missing key was let through
+until a 2025 fix); Ceph RGW enforces both and answers 412 for a missing key; moto's server
+enforces both with 412. A store that ignores the headers (an old gateway) would let the last
+writer win without telling the other, and no read-back can make that safe. So before its first
+write this adapter *probes* the store: it creates a probe object with ``If-None-Match: *``
+twice; a store that lets the second one through is refused with ``store_error`` naming the
+problem (run such a fleet on a directory store, or set ``fleet.enabled: false``), rather than
+risking two members that both think they won.
+
 A write retried after a timeout may have landed the first time: its retry then fails the
-precondition against itself. A 412 is therefore checked against the record now there: when it
-is the very record this write carried, the write succeeded.
+precondition against itself. A lost race is therefore checked against the record now there:
+when it is the very record this write carried, the write succeeded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 
 import botocore.exceptions  # type: ignore[import-untyped]
 
@@ -33,12 +46,14 @@ from controlplane.adapters.stores.fleet_records import (
     same_write,
 )
 from controlplane.adapters.stores.s3 import S3Store
-from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound
+from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound, StoreError
 from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
 
 log = logging.getLogger(__name__)
-_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
+# A lost race: the precondition failed, two conditional writes raced, or (If-Match) the key
+# was deleted since it was read.
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
 
 
 class _LostRace(Exception):
@@ -52,6 +67,8 @@ class S3DesiredStates:
         self._bucket = store.bucket
         self._desired = f"{store.base}{DESIRED_DIR}/"
         self._members = f"{store.base}{MEMBERS_DIR}/"
+        self._probe = f"{store.base}{RESERVED_PREFIX}/probe/{uuid.uuid4().hex}"
+        self._enforced = False  # the store was seen to enforce conditional writes
 
     @property
     def where(self) -> str:
@@ -77,6 +94,7 @@ class S3DesiredStates:
 
     def swap(self, desired: DesiredModel) -> None:
         key = f"{self._desired}{validate_model_name(desired.model)}{SUFFIX}"
+        self._check_conditional_writes()
         found = self._get(key, patient=True)
         current, etag = found if found is not None else (None, None)
         if (current.generation if current else 0) != desired.generation - 1:
@@ -109,6 +127,30 @@ class S3DesiredStates:
         self._store.request(lambda: self._client.delete_object(Bucket=self._bucket, Key=key), key)
 
     # --- plumbing -------------------------------------------------------------------------
+
+    def _check_conditional_writes(self) -> None:
+        """Refuse a store that does not enforce ``If-None-Match: *`` (once, then trusted)."""
+        if self._enforced:
+            return
+        key = self._probe
+        self._store.request(lambda: self._put(key, b"probe\n", {"IfNoneMatch": "*"}), key)
+        try:
+            self._store.request(lambda: self._put(key, b"probe\n", {"IfNoneMatch": "*"}), key)
+        except _LostRace:
+            self._enforced = True
+        finally:
+            with contextlib.suppress(ControlPlaneError):
+                self._store.request(
+                    lambda: self._client.delete_object(Bucket=self._bucket, Key=key), key
+                )
+        if not self._enforced:
+            raise StoreError(
+                f"the store at {self.where} does not enforce conditional writes (a PutObject "
+                "with If-None-Match: * overwrote an object), so members could not tell which "
+                "of two changes to the desired state won. Use a store that does (AWS S3, "
+                "MinIO, Ceph RGW), a directory store, or set fleet.enabled: false",
+                details={"store": self.where},
+            )
 
     def _put(self, key: str, body: bytes, condition: dict[str, str]) -> None:
         try:
