@@ -47,6 +47,10 @@ LOAD_FAILURES = (
     "staging_failed",
     "name_conflict",
     "interrupted",
+    # In a fleet: the publish lost the race; with "fleet": true, a member could not follow.
+    "desired_state_conflict",
+    "member_failed",
+    "fleet_timeout",
 )
 DEPLOY = (
     *WRITE,
@@ -65,6 +69,7 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
     ("get", "/readyz"): ({200}, {"not_ready", "triton_unavailable", "not_serving"}),
     ("get", "/metrics"): ({200}, set()),
     ("get", "/v1/memory"): ({200}, set()),
+    ("get", "/v1/fleet"): ({200}, {"invalid_request", "store_error", "store_unavailable"}),
     ("get", "/v1/models"): ({200}, set()),
     ("get", "/v1/models/{name}"): ({200}, {"invalid_name", "model_not_found"}),
     ("post", "/v1/models/{name}/deploy"): ({200, 202}, set(DEPLOY)),
@@ -85,6 +90,11 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
             "triton_timeout",
             "staging_failed",
             "interrupted",
+            "store_error",
+            "store_unavailable",
+            "desired_state_conflict",
+            "member_failed",
+            "fleet_timeout",
         },
     ),
     ("get", "/v1/operations/{operation_id}"): ({200}, {"operation_not_found"}),
