@@ -65,7 +65,7 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
     ("get", "/readyz"): ({200}, {"not_ready", "triton_unavailable", "not_serving"}),
     ("get", "/metrics"): ({200}, set()),
     ("get", "/v1/memory"): ({200}, set()),
-    ("get", "/v1/models"): ({200}, set()),
+    ("get", "/v1/models"): ({200}, {"invalid_request", "invalid_name"}),
     ("get", "/v1/models/{name}"): ({200}, {"invalid_name", "model_not_found"}),
     ("post", "/v1/models/{name}/deploy"): ({200, 202}, set(DEPLOY)),
     ("post", "/v1/models/{name}/rollback"): (
