@@ -18,7 +18,7 @@ from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport
-from controlplane.domain.operations import Operation, Step
+from controlplane.domain.operations import Operation, OperationKind, Step
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
@@ -456,6 +456,13 @@ class OperationLog(Protocol):
 
     async def unfinished(self) -> list[Operation]: ...
 
+    async def latest(
+        self, models: Sequence[str], kind: OperationKind | None = None
+    ) -> dict[str, Operation]:
+        """The newest operation (of ``kind``, when given) of each of ``models`` that has one,
+        in one read: for answers about many models at once."""
+        ...
+
     async def flush(self) -> None:
         """Return once every record queued so far is written."""
         ...
@@ -483,6 +490,14 @@ class RollbackBook(Protocol):
     async def unlatch(self, model: str, release: str) -> bool: ...
 
     async def latched(self, model: str) -> list[DegradedRelease]: ...
+
+    async def last_of(self, models: Sequence[str]) -> dict[str, RollbackRecord]:
+        """:meth:`last` of each of ``models`` that has one, in one read."""
+        ...
+
+    async def latched_of(self, models: Sequence[str]) -> dict[str, list[DegradedRelease]]:
+        """:meth:`latched` of each of ``models`` that has any, in one read."""
+        ...
 
 
 class AlertBook(Protocol):

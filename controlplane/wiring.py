@@ -26,6 +26,7 @@ from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
 from controlplane.ports import DesiredStates, ModelStore, Telemetry, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
+from controlplane.services.catalog import StoreCatalog
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet import FleetService
@@ -254,6 +255,7 @@ def build(settings: Settings) -> Container:
         found = last.assessments.get(model) if last is not None else None
         return None if found is None or found.serving else found.why
 
+    catalog = StoreCatalog()  # the watcher's last look at the store, for GET /v1/models
     status = StatusService(
         serving=repos.serving,
         journal=repos.operations,
@@ -263,9 +265,10 @@ def build(settings: Settings) -> Container:
         holder=deploy.holder,
         traffic=settings.traffic,
         overload=(lambda: overload.view) if overload is not None else None,
-        fallback=rollback.fallback,
-        cooldown_until=rollback.cooldown_until,
+        fallback=rollback.fallback_of,
+        cooldown_until=rollback.cooldown_after,
         drift=drift,
+        catalog=catalog,
     )
     watcher = ReleaseWatcher(
         store=store,
@@ -277,6 +280,7 @@ def build(settings: Settings) -> Container:
         tasks=tasks,
         auto_deploy=lambda model: settings.policy(model).auto_deploy,
         interval=settings.store.poll_interval_seconds,
+        catalog=catalog,
     )
     ready = asyncio.Event()
     reconciled = asyncio.Event() if ledger is not None else ready

@@ -77,6 +77,7 @@ from controlplane.wiring import Container, build
 log = logging.getLogger(__name__)
 CLIENT_HEADER = "x-controlplane-client"
 METRICS_LIVENESS_TIMEOUT = 2.0
+DEFAULT_PAGE, MAX_PAGE = 100, 1000  # models per answer of GET /v1/models
 
 
 class NotReady(TransientError):
@@ -297,10 +298,27 @@ def create_app(settings: Settings) -> FastAPI:
             "trends": [leak_trend_json(t) for t in await c.memory.trends()],
         }
 
-    @app.get("/v1/models", tags=["models"])
-    async def list_models(c: Reader) -> dict[str, Any]:
-        """Every model managed here or present in the store."""
-        return {"models": [model_json(view) for view in await c.status.list_models()]}
+    @app.get("/v1/models", tags=["models"], responses=answers(("invalid_request", "invalid_name")))
+    async def list_models(
+        c: Reader,
+        limit: Annotated[
+            int, Query(ge=1, le=MAX_PAGE, description="At most this many models in the answer.")
+        ] = DEFAULT_PAGE,
+        after: Annotated[
+            str | None,
+            Query(
+                description="Only models after this one: the previous answer's `next`.",
+                json_schema_extra=MODEL_NAME_SCHEMA,
+            ),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Every model managed here or present in the store, in natural name order, a page at
+        a time: `models` holds at most `limit` of them, and `next` is the value to pass as
+        `after` for the next page (null on the last one). A store of up to 100 models fits the
+        default page. Releases are those the release watcher listed at its last scan (at most
+        `store.poll_interval_seconds` old); `GET /v1/models/{name}` reads the store."""
+        page = await c.status.list_models(limit=limit, after=after)
+        return {"models": [model_json(view) for view in page.models], "next": page.next_after}
 
     @app.get(
         "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,7 +40,7 @@ from controlplane.domain.rollback import (
     choose_fallback,
     cooldown_until,
 )
-from controlplane.ports import Clock, RollbackBook, ServingRepo, Telemetry
+from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Telemetry
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.telemetry import NO_TELEMETRY
@@ -110,11 +110,15 @@ class AutoRollback:
         record = await self._serving.get(model)
         if record is None:
             return None
+        return self.fallback_of(record, await self._book.latched(model))
+
+    def fallback_of(self, record: ModelRecord, degraded: Iterable[DegradedRelease]) -> str | None:
+        """:meth:`fallback` from what was read already (status reads many models at once)."""
         return choose_fallback(
-            configured=self._configured_fallback(model),
+            configured=self._configured_fallback(record.name),
             active=record.active_release,
             previous=record.previous_release,
-            degraded={d.release for d in await self._book.latched(model)},
+            degraded={d.release for d in degraded},
         )
 
     async def candidates(self, *, automatic: bool = True) -> list[str]:
@@ -130,7 +134,11 @@ class AutoRollback:
 
     async def cooldown_until(self, model: str) -> datetime | None:
         """When the cooldown after the last automatic rollback of ``model`` ends; None if over."""
-        until = cooldown_until(await self._book.last(model), self.cooldown)
+        return self.cooldown_after(await self._book.last(model))
+
+    def cooldown_after(self, last: RollbackRecord | None) -> datetime | None:
+        """:meth:`cooldown_until` from the model's last rollback record, read already."""
+        until = cooldown_until(last, self.cooldown)
         return until if until is not None and until > self._clock.now() else None
 
     async def on_overload(

@@ -14,6 +14,12 @@ received the call, and publishes it once it serves; the others follow the desire
 bad release published to the store stops at one member. A member that lost to a live claim
 looks again at its next scans, and claims it itself if the claimer died before finishing.
 
+A beat costs what changed, not what the store holds: a model whose listing is the one the last
+scan recorded (the store adapters make that listing cheap) is not looked up in the releases
+book, and of a changed listing only the rows that differ from the book are written (a row's
+``last_seen`` is therefore when it last changed). What was listed is kept in the
+:class:`~controlplane.services.catalog.StoreCatalog`, which ``GET /v1/models`` answers from.
+
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
 release is republished.
@@ -31,6 +37,7 @@ from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.ports import Clock, ModelStore, ReleaseBook, RollbackBook, ServingRepo
+from controlplane.services.catalog import StoreCatalog
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
 
@@ -60,7 +67,9 @@ class ReleaseWatcher:
         tasks: TaskOwner,
         auto_deploy: Callable[[str], bool],
         interval: float,
+        catalog: StoreCatalog | None = None,
     ) -> None:
+        self.catalog = catalog or StoreCatalog()
         self._store = store
         self._deploy = deploy
         self._releases = releases
@@ -87,23 +96,52 @@ class ReleaseWatcher:
 
     async def scan(self) -> ScanResult:
         result = ScanResult()
-        for model in await asyncio.to_thread(self._store.list_models):
+        try:
+            listings = await asyncio.to_thread(self._list_store)
+        except ControlPlaneError as exc:
+            self.catalog.error = str(exc)
+            raise
+        present = []
+        for model, listing in listings:
             try:
-                await self._scan_model(model, result)
+                if isinstance(listing, ControlPlaneError):
+                    raise listing
+                await self._scan_model(model, listing, result)
             except ModelNotFound:
                 continue  # gone between the two listings
             except ControlPlaneError as exc:
                 result.errors[model] = str(exc)
+                self.catalog.failed(model, str(exc))
                 log.warning("watching %s: %s", model, exc)
+            present.append(model)
+        self.catalog.finished(present, self._clock.now())
         return result
 
-    async def _scan_model(self, model: str, result: ScanResult) -> None:
-        releases = await asyncio.to_thread(self._store.list_releases, model)
+    def _list_store(self) -> list[tuple[str, list[ReleaseInfo] | ControlPlaneError]]:
+        """Every model's releases (or why not), in one worker thread: a hop to a thread per
+        model cost more than listing the model once its markers were no longer hashed."""
+        listings: list[tuple[str, list[ReleaseInfo] | ControlPlaneError]] = []
+        for model in self._store.list_models():
+            try:
+                listings.append((model, self._store.list_releases(model)))
+            except ControlPlaneError as exc:
+                listings.append((model, exc))
+        return listings
+
+    async def _scan_model(
+        self, model: str, releases: list[ReleaseInfo], result: ScanResult
+    ) -> None:
+        last = self.catalog.get(model)
+        if last is not None and last.releases == tuple(releases) and not self._retrying(model):
+            self.catalog.listed(model, releases)  # as recorded at the last scan: nothing to do
+            return
         recorded = await self._releases.seen(model)
         before = {(r.name, r.complete, r.revision) for r in recorded}
         new = [r for r in releases if r.complete and (r.name, True, r.revision) not in before]
-        if releases:
-            await self._releases.record(releases, self._clock.now())
+        changed = [r for r in releases if (r.name, r.complete, r.revision) not in before]
+        if changed:
+            await self._releases.record(changed, self._clock.now())
+        self.catalog.listed(model, releases)
         for info in new:
             log.info(
                 "new release %s of %s in the store",
@@ -165,6 +203,10 @@ class ReleaseWatcher:
             return
         result.deploys.append(operation)
         self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+
+    def _retrying(self, model: str) -> bool:
+        """An auto-deploy of ``model`` waits to be tried again at this scan."""
+        return any(key[0] == model for key in self._retry)
 
     async def _follow(self, operation: Operation, key: tuple[str, str, str | None]) -> None:
         done = await self._deploy.wait(operation.id)

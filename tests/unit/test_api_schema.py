@@ -70,7 +70,7 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
     ("get", "/metrics"): ({200}, set()),
     ("get", "/v1/memory"): ({200}, set()),
     ("get", "/v1/fleet"): ({200}, {"invalid_request", "store_error", "store_unavailable"}),
-    ("get", "/v1/models"): ({200}, set()),
+    ("get", "/v1/models"): ({200}, {"invalid_request", "invalid_name"}),
     ("get", "/v1/models/{name}"): ({200}, {"invalid_name", "model_not_found"}),
     ("post", "/v1/models/{name}/deploy"): ({200, 202}, set(DEPLOY)),
     ("post", "/v1/models/{name}/rollback"): (

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +30,7 @@ from controlplane.adapters.persistence.migrations import migrate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+CHUNK = 500  # values bound in one ``IN (...)``: below SQLite's limit on bound parameters
 Job = Callable[[sqlite3.Connection], T]
 
 
@@ -119,3 +120,9 @@ class Database:
         if self._connection is None:
             raise RuntimeError(f"database {self.path} is closed")
         return self._connection
+
+
+def chunks(values: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``values`` cut into pieces small enough to bind, each with its ``(?, ?, ...)``."""
+    pieces = [list(values[i : i + CHUNK]) for i in range(0, len(values), CHUNK)]
+    return [("(" + ", ".join("?" * len(piece)) + ")", piece) for piece in pieces]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from controlplane.adapters.persistence.database import Database
+from controlplane.adapters.persistence.database import Database, chunks
 from controlplane.domain.operations import (
     Operation,
     OperationError,
@@ -78,6 +78,25 @@ class SqliteOperationLog:
                 (OperationStatus.PENDING.value, OperationStatus.RUNNING.value),
             )
             return [_operation_from_row(row) for row in rows.fetchall()]
+
+        return await self._db.read(job)
+
+    async def latest(
+        self, models: Sequence[str], kind: OperationKind | None = None
+    ) -> dict[str, Operation]:
+        of_kind = "" if kind is None else "AND kind = ? "
+
+        def job(db: sqlite3.Connection) -> dict[str, Operation]:
+            found: dict[str, Operation] = {}
+            for marks, names in chunks(models):
+                query = (  # only placeholders are formatted in; the values are bound
+                    "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY model "  # noqa: S608
+                    "ORDER BY created_at DESC, rowid DESC) AS newest FROM operations "
+                    f"WHERE model IN {marks} {of_kind}) WHERE newest = 1"
+                )
+                rows = db.execute(query, [*names, *([] if kind is None else [kind.value])])
+                found.update((row["model"], _operation_from_row(row)) for row in rows)
+            return found
 
         return await self._db.read(job)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.adapters.persistence.database import Database
+from controlplane.adapters.persistence.database import Database, chunks
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus, Receipt
 from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import DegradedRelease, RollbackOutcome, RollbackRecord
@@ -89,12 +90,34 @@ class SqliteRollbackBook:
     async def latched(self, model: str) -> list[DegradedRelease]:
         def job(db: sqlite3.Connection) -> list[DegradedRelease]:
             rows = db.execute("SELECT * FROM degraded WHERE model = ? ORDER BY at", (model,))
-            return [
-                DegradedRelease(
-                    row["model"], row["release"], datetime.fromisoformat(row["at"]), row["reason"]
+            return [_degraded_from_row(row) for row in rows.fetchall()]
+
+        return await self._db.read(job)
+
+    async def last_of(self, models: Sequence[str]) -> dict[str, RollbackRecord]:
+        def job(db: sqlite3.Connection) -> dict[str, RollbackRecord]:
+            found: dict[str, RollbackRecord] = {}
+            for marks, names in chunks(models):
+                query = (  # only placeholders are formatted in; the values are bound
+                    "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY model "  # noqa: S608
+                    "ORDER BY at DESC, rowid DESC) AS newest FROM rollbacks "
+                    f"WHERE model IN {marks}) WHERE newest = 1"
                 )
-                for row in rows.fetchall()
-            ]
+                rows = db.execute(query, names)
+                found.update((row["model"], _rollback_from_row(row)) for row in rows)
+            return found
+
+        return await self._db.read(job)
+
+    async def latched_of(self, models: Sequence[str]) -> dict[str, list[DegradedRelease]]:
+        def job(db: sqlite3.Connection) -> dict[str, list[DegradedRelease]]:
+            found: dict[str, list[DegradedRelease]] = {}
+            for marks, names in chunks(models):
+                query = f"SELECT * FROM degraded WHERE model IN {marks} ORDER BY at"  # noqa: S608
+                rows = db.execute(query, names)
+                for row in rows:
+                    found.setdefault(row["model"], []).append(_degraded_from_row(row))
+            return found
 
         return await self._db.read(job)
 
@@ -174,4 +197,10 @@ def _rollback_from_row(row: sqlite3.Row) -> RollbackRecord:
         operation_ids=tuple(json.loads(row["operations"])),
         detail=json.loads(row["detail"]),
         suppressed=int(row["suppressed"]),
+    )
+
+
+def _degraded_from_row(row: sqlite3.Row) -> DegradedRelease:
+    return DegradedRelease(
+        row["model"], row["release"], datetime.fromisoformat(row["at"]), row["reason"]
     )

@@ -13,6 +13,7 @@ outside it.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import stat
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
+from controlplane.adapters.stores.markers import MarkerRevisions
 from controlplane.adapters.stores.retries import report_refetch, unstable
 from controlplane.domain.checksums import (
     MANIFEST_NAME,
@@ -34,6 +36,7 @@ from controlplane.domain.checksums import (
 )
 from controlplane.domain.errors import (
     Interrupted,
+    InvalidName,
     ModelNotFound,
     ReleaseChanged,
     ReleaseNotFound,
@@ -48,9 +51,16 @@ CHUNK = 1024 * 1024
 
 
 class LocalStore:
-    def __init__(self, root: Path, *, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        telemetry: Telemetry | None = None,
+        markers: MarkerRevisions | None = None,
+    ) -> None:
         self._root = root
         self._telemetry = telemetry
+        self._markers = markers or MarkerRevisions()
 
     @property
     def uri(self) -> str:
@@ -60,31 +70,37 @@ class LocalStore:
         return None
 
     def list_models(self) -> list[str]:
-        if not self._root.is_dir():
+        try:
+            with os.scandir(self._root) as entries:
+                found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
             return []
         names = []
-        for entry in self._root.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                try:
-                    names.append(validate_model_name(entry.name))
-                except Exception:  # noqa: S112 - a stray dir in the store is not a model
-                    continue
+        for name in found:
+            try:
+                names.append(validate_model_name(name))
+            except Exception:  # noqa: S112 - a stray dir in the store is not a model
+                continue
+        self._markers.forget_models_except(names)
         return sorted(names, key=natural_key)
 
     def list_releases(self, model: str) -> list[ReleaseInfo]:
-        model_dir = self._model_dir(model)
-        if not model_dir.is_dir():
-            raise ModelNotFound(f"model {model!r} is not in the store {self.uri}")
-        releases = []
-        for entry in model_dir.iterdir():
-            if not entry.is_dir() or entry.is_symlink():
-                continue
-            try:
-                name = validate_release_name(entry.name)
-            except Exception:  # noqa: S112 - not a release dir
-                continue
-            releases.append(_info(model, name, entry))
-        return sorted(releases, key=lambda r: natural_key(r.name))
+        # os.scandir, not Path.iterdir: the entry's type comes with the listing, so a release
+        # costs one lstat (its marker's) per beat, and its marker is hashed only when changed.
+        model_dir = os.fspath(self._model_dir(model))
+        try:
+            with os.scandir(model_dir) as entries:
+                found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            raise ModelNotFound(f"model {model!r} is not in the store {self.uri}") from None
+        keyed = []
+        for name in found:
+            if (key := _release_key(name)) is not None:  # else not a release dir
+                info = self._markers.info(model, name, f"{model_dir}/{name}/{MANIFEST_NAME}")
+                keyed.append((key, info))
+        keyed.sort(key=lambda pair: pair[0])
+        self._markers.keep_only(model, (info.name for _, info in keyed))
+        return [info for _, info in keyed]
 
     def describe(self, model: str, release: str) -> ReleaseInfo:
         path = self._release_dir(model, release)
@@ -92,7 +108,7 @@ class LocalStore:
             raise ReleaseNotFound(
                 f"release {release!r} of model {model!r} is not in the store {self.uri}"
             )
-        return _info(model, release, path)
+        return self._markers.info(model, release, os.fspath(path / MANIFEST_NAME))
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         path = self._release_dir(model, release) / MANIFEST_NAME
@@ -183,18 +199,17 @@ class LocalStore:
         return self._model_dir(model) / validate_release_name(release)
 
 
-def _info(model: str, release: str, path: Path) -> ReleaseInfo:
+@functools.lru_cache(maxsize=16384)
+def _release_key(name: str) -> tuple[tuple[int, int | str], ...] | None:
+    """The natural sort key of a valid release name; None for a name that is not one.
+
+    Memoised: the watcher lists the same few thousand names on every beat, and validating and
+    splitting each of them again was most of a beat's cost once markers were no longer hashed.
+    """
     try:
-        marker = (path / MANIFEST_NAME).lstat()
-    except FileNotFoundError:
-        return ReleaseInfo(model, release, complete=False)
-    if not stat.S_ISREG(marker.st_mode):
-        return ReleaseInfo(model, release, complete=False)
-    if marker.st_size > MAX_MANIFEST_BYTES:  # not read: a deploy refuses it; still, it changed
-        return ReleaseInfo(model, release, True, f"oversized-{marker.st_size}-{marker.st_mtime_ns}")
-    # The marker's content is the revision: a republished release lists other digests.
-    digest = hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()
-    return ReleaseInfo(model, release, True, revision=digest)
+        return natural_key(validate_release_name(name))
+    except InvalidName:
+        return None
 
 
 class _FileCopy:

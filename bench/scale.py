@@ -1,0 +1,237 @@
+"""Scale: what a beat of the release watcher and GET /v1/models cost on a big local store.
+
+Every member of a fleet lists the store on every beat, so a beat must cost what changed, not
+what the store holds. This bench builds a local store of M models x R releases (default
+200 x 20, all published) and measures, for the code as it is and for a baseline commit (by
+default the one before the scale work) checked out with ``git worktree`` in the same run:
+
+* the watcher's scan of the unchanged store, in a child process (``bench/scale_probe.py``):
+  wall and CPU time of one scan, median over ``--scans`` scans after the first;
+* ``controlplane serve`` at ``store.poll_interval_seconds: 1`` against the bundled Triton
+  (CPU): its CPU over ``--idle`` s from ``/proc/<pid>/stat`` (nothing else happening), then
+  its RSS (``VmRSS``);
+* ``GET /v1/models``: ``--requests`` sequential calls while the watcher keeps beating, p50 and
+  p99; the default answer (the baseline: every model; now: the first page of 100) and, for
+  the code under test, ``?limit=M`` too (the whole store in one page, the baseline's content).
+
+The same daemon measured on a store of one model gives the floor that has nothing to do with
+the store (the reconcile loop looks at Triton's index 4 times a second; the overload watcher
+scrapes Triton's metrics every second). Runs alternate which code goes first.
+
+Run from the repo root: ``.venv/bin/python bench/scale.py [--quick] [--write-readme]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.hot_swap import cache_dir
+from bench.report import machine, run_main, write_section
+from bench.scale_report import section
+from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from tests.support.daemon import start_daemon
+from tests.support.models import write_scale_release
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "92ab479"  # the last commit before the scale work
+BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
+TICK = os.sysconf("SC_CLK_TCK")
+INTRO_ROW = (
+    "| `scale.py` | a 200 x 20 local store, this code against the commit before the scale work "
+    "(a `git worktree`) in the same run: the watcher's scan of the unchanged store, the "
+    "daemon's CPU at a 1 s poll and its idle RSS, `GET /v1/models` p50/p99 |"
+)
+
+
+def build_store(root: Path, models: int, releases: int) -> Path:
+    for m in range(models):
+        for r in range(1, releases + 1):
+            write_scale_release(root, f"m{m:03d}", f"r{r}", k=float(r))
+    return root
+
+
+@contextlib.contextmanager
+def baseline_tree(commit: str, where: Path) -> Iterator[Path]:
+    """The baseline commit checked out beside the bench's temp files; removed afterwards."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), commit],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield where
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
+            check=False,
+            capture_output=True,
+        )
+
+
+def code_env(tree: Path) -> dict[str, str]:
+    """The environment that makes ``python -m controlplane`` run the code in ``tree``."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def probe(tree: Path, *args: str) -> Any:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale_probe.py"), *args],
+        env=code_env(tree),
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    )
+    return json.loads(out.stdout)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def latencies(get: Any, path: str, count: int) -> tuple[float, float, int]:
+    """p50 and p99 (ms) of ``count`` sequential GETs of ``path``, and the models answered."""
+    times, answered = [], 0
+    for _ in range(count):
+        start = time.perf_counter()
+        response = get(path)
+        times.append((time.perf_counter() - start) * 1e3)
+        response.raise_for_status()
+        answered = len(response.json()["models"])
+    cuts = statistics.quantiles(times, n=100, method="inclusive")
+    return cuts[49], cuts[98], answered
+
+
+def daemon_numbers(
+    tree: Path, triton: RunningTriton, store: Path, work: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """One daemon of the code in ``tree`` on ``store``: idle CPU, RSS, GET /v1/models."""
+    work.mkdir(parents=True)
+    env = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "1", "PYTHONPATH": str(tree)}
+    daemon = start_daemon(triton=triton, store=store, workdir=work, extra_env=env)
+    try:
+        time.sleep(args.settle)  # the first scans (every marker hashed once) are over
+        pid = daemon.process.pid
+        cpu, wall = cpu_seconds(pid), time.monotonic()
+        time.sleep(args.idle)
+        out = {"cpu_pct": 100 * (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)}
+        out["rss_mib"] = rss_mib(pid)
+        p50, p99, answered = latencies(daemon.get, "/v1/models", args.requests)
+        out |= {"p50_ms": p50, "p99_ms": p99, "answered": answered}
+        if tree == ROOT:
+            p50, p99, answered = latencies(
+                daemon.get, f"/v1/models?limit={args.models}", args.requests
+            )
+            out |= {"all_p50_ms": p50, "all_p99_ms": p99, "all_answered": answered}
+        return out
+    finally:
+        daemon.stop()
+
+
+def one_run(
+    run: int,
+    trees: dict[str, Path],
+    triton: RunningTriton,
+    stores: dict[str, Path],
+    root: Path,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    result: dict[str, float] = {}
+    order = list(trees) if run % 2 else list(trees)[::-1]
+    for code in order:
+        tree = trees[code]
+        scan = probe(tree, "scan", str(stores["big"]), str(args.scans))
+        result |= {f"{code}_{key}": float(value) for key, value in scan.items()}
+        for size, store in stores.items():
+            numbers = daemon_numbers(tree, triton, store, root / f"run{run}-{code}-{size}", args)
+            tag = "" if size == "big" else "floor_"
+            result |= {f"{code}_{tag}{key}": value for key, value in numbers.items()}
+        print(
+            f"run {run} {code}: scan {result[f'{code}_scan_s'] * 1e3:.1f} ms, CPU "
+            f"{result[f'{code}_cpu_pct']:.1f} % (floor {result[f'{code}_floor_cpu_pct']:.1f} %), "
+            f"RSS {result[f'{code}_rss_mib']:.0f} MiB, GET /v1/models p99 "
+            f"{result[f'{code}_p99_ms']:.0f} ms",
+            flush=True,
+        )
+    return result
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--models", type=int, default=200, help="models in the store")
+    parser.add_argument("--releases", type=int, default=20, help="releases per model")
+    parser.add_argument("--runs", type=int, default=3, help="runs; medians are over runs")
+    parser.add_argument("--scans", type=int, default=10, help="scans timed per run and code")
+    parser.add_argument("--idle", type=float, default=30.0, help="s of idle CPU measured")
+    parser.add_argument("--settle", type=float, default=5.0, help="s after ready, first")
+    parser.add_argument("--requests", type=int, default=200, help="GET /v1/models per run")
+    parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
+    parser.add_argument("--write-readme", action="store_true", help="update bench/README.md")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 run, 10 s idle")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.idle, args.requests, args.scans = 1, 10.0, 50, 3
+    if min(args.models, args.releases, args.runs, args.scans, args.requests) < 1:
+        parser.error("every count must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
+        root = Path(tmp)
+        # Not the repo root: `python -m` puts the working dir first on sys.path, before the
+        # PYTHONPATH that picks the code each daemon runs.
+        os.chdir(root)
+        print(f"building a store of {args.models} x {args.releases} releases...", flush=True)
+        stores = {
+            "big": build_store(root / "store", args.models, args.releases),
+            "small": build_store(root / "small-store", 1, 1),
+        }
+        (root / "repository").mkdir()
+        triton = launch_triton(
+            root / "repository", cache_dir=cache_dir(), log_path=root / "triton.log"
+        )
+        try:
+            with baseline_tree(args.baseline, root / "baseline") as old:
+                trees = {"new": ROOT, "old": old}
+                summary = machine(triton)
+                print(f"{summary}\n", flush=True)
+                imports = probe(ROOT, "imports")
+                runs = [
+                    one_run(r, trees, triton, stores, root, args) for r in range(1, args.runs + 1)
+                ]
+        finally:
+            triton.stop()
+    text = section(args, summary, runs, imports, datetime.now(UTC))
+    print("\n" + text)
+    if args.write_readme:
+        write_section(text, begin=BEGIN, end=END, script="scale.py", row=INTRO_ROW)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
