@@ -61,7 +61,7 @@ def test_switch_under_load_flips_once_and_retires_the_old_slot(
     for log in load.logs:
         assert transitions(log.answers) == [1.0, 2.0]
     steps = [s["name"] for s in switched.json()["operation"]["steps"]]
-    assert steps[-3:] == ["preflight", "switch", "record"]
+    assert steps[-4:] == ["preflight", "switch", "record", "publish"]
     model = daemon.get(f"/v1/models/{model_name}").json()
     assert model["alias_target"] == green
     roles = {s["name"]: (s["role"], s["triton_state"]) for s in model["slots"]}
@@ -96,7 +96,7 @@ def test_rollback_inside_the_retire_window_is_a_re_point(
 
     assert response.status_code == 200, response.text
     operation = response.json()["operation"]
-    assert [s["name"] for s in operation["steps"]] == ["switch", "record"]
+    assert [s["name"] for s in operation["steps"]] == ["switch", "record", "publish"]
     switch = operation["steps"][0]
     assert switch["duration_seconds"] is not None
     assert switch["detail"]["repoint_ms"] >= 0
