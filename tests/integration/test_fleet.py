@@ -4,9 +4,11 @@ member that received it reaches none, and members that were down or are new catc
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from tests.integration.test_cli import cli
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator
-from tests.support.models import write_scale_release
+from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
@@ -98,6 +100,44 @@ def test_a_release_that_fails_on_the_receiving_member_reaches_no_other(
     fleet.wait_serving(MODEL, "r1", 1.0)
     operations = first.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
     assert [o["release"] for o in operations] == ["r1"]
+
+
+def test_a_member_that_cannot_serve_the_release_keeps_serving_and_reports_why(
+    fleet: Fleet, store: Path
+) -> None:
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    release = write_scale_release(store, MODEL, "r2", k=2.0)
+    (release / "1" / "weights.bin").write_bytes(b"\0" * 64 * 1024)  # r2 is the larger one
+    write_sha256sums(release)
+    first = fleet.add()
+    small = sum(p.stat().st_size for p in release.rglob("*") if p.is_file()) - 1
+    # This member refuses releases as large as r2: r2 serves everywhere else.
+    tight = fleet.add(extra_env={"CONTROLPLANE_STORE__MAX_RELEASE_BYTES": str(small)})
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    answer = first.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 502, answer.text
+    assert answer.json()["error"]["code"] == "member_failed"
+    assert "m2: release_too_large" in answer.json()["error"]["message"]
+    members = {m["member"]: m for m in answer.json()["fleet"]["members"]}
+    assert (members["m1"]["release"], members["m1"]["state"]) == ("r2", "serving")
+    assert (members["m2"]["release"], members["m2"]["state"]) == ("r1", "failed")
+    assert tight.answer(MODEL) == 1.0  # it keeps serving what it had
+    assert fleet.fleet()["models"][MODEL]["converged"] is False
+
+    # It tries again, later each time: the second failure comes after a longer wait.
+    def failures() -> list[dict[str, object]]:
+        operations = tight.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+        return [o for o in operations if o["release"] == "r2" and o["status"] == "failed"]
+
+    eventually(lambda: len(failures()) >= 3, 60, "three attempts at r2", every=0.2)
+    times = sorted(datetime.fromisoformat(str(o["created_at"])) for o in failures())
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert gaps[1] > gaps[0]
+    assert tight.answer(MODEL) == 1.0
 
 
 def test_a_new_member_serves_the_desired_release_before_it_is_ready(

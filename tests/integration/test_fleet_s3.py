@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import TritonFactory
 from tests.support.fault_proxy import FaultProxy
-from tests.support.fleet import Fleet, running_fleet
+from tests.support.fleet import Fleet, Member, running_fleet
+from tests.support.inference import LoadGenerator
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 from tests.support.s3 import aws_env, upload_release_dir
@@ -46,11 +47,24 @@ def fleet(
         yield running
 
 
-def test_a_deploy_through_one_member_reaches_every_member_on_s3(
+def test_a_fleet_on_s3_follows_every_deploy_through_any_member(
     fleet: Fleet,
     s3_bucket: tuple[Any, str],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
+    """One story on one bucket (three Tritons take a while to start): a deploy through one
+    member reaches all; another, under load on a third, fails no request; a release that fails
+    on the member that received it reaches no other; a member killed mid-rollout converges; a
+    new member is ready only once it serves the fleet's release."""
+    client, bucket = s3_bucket
+    releases = tmp_path / "releases"
+    for release, k, broken in (("bad", 9.0, True), ("r3", 3.0, False)):
+        release_dir = write_scale_release(
+            releases, MODEL, release, k=k, fail_init=broken, init_sleep=0.0 if broken else 3.0
+        )
+        upload_release_dir(client, bucket, PREFIX, release_dir)
     first, second, third = (fleet.add() for _ in range(3))
+
     answer = second.api.post(
         f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
     )
@@ -59,13 +73,56 @@ def test_a_deploy_through_one_member_reaches_every_member_on_s3(
     view = fleet.fleet(via=third)
     assert [m["member"] for m in view["members"]] == ["m1", "m2", "m3"]
     assert view["models"][MODEL]["converged"] is True
-    # The fleet's records live under the store's reserved prefix, beside the releases.
-    client, bucket = s3_bucket
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
     assert f"{PREFIX}/_controlplane/desired/{MODEL}.json" in keys
     assert {f"{PREFIX}/_controlplane/members/m{i}.json" for i in (1, 2, 3)} <= keys
-    # ... and are never taken for a model.
     assert [m["name"] for m in first.api.get("/v1/models").json()["models"]] == [MODEL]
+
+    with LoadGenerator(third.triton.grpc_url, MODEL, clients=2) as load:
+        load.wait_for_answers(5)
+        answer = first.api.post(
+            f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        )
+        assert answer.status_code == 200, answer.text
+        load.wait_for_answers(5)
+    assert [e for log in load.logs for e in log.errors] == []
+    fleet.wait_serving(MODEL, "r2", 2.0)
+
+    refused = second.api.deploy(MODEL, "bad")
+    assert refused.status_code == 422, refused.text
+    assert fleet.fleet()["models"][MODEL]["desired"] == "r2"
+    assert all("bad" not in _releases_seen(m) for m in (first, third))
+
+    assert first.api.deploy(MODEL, "r3", wait=False).status_code == 202
+    eventually(lambda: _following(third, "r3"), 60, "m3 following the fleet to r3", every=0.05)
+    third.api.kill()
+    fleet.start(third)
+    fleet.wait_serving(MODEL, "r3", 3.0)
+
+    late = fleet.add("m4", wait_ready=False)
+    eventually(lambda: _ready(late), 120, "the new member ready", every=0.05)
+    assert late.answer(MODEL) == 3.0
+    assert fleet.fleet(via=late)["models"][MODEL]["converged"] is True
+
+
+def _releases_seen(member: Member) -> set[str]:
+    operations = member.api.get(f"/v1/operations?model={MODEL}&limit=50").json()["operations"]
+    return {o["release"] for o in operations if o["release"]}
+
+
+def _following(member: Member, release: str) -> bool:
+    operations = member.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+    return any(
+        o["release"] == release and o["trigger"] == "fleet" and o["status"] == "running"
+        for o in operations
+    )
+
+
+def _ready(member: Member) -> bool:
+    try:
+        return member.api.get("/readyz").status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
