@@ -288,6 +288,9 @@ def test_a_desired_state_missing_a_required_field_is_refused(key: str) -> None:
         ({"degraded": ["r0"]}, TypeError),
         ({"claim": {"release": "r4", "member": "a", "incarnation": "i", "at": "soon"}}, ValueError),
         ({"claim": {"release": "r4", "member": "a", "at": T0.isoformat()}}, KeyError),
+        # Not objects where objects belong: refused as not ours, like any other bad record.
+        ({"rollout": ["canary"]}, TypeError),
+        ({"rollout": "canary"}, TypeError),
         ({"claim": ["r4"]}, TypeError),
         ({"claim": "r4"}, TypeError),
     ],
@@ -308,6 +311,8 @@ def test_a_desired_state_that_is_not_ours_is_refused(
         ({"models": {"m": {"release": "r2"}}}, KeyError),
         ({"at": "now"}, ValueError),
         ({"interval": "often"}, ValueError),
+        ({"models": ["m"]}, TypeError),
+        ({"models": {"m": ["r2", "serving"]}}, TypeError),
     ],
 )
 def test_a_heartbeat_that_is_not_ours_is_refused(

@@ -364,6 +364,25 @@ def test_read_all_leaves_out_and_logs_a_record_that_cannot_be_read(
     assert "no member acts on this model" in logged[0]
 
 
+def test_a_record_with_a_list_where_an_object_belongs_is_left_out_not_fatal(
+    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hand-edited record must cost its own model only: the sync pass reads every model
+    # through read_all and acts on none when it raises.
+    good = generation_one("good")
+    records.swap(good)
+    records.swap(generation_one("edited"))
+    data = json.loads(desired_file(root, "edited").read_bytes())
+    data["rollout"] = ["canary"]
+    desired_file(root, "edited").write_text(json.dumps(data))
+    caplog.set_level(logging.ERROR)
+
+    assert records.read_all() == {"good": good}
+    assert any("rollout is a JSON list, not an object" in r.getMessage() for r in caplog.records)
+    with pytest.raises(StoreError):
+        records.read("edited")
+
+
 def test_reading_or_swapping_a_record_that_cannot_be_read_is_a_store_error_naming_it(
     records: LocalDesiredStates, root: Path
 ) -> None:
@@ -432,10 +451,14 @@ def test_a_heartbeat_that_is_not_one_hides_only_that_member(
     records.beat(heartbeat("a"))
     beat_file(root, "b").write_bytes(b"not json")
     beat_file(root, "c").write_bytes(encode_beat(heartbeat("a")))  # under another name
+    listed = json.loads(encode_beat(heartbeat("d")))
+    listed["models"] = [MODEL]
+    beat_file(root, "d").write_text(json.dumps(listed))
     caplog.set_level(logging.WARNING)
 
     assert records.beats() == {"a": heartbeat("a")}
     assert any(str(beat_file(root, "b")) in r.getMessage() for r in caplog.records)
+    assert any(str(beat_file(root, "d")) in r.getMessage() for r in caplog.records)
 
 
 def test_forget_deletes_a_member_s_heartbeat(records: LocalDesiredStates) -> None:
