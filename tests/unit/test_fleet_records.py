@@ -471,6 +471,48 @@ def test_forget_deletes_a_member_s_heartbeat(records: LocalDesiredStates) -> Non
     assert set(records.beats()) == {"b"}
 
 
+# --- a store that cannot be written ----------------------------------------------------------
+
+
+def test_a_store_path_through_a_regular_file_is_a_store_error_naming_the_path(
+    tmp_path: Path,
+) -> None:
+    # Root ignores permission bits, so the store cannot be made read-only with chmod here;
+    # a regular file where a directory should be refuses every user, root included.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file, not a directory\n")
+    records = LocalDesiredStates(blocker / "store")
+
+    with pytest.raises(StoreError) as swapping:
+        records.swap(generation_one())
+    with pytest.raises(StoreError) as beating:
+        records.beat(heartbeat("a"))
+    with pytest.raises(StoreError) as reading:
+        records.read_all()
+
+    for caught in (swapping, beating, reading):
+        assert str(blocker / "store" / "_controlplane") in str(caught.value.details["path"])
+        assert str(blocker / "store" / "_controlplane") in str(caught.value)
+        assert "Not a directory" in str(caught.value)
+    assert blocker.read_text() == "a file, not a directory\n"
+
+
+def test_a_regular_file_where_the_members_directory_belongs_is_a_store_error(
+    records: LocalDesiredStates, root: Path
+) -> None:
+    members = root / "_controlplane" / "members"
+    members.parent.mkdir()
+    members.write_text("not a directory\n")
+
+    with pytest.raises(StoreError) as beating:
+        records.beat(heartbeat("a"))
+    with pytest.raises(StoreError) as reading:
+        records.beats()
+
+    assert str(members) in str(beating.value)
+    assert str(members) in str(reading.value)
+
+
 def test_encoded_records_are_json_a_person_can_read() -> None:
     data = encode_desired(generation_one())
 

@@ -189,10 +189,12 @@ def _mapped(path: Path) -> Iterator[None]:
 
 
 def _translated(exc: OSError, path: Path) -> ControlPlaneError:
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    # Refusals a retry cannot cure: no permission, a read-only mount, and a regular file where
+    # the store's directories should be (ENOTDIR on the way down, EEXIST from mkdir).
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
         return StoreError(
-            f"cannot write the fleet's records at {path} ({exc.strerror}): the store must be "
-            "writable by every member (its desired state and heartbeats live under "
+            f"cannot use the fleet's records at {path} ({exc.strerror}): the store must be a "
+            "directory writable by every member (its desired state and heartbeats live under "
             "_controlplane/)",
             details={"path": str(path)},
         )
