@@ -211,6 +211,24 @@ def test_of_many_threads_swapping_the_same_generation_exactly_one_wins(
     }
 
 
+def test_threads_of_one_process_exclude_each_other_through_separate_stores_too(
+    root: Path,
+) -> None:
+    # POSIX record locks do not exclude the threads of one process from each other, and closing
+    # any descriptor of the lock file drops the process's lock: the threads' own lock must be
+    # one per file in the process, not one per LocalDesiredStates.
+    LocalDesiredStates(root).swap(one := generation_one())
+    stores = [LocalDesiredStates(root) for _ in range(8)]
+    wanted = [next_of(one, by=f"w{i}", release=f"r{i}") for i in range(8)]
+
+    won, lost = race(8, lambda i: stores[i].swap(wanted[i]))
+
+    assert len(won) == 1
+    assert len(lost) == 7
+    assert all(isinstance(exc, DesiredStateConflict) for exc in lost)
+    assert LocalDesiredStates(root).read(MODEL) == wanted[won[0]]
+
+
 def test_threads_bumping_the_generation_lose_no_update_and_readers_see_whole_records(
     records: LocalDesiredStates, root: Path
 ) -> None:
