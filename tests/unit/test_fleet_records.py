@@ -419,14 +419,18 @@ def test_reading_or_swapping_a_record_that_cannot_be_read_is_a_store_error_namin
     assert path.read_bytes() == b"[1, 2, 3]\n"  # left for a person to look at
 
 
-def test_read_all_skips_a_record_under_another_model_s_name(
-    records: LocalDesiredStates, root: Path
+def test_read_all_skips_and_logs_a_record_under_another_model_s_name(
+    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     records.swap(generation_one("a"))
     desired_file(root, "copy").write_bytes(desired_file(root, "a").read_bytes())
+    caplog.set_level(logging.WARNING)
 
-    assert set(records.read_all()) == {"a"}
-    assert records.read_all()["a"] == generation_one("a")
+    assert records.read_all() == {"a": generation_one("a")}
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1
+    assert str(desired_file(root, "copy")) in logged[0]
+    assert "holds the record of 'a'" in logged[0]
 
 
 def test_nothing_is_read_from_a_store_that_has_no_records_yet(
@@ -475,8 +479,10 @@ def test_a_heartbeat_that_is_not_one_hides_only_that_member(
     caplog.set_level(logging.WARNING)
 
     assert records.beats() == {"a": heartbeat("a")}
-    assert any(str(beat_file(root, "b")) in r.getMessage() for r in caplog.records)
-    assert any(str(beat_file(root, "d")) in r.getMessage() for r in caplog.records)
+    logged = sorted(r.getMessage() for r in caplog.records)
+    assert len(logged) == 3
+    for member in ("b", "c", "d"):
+        assert any(str(beat_file(root, member)) in message for message in logged)
 
 
 def test_forget_deletes_a_member_s_heartbeat(records: LocalDesiredStates) -> None:

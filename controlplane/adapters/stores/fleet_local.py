@@ -33,6 +33,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    named_as,
 )
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, MemberBeat
@@ -71,7 +72,7 @@ class LocalDesiredStates:
             except ControlPlaneError as exc:
                 log.error("%s", exc.message)
                 continue
-            if path.name == f"{desired.model}{SUFFIX}":
+            if named_as(str(path), path.name, desired.model):
                 found[desired.model] = desired
         return found
 
@@ -94,7 +95,7 @@ class LocalDesiredStates:
         for path in _records(self._members):
             data = _read(path)
             beat = None if data is None else decode_beat(data, str(path))
-            if beat is not None and path.name == f"{beat.member}{SUFFIX}":
+            if beat is not None and named_as(str(path), path.name, beat.member):
                 found[beat.member] = beat
         return found
 

@@ -30,6 +30,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    named_as,
     same_write,
 )
 from controlplane.adapters.stores.s3 import S3Store
@@ -71,7 +72,7 @@ class S3DesiredStates:
                     raise
                 log.error("%s", exc.message)
                 continue
-            if found is not None and key.endswith(f"/{found[0].model}{SUFFIX}"):
+            if found is not None and named_as(self._url(key), _name(key), found[0].model):
                 records[found[0].model] = found[0]
         return records
 
@@ -100,7 +101,7 @@ class S3DesiredStates:
         for key in self._keys(self._members):
             data = self._bytes(key)
             beat = None if data is None else decode_beat(data, self._url(key))
-            if beat is not None and key.endswith(f"/{beat.member}{SUFFIX}"):
+            if beat is not None and named_as(self._url(key), _name(key), beat.member):
                 found[beat.member] = beat
         return found
 
@@ -166,3 +167,7 @@ class S3DesiredStates:
 
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{key}"
+
+
+def _name(key: str) -> str:
+    return key.rpartition("/")[2]
