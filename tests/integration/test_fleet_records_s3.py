@@ -367,3 +367,19 @@ def test_with_the_store_down_every_call_is_store_unavailable(
         with pytest.raises(StoreUnavailable):
             call()
         assert time.monotonic() - started < 3
+
+
+def test_a_record_deleted_between_the_read_and_the_put_is_a_conflict(
+    records: S3DesiredStates, direct: Any, bucket: str, proxy: FaultProxy
+) -> None:
+    # Deleting a record is what the store_error for an unreadable one tells a person to do.
+    one = generation_one()
+    records.swap(one)
+    proxy.on_put(KEY, lambda _: direct.delete_object(Bucket=bucket, Key=KEY))
+
+    with pytest.raises(DesiredStateConflict) as caught:
+        records.swap(next_of(one, by="a", release="r2"))
+
+    assert "holds no record" in str(caught.value)
+    assert caught.value.details["generation"] == 0
+    assert records.read(MODEL) is None  # nothing was written in its place

@@ -3,8 +3,9 @@
 The compare-and-swap of a desired state is S3's conditional write: the record is read with its
 ETag, its generation checked, and the new one put with ``If-Match: <that ETag>`` (or
 ``If-None-Match: *`` when there was none). S3 answers 412 PreconditionFailed when another
-writer got there first (and 409 ConditionalRequestConflict while two such writes race), so two
-members cannot both win. AWS S3 has enforced both headers on PutObject since August and
+writer got there first (409 ConditionalRequestConflict while two such writes race, and 404
+NoSuchKey to ``If-Match`` when the record was deleted since it was read), so two members cannot
+both win. AWS S3 has enforced both headers on PutObject since August and
 November 2024, MinIO for years, moto's server too; a store that ignored them (an old Ceph RGW
 or a gateway that drops the headers) would let the last writer win, so :meth:`swap` reads the
 record back after writing and reports a conflict when what it finds is not what it wrote.
@@ -121,7 +122,8 @@ class S3DesiredStates:
                 **condition,
             )
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _LOST_RACE:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in _LOST_RACE or (code == "NoSuchKey" and "IfMatch" in condition):
                 raise _LostRace() from None
             raise
 
