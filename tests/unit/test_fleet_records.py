@@ -12,7 +12,8 @@ import logging
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -193,6 +194,30 @@ def race(writers: int, write: Callable[[int], None]) -> tuple[list[int], list[Ex
     return won, lost
 
 
+@contextmanager
+def reading(path: Path) -> Iterator[list[str]]:
+    """Read ``path`` over and over while the block runs; yield the reads that were not a whole
+    record (filled in by the time the block ends)."""
+    done = threading.Event()
+    torn: list[str] = []
+
+    def read() -> None:
+        while not done.is_set():
+            data = path.read_bytes()
+            try:
+                desired_from_storage(json.loads(data))
+            except ValueError as exc:
+                torn.append(f"{exc}: {data[:80]!r}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        yield torn
+    finally:
+        done.set()
+        reader.join()
+
+
 def test_of_many_threads_swapping_the_same_generation_exactly_one_wins(
     records: LocalDesiredStates,
 ) -> None:
@@ -234,16 +259,6 @@ def test_threads_bumping_the_generation_lose_no_update_and_readers_see_whole_rec
 ) -> None:
     records.swap(generation_one())
     rounds = 15
-    done = threading.Event()
-    torn: list[str] = []
-
-    def read_the_file() -> None:
-        while not done.is_set():
-            data = desired_file(root).read_bytes()
-            try:
-                desired_from_storage(json.loads(data))
-            except ValueError as exc:
-                torn.append(f"{exc}: {data[:80]!r}")
 
     def bump(i: int) -> None:
         wins = 0
@@ -256,13 +271,8 @@ def test_threads_bumping_the_generation_lose_no_update_and_readers_see_whole_rec
                 continue
             wins += 1
 
-    reader = threading.Thread(target=read_the_file)
-    reader.start()
-    try:
+    with reading(desired_file(root)) as torn:
         won, lost = race(8, bump)
-    finally:
-        done.set()
-        reader.join()
 
     assert lost == []
     assert len(won) == 8
@@ -332,7 +342,10 @@ def race_processes(root: Path, processes: int, mode: str, rounds: int) -> list[d
         for child in children:
             if child.poll() is None:
                 child.kill()
-                child.wait()
+            child.wait()
+            for stream in (child.stdin, child.stdout):
+                if stream is not None:
+                    stream.close()
 
 
 def test_of_several_processes_swapping_the_same_generation_exactly_one_wins(
@@ -355,13 +368,14 @@ def test_processes_bumping_the_generation_lose_no_update(
 ) -> None:
     records.swap(generation_one())
 
-    answers = race_processes(root, 4, "bump", 15)
+    with reading(desired_file(root)) as torn:
+        answers = race_processes(root, 4, "bump", 15)
 
     assert [a["wins"] for a in answers] == [15] * 4
     final = records.read(MODEL)
     assert final is not None
     assert final.generation == 1 + 4 * 15
-    json.loads(desired_file(root).read_bytes())
+    assert torn == []
 
 
 # --- reading every record --------------------------------------------------------------------
