@@ -243,8 +243,8 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
 
 def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
     """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours."""
-    rollout = data.get("rollout") or {}
-    claim = data.get("claim")
+    rollout = _object(data.get("rollout") or {}, "rollout")
+    claim = _object(data.get("claim") or {}, "claim")
     return DesiredModel(
         model=str(data["model"]),
         generation=int(data["generation"]),
@@ -314,16 +314,28 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
         overload=data.get("overload"),
         stale=bool(data.get("stale", False)),
         models={
-            str(name): MemberModel(
-                release=m.get("release"),
-                state=MemberState(m["state"]),
-                target=m.get("target"),
-                generation=int(m.get("generation", 0)),
-                error=m.get("error"),
-            )
-            for name, m in (data.get("models") or {}).items()
+            str(name): _member_model(_object(m, f"models.{name}"))
+            for name, m in _object(data.get("models") or {}, "models").items()
         },
     )
+
+
+def _member_model(m: Mapping[str, Any]) -> MemberModel:
+    return MemberModel(
+        release=m.get("release"),
+        state=MemberState(m["state"]),
+        target=m.get("target"),
+        generation=int(m.get("generation", 0)),
+        error=m.get("error"),
+    )
+
+
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object; a record with anything else there is not ours (and
+    must fail as such, ``TypeError``, not with whatever ``.get`` on a list raises)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} is a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def _required_time(value: object) -> datetime:

@@ -1,4 +1,5 @@
-"""In-memory fakes for the two ports unit tests cannot use for real: Triton and the clock.
+"""In-memory fakes for the ports unit tests cannot use for real, or not on cue: Triton, the
+clock, and the fleet's records (another member's write landing in the middle of a swap).
 
 Everything else a use case touches (the local store, staging, the config editor, SQLite) is
 fast enough to use for real on ``tmp_path``, so :func:`make_deploy_service` wires the real
@@ -11,11 +12,16 @@ reload keeps the loaded version READY, a failed first load leaves the model UNAV
 ``unload`` makes it UNAVAILABLE, and a load that never ends keeps the model LOADING (its
 unload is never served). Each load can be scripted per model (succeed, fail, raise, block until
 the test releases it, or hang), whether from files, an alias re-point or a CPU-only reload.
+
+:class:`FakeDesiredStates` keeps the fleet's records in memory with the stores' compare-and-swap
+(and their conflict, built by the same function); a test queues other members' writes to land
+inside the next swaps, before they compare.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,6 +32,7 @@ from typing import Any
 
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
+from controlplane.adapters.stores.fleet_records import conflict
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.overrides import alias_config, cpu_only_config, signature_of
@@ -37,6 +44,7 @@ from controlplane.domain.errors import (
     TritonTimeout,
     TritonUnavailable,
 )
+from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.operations import Operation, Trigger
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
@@ -54,6 +62,7 @@ from controlplane.services.slots import SlotBook
 __all__ = [
     "START",
     "FakeClock",
+    "FakeDesiredStates",
     "FakeTriton",
     "LoadBlocks",
     "LoadFails",
@@ -472,3 +481,52 @@ async def started_rollback(
     result = await service.rollback(model, to=to, trigger=trigger)
     assert not isinstance(result, Unchanged), result.message
     return result
+
+
+# --- the fleet's records ------------------------------------------------------------------
+
+
+class FakeDesiredStates:
+    """:class:`~controlplane.ports.DesiredStates` in memory: ``desired`` and ``heartbeats`` by
+    name, every record a swap wrote in ``written``. :meth:`meanwhile` queues another member's
+    write to land inside the next swap, after its caller read the record and before it compares.
+    """
+
+    where = "memory://fleet/_controlplane"
+
+    def __init__(self) -> None:
+        self.desired: dict[str, DesiredModel] = {}
+        self.heartbeats: dict[str, MemberBeat] = {}
+        self.written: list[DesiredModel] = []
+        self._meanwhile: deque[Callable[[], DesiredModel]] = deque()
+        self._lock = threading.Lock()
+
+    def meanwhile(self, write: Callable[[], DesiredModel]) -> None:
+        """Inside the next swap not yet given one, store ``write()``'s record as it stands."""
+        self._meanwhile.append(write)
+
+    def read(self, model: str) -> DesiredModel | None:
+        return self.desired.get(model)
+
+    def read_all(self) -> dict[str, DesiredModel]:
+        return dict(self.desired)
+
+    def swap(self, desired: DesiredModel) -> None:
+        with self._lock:
+            if self._meanwhile:
+                other = self._meanwhile.popleft()()
+                self.desired[other.model] = other
+            current = self.desired.get(desired.model)
+            if (current.generation if current else 0) != desired.generation - 1:
+                raise conflict(desired, current, self.where)
+            self.desired[desired.model] = desired
+            self.written.append(desired)
+
+    def beat(self, beat: MemberBeat) -> None:
+        self.heartbeats[beat.member] = beat
+
+    def beats(self) -> dict[str, MemberBeat]:
+        return dict(self.heartbeats)
+
+    def forget(self, member: str) -> None:
+        self.heartbeats.pop(member, None)

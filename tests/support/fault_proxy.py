@@ -2,8 +2,9 @@
 
 :class:`FaultProxy` sits between a client (a test's boto3 client, or the daemon's, through
 ``AWS_ENDPOINT_URL_S3``) and moto on real loopback sockets, counts requests and breaks the
-ones a test scripts: dropped connections, bodies cut short, 5xx answers, a byte flipped in a
-body, added latency, the whole endpoint down for a while. So retries are tested against real
+ones a test scripts: dropped connections (before the request reaches moto, or after moto
+answered it), bodies cut short, 5xx answers, a byte flipped in a body, added latency, the whole
+endpoint down for a while. So retries are tested against real
 sockets instead of patched functions. Scripted faults are decided per request, in order, so
 tests never depend on timing; only latency and an outage are about time, by design.
 """
@@ -24,10 +25,12 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-# drop: close without an answer; drop_mid_body: half the body, then hang up; 500, 503
-# (SlowDown), 403: that answer instead of moto's; flip: moto's answer with one byte of its
-# body changed (a random byte at a random offset, so two flips differ).
-FaultKind = Literal["drop", "drop_mid_body", "500", "503", "403", "flip"]
+# drop: close without an answer (moto never sees the request); lose_answer: forward it (it
+# takes effect), then close without moto's answer, as a timeout after the server acted looks to
+# a client; drop_mid_body: half the body, then hang up; 500, 503 (SlowDown), 403: that answer
+# instead of moto's; flip: moto's answer with one byte of its body changed (a random byte at a
+# random offset, so two flips differ).
+FaultKind = Literal["drop", "lose_answer", "drop_mid_body", "500", "503", "403", "flip"]
 
 _HOP_BY_HOP = {
     "connection",
@@ -58,12 +61,16 @@ class SeenRequest:
 @dataclass
 class _Rule:
     kind: FaultKind
-    key: str | None  # None: any request; else GETs whose path contains it
+    key: str | None  # None: any request; else requests of `method` whose path contains it
     remaining: int | None  # None: always
     ranged: bool | None = None  # None: any; else only GETs with (True) or without a Range
+    method: str | None = None  # None: GET when a key is given, any method when not
 
     def matches(self, seen: SeenRequest) -> bool:
-        if self.key is not None and not (seen.method == "GET" and self.key in seen.path):
+        method = self.method or ("GET" if self.key is not None else None)
+        if method is not None and seen.method != method:
+            return False
+        if self.key is not None and self.key not in seen.path:
             return False
         return self.ranged is None or (seen.method == "GET" and seen.ranged == self.ranged)
 
@@ -133,16 +140,32 @@ class _Handler(BaseHTTPRequestHandler):
             return
         upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=30)
         try:
-            self._relay(upstream, cut_body=fault == "drop_mid_body", flip=fault == "flip")
+            self._relay(
+                upstream,
+                cut_body=fault == "drop_mid_body",
+                flip=fault == "flip",
+                lose_answer=fault == "lose_answer",
+            )
         finally:
             upstream.close()
 
-    def _relay(self, upstream: http.client.HTTPConnection, *, cut_body: bool, flip: bool) -> None:
+    def _relay(
+        self,
+        upstream: http.client.HTTPConnection,
+        *,
+        cut_body: bool,
+        flip: bool,
+        lose_answer: bool = False,
+    ) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         body = _Body(self.rfile, length) if length else None
         upstream.request(self.command, self.path, body=body, headers=headers)
         answer = upstream.getresponse()
+        if lose_answer:  # moto acted on it; the client never hears so
+            answer.read()
+            self.close_connection = True
+            return
         out_headers = [(k, v) for k, v in answer.getheaders() if k.lower() not in _HOP_BY_HOP]
         declared = answer.getheader("Content-Length")
         has_body = self.command != "HEAD" and answer.status not in (204, 304)
@@ -219,7 +242,7 @@ class _ProxyServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-GetHook = Callable[[SeenRequest], None]
+RequestHook = Callable[[SeenRequest], None]
 
 
 class FaultProxy:
@@ -227,9 +250,11 @@ class FaultProxy:
 
     Scripted faults apply in the order they were added; ``fail_next(n, kind, key)`` breaks the
     next ``n`` matching requests, ``fail_always(kind, key)`` every one until :meth:`clear`;
-    ``ranged`` narrows either to GETs with (or without) a Range header. ``on_get(key, hook)``
-    runs ``hook`` once, before the first GET of a matching key is forwarded (after ``skip``
-    such GETs; to change the object under a download, say). ``latency`` delays every request;
+    a key matches GETs unless ``method`` says another; ``ranged`` narrows either to GETs with
+    (or without) a Range header. ``on_get(key, hook)`` runs ``hook`` once, before the first GET
+    of a matching key is forwarded (after ``skip`` such GETs; to change the object under a
+    download, say); ``on_put`` the same before a PUT (to land another writer's object between
+    a read and a conditional write, say). ``latency`` delays every request;
     :meth:`go_down` drops every connection, open or new, until :meth:`come_back`
     (:meth:`down_for` schedules that).
     """
@@ -242,7 +267,7 @@ class FaultProxy:
         self.upstream_port: int = parts.port
         self._lock = threading.Lock()
         self._rules: list[_Rule] = []
-        self._hooks: list[tuple[str, GetHook, int]] = []
+        self._hooks: list[tuple[str, str, RequestHook, int]] = []  # method, key, hook, skip
         self._seen: list[SeenRequest] = []
         self.latency = 0.0  # seconds added before every request is answered
         self._down = threading.Event()
@@ -300,20 +325,35 @@ class FaultProxy:
     # --- scripting and counting -----------------------------------------------------------
 
     def fail_next(
-        self, n: int, kind: FaultKind, key: str | None = None, *, ranged: bool | None = None
+        self,
+        n: int,
+        kind: FaultKind,
+        key: str | None = None,
+        *,
+        ranged: bool | None = None,
+        method: str | None = None,
     ) -> None:
         with self._lock:
-            self._rules.append(_Rule(kind, key, n, ranged))
+            self._rules.append(_Rule(kind, key, n, ranged, method))
 
     def fail_always(
-        self, kind: FaultKind, key: str | None = None, *, ranged: bool | None = None
+        self,
+        kind: FaultKind,
+        key: str | None = None,
+        *,
+        ranged: bool | None = None,
+        method: str | None = None,
     ) -> None:
         with self._lock:
-            self._rules.append(_Rule(kind, key, None, ranged))
+            self._rules.append(_Rule(kind, key, None, ranged, method))
 
-    def on_get(self, key: str, hook: GetHook, *, skip: int = 0) -> None:
+    def on_get(self, key: str, hook: RequestHook, *, skip: int = 0) -> None:
         with self._lock:
-            self._hooks.append((key, hook, skip))
+            self._hooks.append(("GET", key, hook, skip))
+
+    def on_put(self, key: str, hook: RequestHook, *, skip: int = 0) -> None:
+        with self._lock:
+            self._hooks.append(("PUT", key, hook, skip))
 
     @property
     def is_down(self) -> bool:
@@ -349,6 +389,10 @@ class FaultProxy:
         with self._lock:
             return list(self._seen)
 
+    def puts(self, key: str) -> int:
+        """PUTs whose path contains ``key``."""
+        return sum(1 for seen in self.requests if seen.method == "PUT" and key in seen.path)
+
     def gets(self, key: str, *, ranged: bool | None = None) -> int:
         """GETs whose path contains ``key``; ``ranged`` filters on a Range header."""
         return sum(
@@ -359,7 +403,7 @@ class FaultProxy:
 
     def _record(self, seen: SeenRequest) -> FaultKind | None:
         """Count ``seen``, run its hook, and pick the fault it gets, if any."""
-        hook: GetHook | None = None
+        hook: RequestHook | None = None
         fault: FaultKind | None = None
         with self._lock:
             self._seen.append(seen)
@@ -372,12 +416,12 @@ class FaultProxy:
                     rule.remaining -= 1
                 fault = rule.kind
                 break
-            if seen.method == "GET" and fault is None and not self._down.is_set():
-                for index, (key, candidate, skip) in enumerate(self._hooks):
-                    if key not in seen.path:
+            if fault is None and not self._down.is_set():
+                for index, (method, key, candidate, skip) in enumerate(self._hooks):
+                    if method != seen.method or key not in seen.path:
                         continue
                     if skip > 0:
-                        self._hooks[index] = (key, candidate, skip - 1)
+                        self._hooks[index] = (method, key, candidate, skip - 1)
                     else:
                         hook = candidate
                         del self._hooks[index]

@@ -1,6 +1,9 @@
 """A real S3 API on loopback for tests: the moto server, clients and publishers.
 
 - :func:`moto_server` runs moto's S3 over real HTTP on a free port for as long as its block;
+  ``one_at_a_time`` serves one request after the other, so that its conditional writes are
+  atomic, as AWS S3 promises (moto checks ``If-Match`` and then writes, with no lock between,
+  so two racing requests on its threaded server can both pass the check);
 - :func:`s3_client` builds a boto3 client for an endpoint with dummy credentials; close it;
 - :func:`upload_release` and :func:`upload_release_dir` publish a release the way a publisher
   must: every file first, ``SHA256SUMS`` (the commit marker) last.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,15 +23,25 @@ from typing import Any
 
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
 from moto.server import ThreadedMotoServer
+from werkzeug.serving import make_server
 
 MANIFEST = "SHA256SUMS"
 REGION = "us-east-1"
 
 
 @contextmanager
-def moto_server() -> Iterator[str]:
+def moto_server(*, one_at_a_time: bool = False) -> Iterator[str]:
     """Run moto's S3 on 127.0.0.1 (a port the OS picks); yield its endpoint URL."""
+    if one_at_a_time:
+        with _serial_moto_server() as endpoint:
+            yield endpoint
+        return
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -39,6 +53,25 @@ def moto_server() -> Iterator[str]:
         inner = getattr(server, "_server", None)
         if inner is not None:
             inner.server_close()
+
+
+@contextmanager
+def _serial_moto_server() -> Iterator[str]:
+    """moto's app on werkzeug's single-threaded server (HTTP/1.0: one connection per request,
+    so a client's idle keep-alive connection never holds the others up). moto's state is the
+    process's, shared with every other moto server in it."""
+    app = DomainDispatcherApplication(create_backend_app)
+    server = make_server("127.0.0.1", 0, app, threaded=False, request_handler=MotoRequestHandler)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.01}, name="moto-serial"
+    )
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
 
 
 @functools.cache

@@ -4,8 +4,10 @@ A write goes to a temp file beside its target, is fsynced, and renamed over it (
 one directory, also on NFS), so a reader sees a whole record. The compare-and-swap of a
 desired state holds a lock file per model (``<model>.lock``, a POSIX record lock, which NFSv4
 and the lock daemon of NFSv3 honour across hosts) while it reads the generation and renames
-the new record in; a thread lock per model covers the threads of one process, which POSIX locks
-do not tell apart. A lock not had within :data:`LOCK_WAIT` seconds is ``store_unavailable``.
+the new record in; a thread lock per lock file covers the threads of one process, which POSIX
+locks do not tell apart (and closing any descriptor of the file drops the process's lock), so it
+is one per file in the process, shared by every :class:`LocalDesiredStates` on that store. A
+lock not had within :data:`LOCK_WAIT` seconds is ``store_unavailable``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    named_as,
 )
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, MemberBeat
@@ -39,6 +42,8 @@ from controlplane.domain.names import validate_member_name, validate_model_name
 log = logging.getLogger(__name__)
 LOCK_WAIT = 10.0
 LOCK_POLL = 0.01
+_THREAD_LOCKS: dict[str, threading.Lock] = {}  # lock file (real path) -> its lock in this process
+_THREAD_LOCKS_GUARD = threading.Lock()
 
 
 class LocalDesiredStates:
@@ -46,8 +51,6 @@ class LocalDesiredStates:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
-        self._threads: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
 
     @property
     def where(self) -> str:
@@ -69,7 +72,7 @@ class LocalDesiredStates:
             except ControlPlaneError as exc:
                 log.error("%s", exc.message)
                 continue
-            if path.name == f"{desired.model}{SUFFIX}":
+            if named_as(str(path), path.name, desired.model):
                 found[desired.model] = desired
         return found
 
@@ -92,7 +95,7 @@ class LocalDesiredStates:
         for path in _records(self._members):
             data = _read(path)
             beat = None if data is None else decode_beat(data, str(path))
-            if beat is not None and path.name == f"{beat.member}{SUFFIX}":
+            if beat is not None and named_as(str(path), path.name, beat.member):
                 found[beat.member] = beat
         return found
 
@@ -103,14 +106,14 @@ class LocalDesiredStates:
 
     @contextlib.contextmanager
     def _locked(self, model: str) -> Iterator[None]:
-        with self._guard:
-            thread_lock = self._threads.setdefault(model, threading.Lock())
+        path = self._desired / f"{model}.lock"
+        with _THREAD_LOCKS_GUARD:
+            thread_lock = _THREAD_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
         if not thread_lock.acquire(timeout=LOCK_WAIT):
             raise StoreUnavailable(
                 f"the desired state of {model} stayed locked for {LOCK_WAIT:g} s"
             )
         try:
-            path = self._desired / f"{model}.lock"
             with _mapped(path):
                 self._desired.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -189,10 +192,12 @@ def _mapped(path: Path) -> Iterator[None]:
 
 
 def _translated(exc: OSError, path: Path) -> ControlPlaneError:
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    # Refusals a retry cannot cure: no permission, a read-only mount, and a regular file where
+    # the store's directories should be (ENOTDIR on the way down, EEXIST from mkdir).
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST):
         return StoreError(
-            f"cannot write the fleet's records at {path} ({exc.strerror}): the store must be "
-            "writable by every member (its desired state and heartbeats live under "
+            f"cannot use the fleet's records at {path} ({exc.strerror}): the store must be a "
+            "directory writable by every member (its desired state and heartbeats live under "
             "_controlplane/)",
             details={"path": str(path)},
         )

@@ -72,6 +72,22 @@ def _decode(data: bytes) -> dict[str, Any]:
     return found
 
 
+def named_as(where: str, name: str, holds: str) -> bool:
+    """Whether the record at ``where`` (named ``name``) is ``holds``'s, as records are read
+    only under their own name; else logged and left out (a record copied to seed another model
+    names the model it was copied from)."""
+    if name == f"{holds}{SUFFIX}":
+        return True
+    log.warning(
+        "ignoring the record %s: it holds the record of %r, which lives at %s%s only",
+        where,
+        holds,
+        holds,
+        SUFFIX,
+    )
+    return False
+
+
 def conflict(wanted: DesiredModel, found: DesiredModel | None, where: str) -> DesiredStateConflict:
     """The error for a compare-and-swap that lost: what is there now, and who set it."""
     expected = wanted.generation - 1

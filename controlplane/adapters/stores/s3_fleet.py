@@ -3,8 +3,9 @@
 The compare-and-swap of a desired state is S3's conditional write: the record is read with its
 ETag, its generation checked, and the new one put with ``If-Match: <that ETag>`` (or
 ``If-None-Match: *`` when there was none). S3 answers 412 PreconditionFailed when another
-writer got there first (and 409 ConditionalRequestConflict while two such writes race), so two
-members cannot both win. AWS S3 has enforced both headers on PutObject since August and
+writer got there first (409 ConditionalRequestConflict while two such writes race, and 404
+NoSuchKey to ``If-Match`` when the record was deleted since it was read), so two members cannot
+both win. AWS S3 has enforced both headers on PutObject since August and
 November 2024, MinIO for years, moto's server too; a store that ignored them (an old Ceph RGW
 or a gateway that drops the headers) would let the last writer win, so :meth:`swap` reads the
 record back after writing and reports a conflict when what it finds is not what it wrote.
@@ -43,6 +44,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    named_as,
     same_write,
 )
 from controlplane.adapters.stores.s3 import S3Store
@@ -88,7 +90,7 @@ class S3DesiredStates:
                     raise
                 log.error("%s", exc.message)
                 continue
-            if found is not None and key.endswith(f"/{found[0].model}{SUFFIX}"):
+            if found is not None and named_as(self._url(key), _name(key), found[0].model):
                 records[found[0].model] = found[0]
         return records
 
@@ -118,7 +120,7 @@ class S3DesiredStates:
         for key in self._keys(self._members):
             data = self._bytes(key)
             beat = None if data is None else decode_beat(data, self._url(key))
-            if beat is not None and key.endswith(f"/{beat.member}{SUFFIX}"):
+            if beat is not None and named_as(self._url(key), _name(key), beat.member):
                 found[beat.member] = beat
         return found
 
@@ -162,7 +164,8 @@ class S3DesiredStates:
                 **condition,
             )
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _LOST_RACE:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in _LOST_RACE or (code == "NoSuchKey" and "IfMatch" in condition):
                 raise _LostRace() from None
             raise
 
@@ -208,3 +211,7 @@ class S3DesiredStates:
 
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{key}"
+
+
+def _name(key: str) -> str:
+    return key.rpartition("/")[2]

@@ -1,0 +1,576 @@
+"""The fleet's desired state and its canary rollout, as pure rules: who should serve what, when a
+fleet has converged, the stored shape of a record, and how a rollout moves (or stops).
+
+Every test builds values by hand and reads the answer; time is whatever ``now`` the test passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controlplane.domain.fleet import (
+    Claim,
+    Degraded,
+    DesiredModel,
+    MemberBeat,
+    MemberModel,
+    MemberState,
+    Rollout,
+    RolloutPhase,
+    beat_for_storage,
+    beat_from_storage,
+    converged,
+    desired_for_storage,
+    desired_from_storage,
+    first_generation,
+)
+from controlplane.domain.rollout import RolloutPolicy, advance, stable_release, start
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+MODEL = "m"
+
+
+def desired(
+    release: str | None = "r2",
+    *,
+    generation: int = 5,
+    rollout: Rollout | None = None,
+    degraded: tuple[Degraded, ...] = (),
+) -> DesiredModel:
+    return DesiredModel(
+        model=MODEL,
+        generation=generation,
+        release=release,
+        previous="r1",
+        set_by="a",
+        set_at=T0,
+        trigger="api",
+        reason="deploy of r2 by api through a",
+        degraded=degraded,
+        rollout=rollout or Rollout(),
+    )
+
+
+def canary(
+    *canaries: str,
+    phase: RolloutPhase = RolloutPhase.CANARY,
+    bake_seconds: float = 60.0,
+    baking_since: datetime | None = None,
+    since_generation: int = 5,
+) -> Rollout:
+    return Rollout(
+        phase=phase,
+        stable="r1",
+        canaries=canaries,
+        bake_seconds=bake_seconds,
+        baking_since=baking_since,
+        since_generation=since_generation,
+    )
+
+
+def serving(release: str | None, *, generation: int = 5, target: str | None = None) -> MemberModel:
+    state = MemberState.SERVING if release is not None else MemberState.UNLOADED
+    return MemberModel(release, state, target=target or release, generation=generation)
+
+
+def beat(
+    member: str,
+    state: MemberModel | None = None,
+    *,
+    at: datetime = T0,
+    overload: str | None = None,
+) -> MemberBeat:
+    return MemberBeat(
+        member=member,
+        incarnation=f"{member}-1",
+        at=at,
+        interval=10.0,
+        version="1.0",
+        models={} if state is None else {MODEL: state},
+        overload=overload,
+    )
+
+
+def beats(*members: MemberBeat) -> dict[str, MemberBeat]:
+    return {b.member: b for b in members}
+
+
+DEAD = T0 - timedelta(seconds=31)  # 3 intervals of 10 s and a second: not alive at T0
+
+
+# --- what each member should serve -----------------------------------------------------------
+
+
+def test_during_a_canary_rollout_only_the_canaries_follow_the_new_release() -> None:
+    for phase in (RolloutPhase.CANARY, RolloutPhase.BAKING):
+        wanted = desired(rollout=canary("a", "b", phase=phase))
+
+        assert wanted.target_for("a") == "r2"
+        assert wanted.target_for("b") == "r2"
+        assert wanted.target_for("c") == "r1"
+
+
+def test_once_a_rollout_ends_every_member_follows_the_release() -> None:
+    complete = desired(rollout=canary("a", phase=RolloutPhase.COMPLETE))
+    stopped = desired("r1", rollout=canary("a", phase=RolloutPhase.ROLLED_BACK))
+
+    assert [complete.target_for(m) for m in ("a", "c")] == ["r2", "r2"]
+    assert [stopped.target_for(m) for m in ("a", "c")] == ["r1", "r1"]
+
+
+def test_stable_release_is_what_serves_everywhere_now() -> None:
+    assert stable_release(None) is None
+    assert stable_release(desired()) == "r2"
+    assert stable_release(desired(rollout=canary("a"))) == "r1"
+    assert stable_release(desired(rollout=canary("a", phase=RolloutPhase.ROLLED_BACK))) == "r2"
+
+
+# --- converged -------------------------------------------------------------------------------
+
+
+def test_converged_when_every_live_member_serves_its_target() -> None:
+    wanted = desired(rollout=canary("a"))
+    fleet = beats(beat("a", serving("r2")), beat("b", serving("r1")))
+
+    assert converged(wanted, fleet, T0)
+    assert not converged(wanted, beats(beat("a", serving("r1")), beat("b", serving("r1"))), T0)
+
+
+def test_a_dead_member_does_not_hold_convergence_back() -> None:
+    wanted = desired()
+    fleet = beats(beat("a", serving("r2")), beat("gone", serving("r1"), at=DEAD))
+
+    assert converged(wanted, fleet, T0)
+
+
+def test_a_member_that_failed_or_still_converges_is_not_converged() -> None:
+    wanted = desired()
+    for state in (MemberState.FAILED, MemberState.CONVERGING, MemberState.HELD):
+        member = MemberModel("r2", state, target="r2", generation=5)
+
+        assert not converged(wanted, beats(beat("a", member)), T0), state
+
+
+def test_with_no_live_member_nothing_is_converged() -> None:
+    assert not converged(desired(), {}, T0)
+    assert not converged(desired(), beats(beat("gone", serving("r2"), at=DEAD)), T0)
+
+
+def test_unloaded_on_purpose_is_served_by_a_member_that_has_nothing() -> None:
+    wanted = desired(None)
+
+    assert converged(wanted, beats(beat("a"), beat("b", serving(None))), T0)
+    assert not converged(wanted, beats(beat("a", serving("r1"))), T0)
+
+
+# --- the stored shape ------------------------------------------------------------------------
+
+
+def every_field_set() -> DesiredModel:
+    """A record in which no field keeps its default, so a field left out of the stored shape
+    cannot pass the round trip unnoticed."""
+    return DesiredModel(
+        model=MODEL,
+        generation=7,
+        release="r3",
+        previous="r2",
+        set_by="member-b",
+        set_at=T0 + timedelta(microseconds=123456),
+        trigger="watcher",
+        reason="deploy of r3 by watcher through member-b",
+        degraded=(
+            Degraded("r0", T0 - timedelta(days=1), "rolled back from by alert"),
+            Degraded("r1", T0 - timedelta(hours=1), "rollout stopped: canary a: GPU overload"),
+        ),
+        rollout=Rollout(
+            phase=RolloutPhase.BAKING,
+            stable="r2",
+            canaries=("member-b", "member-a"),
+            bake_seconds=90.5,
+            baking_since=T0 - timedelta(seconds=30),
+            since_generation=6,
+            note="a note",
+        ),
+        claim=Claim(
+            release="r4",
+            revision='"etag-1"',
+            member="member-a",
+            incarnation="inc-7",
+            at=T0 - timedelta(minutes=2),
+            failed="preflight_failed: no OUTPUT0",
+        ),
+    )
+
+
+def non_default_fields(value: Any) -> list[str]:
+    return [
+        f.name
+        for f in dataclasses.fields(value)
+        if (f.default is not dataclasses.MISSING and getattr(value, f.name) == f.default)
+        or (
+            f.default_factory is not dataclasses.MISSING
+            and getattr(value, f.name) == f.default_factory()
+        )
+    ]
+
+
+def test_every_field_of_a_desired_state_survives_storage() -> None:
+    record = every_field_set()
+    assert non_default_fields(record) == []
+    assert non_default_fields(record.rollout) == []
+    assert record.claim is not None
+    assert non_default_fields(record.claim) == []
+
+    stored = json.loads(json.dumps(desired_for_storage(record)))
+
+    assert desired_from_storage(stored) == record
+
+
+def test_a_record_without_rollout_or_claim_is_complete_and_unclaimed() -> None:
+    record = desired()
+
+    back = desired_from_storage(json.loads(json.dumps(desired_for_storage(record))))
+
+    assert back == record
+    assert back.rollout == Rollout(RolloutPhase.COMPLETE)
+    assert back.claim is None
+
+
+def test_every_field_of_a_heartbeat_survives_storage() -> None:
+    record = MemberBeat(
+        member="member-a",
+        incarnation="inc-1",
+        at=T0,
+        interval=2.5,
+        version="1.2.3",
+        models={
+            "m": MemberModel("r2", MemberState.FAILED, target="r3", generation=9, error="boom"),
+            "n": MemberModel(None, MemberState.UNLOADED),
+        },
+        overload="breach",
+        stale=True,
+    )
+    assert non_default_fields(record) == []
+    assert non_default_fields(record.models["m"]) == []
+
+    stored = json.loads(json.dumps(beat_for_storage(record)))
+
+    assert beat_from_storage(stored) == record
+
+
+def stored_desired() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(json.dumps(desired_for_storage(every_field_set())))
+    return loaded
+
+
+@pytest.mark.parametrize("key", ["model", "generation", "release", "set_by", "set_at", "trigger"])
+def test_a_desired_state_missing_a_required_field_is_refused(key: str) -> None:
+    data = stored_desired()
+    del data[key]
+
+    with pytest.raises(KeyError):
+        desired_from_storage(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"rollout": {"phase": "halfway"}}, ValueError),
+        ({"generation": "seven"}, ValueError),
+        ({"set_at": "yesterday"}, ValueError),
+        ({"set_at": None}, ValueError),
+        ({"degraded": [{"release": "r0", "at": None}]}, ValueError),
+        ({"degraded": ["r0"]}, TypeError),
+        ({"claim": {"release": "r4", "member": "a", "incarnation": "i", "at": "soon"}}, ValueError),
+        ({"claim": {"release": "r4", "member": "a", "at": T0.isoformat()}}, KeyError),
+        # Not objects where objects belong: refused as not ours, like any other bad record.
+        ({"rollout": ["canary"]}, TypeError),
+        ({"rollout": "canary"}, TypeError),
+        ({"claim": ["r4"]}, TypeError),
+        ({"claim": "r4"}, TypeError),
+    ],
+)
+def test_a_desired_state_that_is_not_ours_is_refused(
+    change: dict[str, Any], error: type[Exception]
+) -> None:
+    data = {**stored_desired(), **change}
+
+    with pytest.raises(error):
+        desired_from_storage(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"models": {"m": {"release": "r2", "state": "dancing"}}}, ValueError),
+        ({"models": {"m": {"release": "r2"}}}, KeyError),
+        ({"at": "now"}, ValueError),
+        ({"interval": "often"}, ValueError),
+        ({"models": ["m"]}, TypeError),
+        ({"models": {"m": ["r2", "serving"]}}, TypeError),
+    ],
+)
+def test_a_heartbeat_that_is_not_ours_is_refused(
+    change: dict[str, Any], error: type[Exception]
+) -> None:
+    data = {**beat_for_storage(beat("a", serving("r2"))), **change}
+
+    with pytest.raises(error):
+        beat_from_storage(data)
+
+
+@pytest.mark.parametrize("key", ["member", "incarnation", "at", "interval"])
+def test_a_heartbeat_missing_a_required_field_is_refused(key: str) -> None:
+    data = beat_for_storage(beat("a", serving("r2")))
+    del data[key]
+
+    with pytest.raises(KeyError):
+        beat_from_storage(data)
+
+
+# --- starting a rollout ----------------------------------------------------------------------
+
+
+def test_no_canaries_when_the_policy_is_off_or_nothing_serves_yet() -> None:
+    off = start(RolloutPolicy(), first="a", alive=["a", "b"], stable="r1", generation=6)
+    first_release = start(
+        RolloutPolicy(canary_members=1, bake_seconds=30),
+        first="a",
+        alive=["a", "b"],
+        stable=None,
+        generation=6,
+    )
+
+    assert off == Rollout(RolloutPhase.COMPLETE)
+    assert first_release == Rollout(RolloutPhase.COMPLETE)
+    assert not off.in_progress
+    assert off.canaries == ()
+
+
+def test_the_member_that_went_first_is_the_first_canary() -> None:
+    rollout = start(
+        RolloutPolicy(canary_members=1, bake_seconds=30),
+        first="c",
+        alive=["a", "b", "c"],
+        stable="r1",
+        generation=6,
+    )
+
+    assert rollout == Rollout(
+        phase=RolloutPhase.CANARY,
+        stable="r1",
+        canaries=("c",),
+        bake_seconds=30,
+        since_generation=6,
+    )
+
+
+def test_the_other_canaries_are_live_members_chosen_the_same_way_by_every_member() -> None:
+    policy = RolloutPolicy(canary_members=3, bake_seconds=30)
+    orders = (
+        ["e", "b", "first", "d", "a"],
+        ["a", "b", "d", "e", "first", "a"],
+        ["d", "a", "e", "b"],
+    )
+
+    chosen = {
+        start(policy, first="first", alive=alive, stable="r1", generation=6).canaries
+        for alive in orders
+    }
+
+    assert chosen == {("first", "a", "b")}
+
+
+def test_fewer_live_members_than_canaries_wanted_makes_every_live_member_a_canary() -> None:
+    rollout = start(
+        RolloutPolicy(canary_members=5), first="a", alive=["b", "a"], stable="r1", generation=6
+    )
+
+    assert rollout.canaries == ("a", "b")
+
+
+# --- advancing it: canary -> baking -> complete ----------------------------------------------
+
+
+def test_not_a_rollout_in_progress_does_not_advance() -> None:
+    fleet = beats(beat("a", serving("r2")))
+
+    assert advance(desired(), fleet, T0, by="a") is None
+    for phase in (RolloutPhase.COMPLETE, RolloutPhase.ROLLED_BACK):
+        assert advance(desired(rollout=canary("a", phase=phase)), fleet, T0, by="a") is None
+
+
+def test_canary_bakes_once_every_live_canary_serves_the_release() -> None:
+    wanted = desired(rollout=canary("a", "b"))
+    half = beats(beat("a", serving("r2")), beat("b", serving("r1")), beat("c", serving("r1")))
+    both = beats(beat("a", serving("r2")), beat("b", serving("r2")), beat("c", serving("r1")))
+
+    assert advance(wanted, half, T0, by="c") is None
+    after = advance(wanted, both, T0, by="c")
+
+    assert after is not None
+    assert after.generation == 6
+    assert after.rollout.phase is RolloutPhase.BAKING
+    assert after.rollout.baking_since == T0
+    assert (after.set_by, after.trigger) == ("c", "rollout")
+    assert after.release == "r2"
+    assert after.target_for("c") == "r1"
+
+
+def test_a_dead_canary_is_not_waited_for() -> None:
+    wanted = desired(rollout=canary("a", "b"))
+    fleet = beats(beat("a", serving("r2")), beat("b", serving("r1"), at=DEAD))
+
+    after = advance(wanted, fleet, T0, by="a")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.BAKING
+
+
+def test_with_no_live_canary_the_rollout_waits() -> None:
+    wanted = desired(rollout=canary("a", "b"))
+    failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
+    fleet = beats(
+        beat("a", serving("r2"), at=DEAD), beat("b", failed, at=DEAD), beat("c", serving("r1"))
+    )
+
+    assert advance(wanted, fleet, T0, by="c") is None
+    assert advance(wanted, {}, T0, by="c") is None
+
+
+def baking(bake_seconds: float = 60.0) -> DesiredModel:
+    return desired(
+        rollout=canary("a", phase=RolloutPhase.BAKING, bake_seconds=bake_seconds, baking_since=T0)
+    )
+
+
+@pytest.mark.parametrize("verdict", ["healthy", "no_gpu", None])
+def test_a_bake_completes_after_bake_seconds_with_a_passing_verdict(verdict: str | None) -> None:
+    wanted = baking()
+
+    def fleet(at: datetime) -> dict[str, MemberBeat]:
+        return beats(beat("a", serving("r2"), at=at, overload=verdict), beat("b", at=at))
+
+    early, done = T0 + timedelta(seconds=59.9), T0 + timedelta(seconds=60)
+    assert advance(wanted, fleet(early), early, by="b") is None
+    after = advance(wanted, fleet(done), done, by="b")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.COMPLETE
+    assert after.generation == 6
+    assert after.release == "r2"
+    assert [after.target_for(m) for m in ("a", "b")] == ["r2", "r2"]
+
+
+def test_an_unknown_verdict_holds_the_bake() -> None:
+    wanted = baking()
+    later = T0 + timedelta(hours=1)
+    fleet = beats(beat("a", serving("r2"), at=later, overload="unknown"))
+
+    assert advance(wanted, fleet, later, by="a") is None
+
+
+# --- stopping it -----------------------------------------------------------------------------
+
+
+TROUBLE = {
+    "failed": beat(
+        "a", MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="load failed")
+    ),
+    "held": beat("a", MemberModel("r1", MemberState.HELD, target="r2", generation=6)),
+    "breach": beat("a", serving("r2"), overload="breach"),
+}
+
+
+@pytest.mark.parametrize("phase", [RolloutPhase.CANARY, RolloutPhase.BAKING])
+@pytest.mark.parametrize("trouble", sorted(TROUBLE))
+def test_a_canary_in_trouble_rolls_the_fleet_back_and_latches_the_release(
+    trouble: str, phase: RolloutPhase
+) -> None:
+    wanted = desired(rollout=canary("a", "b", phase=phase, baking_since=T0))
+    fleet = beats(TROUBLE[trouble], beat("b", serving("r2")), beat("c", serving("r1")))
+
+    after = advance(wanted, fleet, T0 + timedelta(seconds=1), by="c")
+
+    assert after is not None
+    assert after.generation == 6
+    assert after.rollout.phase is RolloutPhase.ROLLED_BACK
+    assert (after.release, after.previous) == ("r1", "r2")
+    assert after.is_degraded("r2")
+    assert after.degraded[-1].at == T0 + timedelta(seconds=1)
+    assert "canary a" in after.rollout.note
+    assert "canary a" in after.reason
+    assert [after.target_for(m) for m in ("a", "b", "c")] == ["r1", "r1", "r1"]
+
+
+def test_a_degraded_release_is_latched_once() -> None:
+    earlier = Degraded("r2", T0 - timedelta(days=1), "rolled back before")
+    wanted = desired(rollout=canary("a"), degraded=(earlier,))
+
+    after = advance(wanted, beats(TROUBLE["failed"]), T0, by="a")
+
+    assert after is not None
+    assert after.degraded == (earlier,)
+
+
+@pytest.mark.parametrize("trouble", ["failed", "held"])
+def test_reports_older_than_the_rollout_are_not_held_against_it(trouble: str) -> None:
+    wanted = desired(rollout=canary("a", since_generation=7), generation=7)
+
+    assert advance(wanted, beats(TROUBLE[trouble]), T0, by="a") is None
+
+
+def test_a_breach_reported_before_the_rollout_does_not_stop_it() -> None:
+    old = beat("a", serving("r2", generation=4), overload="breach")
+    wanted = desired(rollout=canary("a", phase=RolloutPhase.BAKING, baking_since=T0))
+
+    after = advance(wanted, beats(old), T0 + timedelta(seconds=10), by="a")
+
+    assert after is None  # still baking; not rolled back
+
+
+def test_a_breach_on_a_canary_that_does_not_serve_the_release_yet_does_not_stop_it() -> None:
+    wanted = desired(rollout=canary("a"))
+    fleet = beats(beat("a", serving("r1", target="r2"), overload="breach"))
+
+    assert advance(wanted, fleet, T0, by="a") is None
+
+
+def test_trouble_on_a_member_that_is_not_a_canary_does_not_stop_the_rollout() -> None:
+    wanted = desired(rollout=canary("b"))
+    failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
+    fleet = beats(beat("a", failed, overload="breach"), beat("b", serving("r2")))
+
+    after = advance(wanted, fleet, T0, by="b")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.BAKING
+
+
+def test_a_dead_canary_in_trouble_is_not_judged() -> None:
+    wanted = desired(rollout=canary("a", "b"))
+    failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
+    fleet = beats(beat("a", failed, at=DEAD), beat("b", serving("r2")))
+
+    after = advance(wanted, fleet, T0, by="b")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.BAKING
+
+
+# --- generations -----------------------------------------------------------------------------
+
+
+def test_the_first_write_is_generation_one_and_each_change_one_more() -> None:
+    base = first_generation(MODEL, by="a", at=T0, trigger="api", reason="")
+    one = base.changed(by="a", at=T0, trigger="api", reason="deploy", release="r1")
+    two = one.changed(by="b", at=T0, trigger="api", reason="deploy", release="r2", previous="r1")
+
+    assert (base.generation, base.release) == (0, None)
+    assert (one.generation, one.release, one.set_by) == (1, "r1", "a")
+    assert (two.generation, two.release, two.previous, two.set_by) == (2, "r2", "r1", "b")
