@@ -5,10 +5,7 @@ ETag, its generation checked, and the new one put with ``If-Match: <that ETag>``
 ``If-None-Match: *`` when there was none). S3 answers 412 PreconditionFailed when another
 writer got there first (409 ConditionalRequestConflict while two such writes race, and 404
 NoSuchKey to ``If-Match`` when the record was deleted since it was read), so two members cannot
-both win. AWS S3 has enforced both headers on PutObject since August and
-November 2024, MinIO for years, moto's server too; a store that ignored them (an old Ceph RGW
-or a gateway that drops the headers) would let the last writer win, so :meth:`swap` reads the
-record back after writing and reports a conflict when what it finds is not what it wrote.
+both win.
 
 What the stores do (2026): AWS S3 enforces ``If-None-Match: *`` (since August 2024) and
 ``If-Match`` (since November 2024) on PutObject, answering 412, 409 ConditionalRequestConflict
@@ -53,9 +50,9 @@ from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
 
 log = logging.getLogger(__name__)
-# A lost race: the precondition failed, two conditional writes raced, or (If-Match) the key
-# was deleted since it was read.
-_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
+# A lost race: the precondition failed, or two conditional writes raced. (An If-Match on a key
+# deleted since it was read, NoSuchKey, is one too: see _put.)
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
 class _LostRace(Exception):
