@@ -31,7 +31,6 @@ from controlplane.domain.errors import (
     NoPreviousRelease,
     ReleaseIncomplete,
 )
-from controlplane.domain.fleet import DesiredModel
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
     CancelReason,
@@ -56,7 +55,7 @@ from controlplane.ports import (
 )
 from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.cpu_fallback import reload_on_cpu
-from controlplane.services.fleet_ledger import FleetLedger, Publication
+from controlplane.services.fleet_ledger import FleetBase, FleetLedger, fleet_agrees
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
 from controlplane.services.runner import CANCEL_GRACE, AfterSuccess, Body, OperationRunner, Run
@@ -64,13 +63,6 @@ from controlplane.services.slots import SlotBook
 
 log = logging.getLogger(__name__)
 PEOPLE = (Trigger.API, Trigger.CLI)
-
-
-@dataclass(frozen=True)
-class _FleetBase:
-    """The fleet's record of a model when a request that publishes arrived (None: none yet)."""
-
-    record: DesiredModel | None
 
 
 @dataclass(frozen=True)
@@ -145,7 +137,7 @@ class DeployService:
         base = await self._fleet_base(model, kind, trigger)
         if not force and kind is OperationKind.DEPLOY:
             unchanged = await self._unchanged(model, release)
-            if unchanged is not None and self._fleet_agrees(base, release):
+            if unchanged is not None and fleet_agrees(base, release):
                 log.info("%s", unchanged.message, extra={"model": model, "release": release})
                 return unchanged
             if unchanged is not None:  # it serves here already: only the fleet has to hear it
@@ -199,7 +191,7 @@ class DeployService:
             target = validate_release_name(to)
         base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
         unchanged = await self._unchanged(model, target)
-        if unchanged is not None and self._fleet_agrees(base, target):
+        if unchanged is not None and fleet_agrees(base, target):
             return unchanged
         if unchanged is not None:  # it serves here already: only the fleet has to hear it
             return await self._start(
@@ -287,43 +279,16 @@ class DeployService:
 
     # --- the fleet ----------------------------------------------------------------------
 
-    def publishes(self, kind: OperationKind, trigger: Trigger) -> bool:
-        """Whether an operation of ``kind`` for ``trigger`` moves the fleet's desired state."""
-        if self.fleet is None:
-            return False
-        if trigger in PEOPLE:
-            return kind is not OperationKind.CPU_FALLBACK
-        # The release watcher's auto-deploy: this member went first. (An automatic rollback
-        # moves the fleet after its chain, outside its budget: see AutoRollback.)
-        return trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY
-
     async def _fleet_base(
         self, model: str, kind: OperationKind, trigger: Trigger
-    ) -> _FleetBase | None:
-        """The fleet's record as the request finds it (what its publish will replace); None
-        when the operation publishes nothing."""
-        if self.fleet is None or not self.publishes(kind, trigger):
+    ) -> FleetBase | None:
+        if self.fleet is None:
             return None
-        return _FleetBase(await self.fleet.read(model))
+        return await self.fleet.base_for(model, kind, trigger)
 
-    @staticmethod
-    def _fleet_agrees(base: _FleetBase | None, release: str) -> bool:
-        """Whether the fleet already wants ``release`` everywhere, not degraded."""
-        record = base.record if base is not None else None
-        return base is None or (
-            record is not None
-            and record.release == release
-            and not record.rollout.in_progress
-            and not record.is_degraded(release)
-        )
-
-    async def _publish(self, run: Run, base: _FleetBase | None, release: str | None) -> None:
-        if base is None or self.fleet is None:
-            return
-        operation = run.operation
-        rollback = operation.kind is OperationKind.ROLLBACK
-        latch = operation.from_release if rollback and operation.from_release != release else None
-        await self.fleet.publish(run, Publication(base.record, release, latch=latch))
+    async def _publish(self, run: Run, base: FleetBase | None, release: str | None) -> None:
+        if base is not None and self.fleet is not None:
+            await self.fleet.publish_result(run, base, release)
 
     # --- pieces -----------------------------------------------------------------------
 

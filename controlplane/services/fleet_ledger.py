@@ -27,7 +27,7 @@ from controlplane.domain.fleet import (
     RolloutPhase,
     first_generation,
 )
-from controlplane.domain.operations import OperationKind
+from controlplane.domain.operations import OperationKind, Trigger
 from controlplane.domain.rollout import RolloutPolicy, stable_release, start
 from controlplane.ports import Clock, DesiredStates
 from controlplane.services.runner import Run
@@ -61,6 +61,35 @@ class Publication:
     latch: str | None = None  # a release rolled back from: latched degraded for the fleet
 
 
+@dataclass(frozen=True)
+class FleetBase:
+    """The fleet's record of a model when a request that publishes arrived (None: none yet)."""
+
+    record: DesiredModel | None
+
+
+def publishes(kind: OperationKind, trigger: Trigger) -> bool:
+    """Whether an operation of ``kind`` for ``trigger`` moves the fleet's desired state: what
+    a person or CI asks (but the CPU-only reload, which stays on its member), and the release
+    watcher's auto-deploy (this member went first). Not the fleet's own sync, repairs,
+    retires, nor automatic rollbacks (they move the fleet after their chain: AutoRollback)."""
+    if trigger in (Trigger.API, Trigger.CLI):
+        return kind is not OperationKind.CPU_FALLBACK
+    return trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY
+
+
+def fleet_agrees(base: FleetBase | None, release: str) -> bool:
+    """Whether the fleet already wants ``release`` everywhere, not degraded (or the request
+    publishes nothing): a deploy of what serves here is then ``unchanged``."""
+    record = base.record if base is not None else None
+    return base is None or (
+        record is not None
+        and record.release == release
+        and not record.rollout.in_progress
+        and not record.is_degraded(release)
+    )
+
+
 class FleetLedger:
     def __init__(
         self,
@@ -79,6 +108,19 @@ class FleetLedger:
 
     async def read(self, model: str) -> DesiredModel | None:
         return await asyncio.to_thread(self.records.read, model)
+
+    async def base_for(self, model: str, kind: OperationKind, trigger: Trigger) -> FleetBase | None:
+        """The record a request's publish will replace; None when it publishes nothing."""
+        if not publishes(kind, trigger):
+            return None
+        return FleetBase(await self.read(model))
+
+    async def publish_result(self, run: Run, base: FleetBase, release: str | None) -> None:
+        """Publish what ``run`` made serve here; a rollback latches what it left."""
+        operation = run.operation
+        rollback = operation.kind is OperationKind.ROLLBACK
+        latch = operation.from_release if rollback and operation.from_release != release else None
+        await self.publish(run, Publication(base.record, release, latch=latch))
 
     async def publish(self, run: Run, publication: Publication) -> DesiredModel:
         """The ``publish`` step: write the desired state this operation has made true here."""

@@ -20,9 +20,8 @@ Invariants:
 * A model with an operation of this member's own running is left to it.
 
 It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and after each change,
-advances canary rollouts (:mod:`~controlplane.domain.rollout`), and, on the first pass, writes a
-record for each model that serves here but that the fleet has no record of (a member upgraded
-from a version without a fleet), so that the fleet knows what already serves.
+and does the fleet's upkeep (:mod:`.fleet_upkeep`): it advances canary rollouts and, on its first
+pass, records what serves here that the fleet has no record of.
 """
 
 from __future__ import annotations
@@ -35,19 +34,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 
-from controlplane.domain.errors import ControlPlaneError, DesiredStateConflict, OperationInProgress
+from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.fleet import (
     DesiredModel,
     MemberBeat,
     MemberModel,
     MemberState,
-    first_generation,
 )
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
-from controlplane.domain.rollout import advance
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
+from controlplane.services.fleet_upkeep import advance_rollouts, seed
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0
@@ -173,7 +171,7 @@ class FleetSync:
         self.last_read = report.at
         records = {record.name: record for record in await self._serving.all()}
         if not self._seeded:
-            await self._seed(records, desired)
+            await seed(self._records, self.member.name, self._clock, records, desired)
             self._seeded = True
         report.desired = desired
         for model, wanted in sorted(desired.items()):
@@ -184,7 +182,10 @@ class FleetSync:
                     record.active_release, MemberState.SERVING, target=record.active_release
                 )
         self.last = report
-        await self._advance_rollouts(desired, report.at)
+        if await advance_rollouts(
+            self._records, self.member.name, desired, report.at, own=self.heartbeat()
+        ):
+            self.wake.set()
         if wait and self._follows:
             await asyncio.gather(*self._follows.values(), return_exceptions=True)
             report.states.update(
@@ -292,67 +293,6 @@ class FleetSync:
             latch.release == target and latch.at > wanted.set_at
             for latch in await self._rollbacks.latched(model)
         )
-
-    async def _seed(
-        self, records: dict[str, ModelRecord], desired: dict[str, DesiredModel]
-    ) -> None:
-        """Models that serve here and that the fleet has no record of become the fleet's."""
-        for model, record in sorted(records.items()):
-            if model in desired or record.active_release is None:
-                continue
-            now = self._clock.now()
-            seed = first_generation(model, by=self.member.name, at=now, trigger="seed", reason="")
-            new = seed.changed(
-                by=self.member.name,
-                at=now,
-                trigger="seed",
-                reason=f"served on {self.member.name} before the fleet had a record of it",
-                release=record.active_release,
-                previous=record.previous_release,
-            )
-            try:
-                await asyncio.to_thread(self._records.swap, new)
-            except DesiredStateConflict:
-                continue  # another member wrote one first: the next pass reads it
-            except ControlPlaneError as exc:
-                log.warning("%s: could not record it in the fleet's desired state: %s", model, exc)
-                continue
-            desired[model] = new
-            log.info(
-                "%s: recorded %s in the fleet's desired state (it served here already)",
-                model,
-                record.active_release,
-            )
-
-    async def _advance_rollouts(self, desired: dict[str, DesiredModel], now: datetime) -> None:
-        rolling = [wanted for wanted in desired.values() if wanted.rollout.in_progress]
-        if not rolling:
-            return
-        try:
-            beats = await asyncio.to_thread(self._records.beats)
-        except ControlPlaneError as exc:
-            log.warning("cannot read the members' heartbeats to judge a rollout: %s", exc)
-            return
-        beats[self.member.name] = self.heartbeat()  # this member as it is now, not as it was
-        for wanted in rolling:
-            after = advance(wanted, beats, now, by=self.member.name)
-            if after is None:
-                continue
-            try:
-                await asyncio.to_thread(self._records.swap, after)
-            except DesiredStateConflict:
-                continue  # another member advanced it first
-            except ControlPlaneError as exc:
-                log.warning("%s: could not advance its rollout: %s", wanted.model, exc)
-                continue
-            log.warning(
-                "%s: rollout of %s is now %s: %s",
-                wanted.model,
-                wanted.release,
-                after.rollout.phase.value,
-                after.reason,
-            )
-            self.wake.set()
 
     # --- heartbeats -------------------------------------------------------------------------
 
