@@ -292,6 +292,27 @@ def test_read_all_leaves_out_and_logs_what_it_cannot_use(
     assert "deeper" not in logged
 
 
+def test_an_unchanged_desired_state_costs_one_listing_and_no_get(
+    records: S3DesiredStates, proxy: FaultProxy, direct: Any, bucket: str
+) -> None:
+    for model in ("a", "b", "c"):
+        records.swap(generation_one(model))
+    first = records.read_all()
+    before = proxy.gets("/_controlplane/desired/")
+    assert records.read_all() == first  # nothing changed: the listing's ETags say so
+    listings = [r for r in proxy.requests if "list-type=2" in r.query]
+    assert proxy.gets("/_controlplane/desired/") - before == 0
+    assert listings  # it did look
+    # A record that changes is read again, and only that one.
+    changed = first["b"].changed(by="other", at=first["b"].set_at, trigger="api", reason="r")
+    direct.put_object(
+        Bucket=bucket, Key=f"{PREFIX}/_controlplane/desired/b.json", Body=encode_desired(changed)
+    )
+    before = proxy.gets("/_controlplane/desired/")
+    assert records.read_all()["b"] == changed
+    assert proxy.gets("/_controlplane/desired/") - before == 1
+
+
 def test_heartbeats_round_trip_and_are_forgotten(
     records: S3DesiredStates, direct: Any, bucket: str
 ) -> None:

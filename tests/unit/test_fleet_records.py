@@ -396,6 +396,31 @@ def test_read_all_leaves_out_and_logs_a_record_that_cannot_be_read(
     assert "no member acts on this model" in logged[0]
 
 
+def test_a_record_is_read_again_only_when_it_changed(
+    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every member reads every poll: a bad record is reported once, not every few seconds,
+    and a changed one (a rename over it, as every write is) is read again."""
+    good = generation_one("good")
+    records.swap(good)
+    broken = desired_file(root, "broken")
+    broken.write_bytes(b'{"model": "broken", "generation": ')
+    caplog.set_level(logging.ERROR)
+
+    for _ in range(3):
+        assert records.read_all() == {"good": good}
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+    fixed = generation_one("broken")
+    replacement = broken.with_name(".replacement")
+    replacement.write_bytes(encode_desired(fixed))
+    replacement.replace(broken)
+    assert records.read_all() == {"good": good, "broken": fixed}
+    newer = good.changed(by="m2", at=good.set_at, trigger="api", reason="again")
+    records.swap(newer)
+    assert records.read_all()["good"] == newer
+
+
 def test_a_record_with_a_list_where_an_object_belongs_is_left_out_not_fatal(
     records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

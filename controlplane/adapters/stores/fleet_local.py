@@ -51,6 +51,7 @@ class LocalDesiredStates:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
+        self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | None]] = {}
 
     @property
     def where(self) -> str:
@@ -62,19 +63,38 @@ class LocalDesiredStates:
         return None if data is None else decode_desired(data, str(path))
 
     def read_all(self) -> dict[str, DesiredModel]:
+        """Every record; a file is read again only when its inode, size or mtime changed
+        (every write renames a new file in, so a change is a new inode): every member reads
+        every poll interval, so an idle fleet costs one stat per model."""
         found: dict[str, DesiredModel] = {}
+        seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | None]] = {}
         for path in _records(self._desired):
-            data = _read(path)
-            if data is None:
-                continue
             try:
-                desired = decode_desired(data, str(path))
-            except ControlPlaneError as exc:
-                log.error("%s", exc.message)
+                stat = path.stat()
+            except FileNotFoundError:
                 continue
-            if named_as(str(path), path.name, desired.model):
+            except OSError as exc:
+                raise _translated(exc, path) from None
+            key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            cached = self._seen.get(path)
+            desired = cached[1] if cached is not None and cached[0] == key else self._decode(path)
+            seen[path] = (key, desired)
+            if desired is not None:
                 found[desired.model] = desired
+        self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return found
+
+    def _decode(self, path: Path) -> DesiredModel | None:
+        """The record in ``path``; None (logged) when it is not a readable record of its name."""
+        data = _read(path)
+        if data is None:
+            return None
+        try:
+            desired = decode_desired(data, str(path))
+        except ControlPlaneError as exc:
+            log.error("%s", exc.message)
+            return None
+        return desired if named_as(str(path), path.name, desired.model) else None
 
     def swap(self, desired: DesiredModel) -> None:
         model = validate_model_name(desired.model)

@@ -68,6 +68,7 @@ class S3DesiredStates:
         self._members = f"{store.base}{MEMBERS_DIR}/"
         self._probe = f"{store.base}{RESERVED_PREFIX}/probe/{uuid.uuid4().hex}"
         self._enforced = False  # the store was seen to enforce conditional writes
+        self._seen: dict[str, tuple[str, DesiredModel | None]] = {}  # key -> (ETag, record)
 
     @property
     def where(self) -> str:
@@ -78,18 +79,35 @@ class S3DesiredStates:
         return None if found is None else found[0]
 
     def read_all(self) -> dict[str, DesiredModel]:
+        """One listing, and a GET only of the records whose ETag changed since the last call:
+        every member reads every poll interval, so an idle fleet costs one LIST per member
+        per poll, whatever the number of models."""
         records: dict[str, DesiredModel] = {}
-        for key in self._keys(self._desired):
-            try:
-                found = self._get(key)
-            except ControlPlaneError as exc:
-                if exc.code != "store_error":
-                    raise
-                log.error("%s", exc.message)
-                continue
-            if found is not None and named_as(self._url(key), _name(key), found[0].model):
-                records[found[0].model] = found[0]
+        seen: dict[str, tuple[str, DesiredModel | None]] = {}
+        for key, etag in self._listed(self._desired).items():
+            cached = self._seen.get(key)
+            if cached is not None and cached[0] == etag:
+                record = cached[1]
+            else:
+                record = self._read_record(key)
+            seen[key] = (etag, record)
+            if record is not None:
+                records[record.model] = record
+        self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return records
+
+    def _read_record(self, key: str) -> DesiredModel | None:
+        """The record at ``key``; None (logged) when it is not a readable record of its name."""
+        try:
+            found = self._get(key)
+        except ControlPlaneError as exc:
+            if exc.code != "store_error":
+                raise
+            log.error("%s", exc.message)
+            return None
+        if found is None or not named_as(self._url(key), _name(key), found[0].model):
+            return None
+        return found[0]
 
     def swap(self, desired: DesiredModel) -> None:
         key = f"{self._desired}{validate_model_name(desired.model)}{SUFFIX}"
@@ -197,14 +215,17 @@ class S3DesiredStates:
         return found
 
     def _keys(self, prefix: str) -> list[str]:
-        keys: list[str] = []
+        return sorted(self._listed(prefix))
+
+    def _listed(self, prefix: str) -> dict[str, str]:
+        """The records directly under ``prefix``: key -> ETag."""
+        listed: dict[str, str] = {}
         for page in self._store.pages(prefix):
-            keys += [
-                entry["Key"]
-                for entry in page.get("Contents", [])
-                if entry["Key"].endswith(SUFFIX) and "/" not in entry["Key"][len(prefix) :]
-            ]
-        return sorted(keys)
+            for entry in page.get("Contents", []):
+                key = entry["Key"]
+                if key.endswith(SUFFIX) and "/" not in key[len(prefix) :]:
+                    listed[key] = str(entry.get("ETag", ""))
+        return dict(sorted(listed.items()))
 
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{key}"
