@@ -284,6 +284,20 @@ def _print_model(view: dict[str, Any]) -> None:
         )
     if view.get("running_operation"):
         typer.echo(f"  running:   {view['running_operation']}")
+    fleet = view.get("fleet")
+    if fleet and fleet.get("generation") is not None:
+        here = fleet.get("state") or "-"
+        if fleet.get("error"):
+            here += f": {fleet['error']}"
+        typer.echo(
+            f"  fleet:     wants {fleet.get('target') or fleet.get('desired') or 'it unloaded'} "
+            f"here (generation {fleet['generation']}); {fleet['member']} is {here}"
+        )
+    if fleet and fleet.get("stale"):
+        typer.echo(
+            f"  fleet:     STALE since {fleet.get('stale_since')}: the store cannot be read; "
+            "serving what it has"
+        )
     if view.get("drift"):
         typer.echo(f"  drift:     {view['drift']} (the reconcile loop repairs it)")
     repair = view.get("last_repair")

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import TritonFactory
+from tests.integration.test_cli import cli
 from tests.support.fault_proxy import FaultProxy
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.inference import LoadGenerator
@@ -144,6 +145,8 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     )
     metrics = cut_off.api.get("/metrics").text
     assert "controlplane_fleet_stale 1.0" in metrics
+    status = cli(cut_off.api.url, "status", MODEL)
+    assert "STALE since" in status.stdout, status.stdout
     assert first.api.deploy(MODEL, "r2").status_code == 200
     eventually(lambda: second.answer(MODEL) == 2.0, 60, "the other members following")
     # Still serving what it had, nothing unloaded, and ready: it serves.
