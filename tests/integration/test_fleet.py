@@ -372,3 +372,32 @@ def test_two_members_racing_to_set_the_desired_state_one_wins_and_the_other_is_t
     assert steps[-1] == "publish"
     fleet.wait_serving(MODEL, "r2", 2.0)
     assert fleet.fleet()["models"][MODEL]["generation"] == 2
+
+
+def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
+    fleet: Fleet, store: Path
+) -> None:
+    """The journal (SQLite) is history, not what should serve: a member restarted without it
+    (a new emptyDir) keeps serving, takes the fleet's release back, and fails no request."""
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    member = fleet.add()
+    assert member.api.deploy(MODEL, "r1").status_code == 200
+    assert member.api.deploy(MODEL, "r2").status_code == 200
+
+    with LoadGenerator(member.triton.grpc_url, MODEL, clients=2) as load:
+        load.wait_for_answers(5)
+        member.api.kill()
+        member.api.database.unlink()
+        for leftover in member.api.database.parent.glob(member.api.database.name + "-*"):
+            leftover.unlink()  # its WAL and shared-memory files too
+        fleet.start(member)
+        eventually(lambda: _serves_r2(member), 60, "the member recording r2 again")
+        load.wait_for_answers(5)
+    assert [e for log in load.logs for e in log.errors] == []
+    assert {a for log in load.logs for a in log.answers} == {2.0}
+    assert fleet.fleet()["models"][MODEL]["converged"] is True
+
+
+def _serves_r2(member: Member) -> bool:
+    return member.api.get(f"/v1/models/{MODEL}").json().get("active_release") == "r2"
