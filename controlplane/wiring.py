@@ -228,6 +228,10 @@ def build(settings: Settings) -> Container:
         enabled=lambda model: settings.policy(model).auto_rollback,
         telemetry=telemetry,
         fleet=ledger if settings.rollback.scope == "fleet" else None,
+        # Late-bound: the fleet sync is built below, from the deploy service.
+        fleet_previous=lambda model, active: (
+            fleet.fleet_previous(model, active) if fleet is not None else None
+        ),
     )
     utilization = build_utilization_source(settings, metrics_at)
     overload = (

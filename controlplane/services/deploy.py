@@ -178,18 +178,22 @@ class DeployService:
         """Serve the previous release again (or ``to``); a re-point when its slot is warm.
         Rolling back to the release that serves, unchanged, does nothing and says so."""
         validate_model_name(model)
+        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
         if to in (None, "", "previous"):
             record = await self._slots.record(model)
             if record is None or record.active_release is None:
                 raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
-            if record.previous_release is None:
+            previous = record.previous_release
+            fleet = base.record if base is not None else None
+            if fleet is not None and fleet.release == record.active_release and fleet.previous:
+                previous = fleet.previous  # the fleet's, not a release only this member had
+            if previous is None:
                 raise NoPreviousRelease(
                     f"model {model!r} has no previous release to roll back to; name one with 'to'"
                 )
-            target = record.previous_release
+            target = previous
         else:
             target = validate_release_name(to)
-        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
         unchanged = await self._unchanged(model, target)
         if unchanged is not None and fleet_agrees(base, target):
             return unchanged

@@ -42,6 +42,7 @@ from controlplane.domain.fleet import (
     MemberState,
 )
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.rollback import DegradedRelease
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
@@ -175,6 +176,7 @@ class FleetSync:
             self._seeded = True
         report.desired = desired
         for model, wanted in sorted(desired.items()):
+            await self._share_latches(model, wanted)
             report.states[model] = await self._converge(model, wanted, records.get(model), report)
         for model, record in records.items():  # served here, not the fleet's: reported as is
             if model not in desired and record.active_release is not None:
@@ -283,6 +285,31 @@ class FleetSync:
             delay,
             extra={"model": model},
         )
+
+    async def _share_latches(self, model: str, wanted: DesiredModel) -> None:
+        """This member's degraded latches follow the fleet's: a release the fleet latched is
+        latched here (so it is never this member's fallback), and one latched here before the
+        fleet's last decision that the fleet does not list is let go (a person deployed it
+        again through another member). A latch newer than that decision is this member's own
+        (``rollback.scope: member``) and stays."""
+        here = {latch.release: latch for latch in await self._rollbacks.latched(model)}
+        for degraded in wanted.degraded:
+            if degraded.release not in here:
+                await self._rollbacks.latch(
+                    DegradedRelease(model, degraded.release, degraded.at, degraded.reason)
+                )
+        for release, latch in here.items():
+            if not wanted.is_degraded(release) and latch.at <= wanted.set_at:
+                await self._rollbacks.unlatch(model, release)
+                log.info("%s %s is no longer degraded: the fleet let it go", model, release)
+
+    def fleet_previous(self, model: str, active: str | None) -> str | None:
+        """The fleet's previous release of ``model`` while this member serves the fleet's
+        release (as last read); None otherwise."""
+        wanted = self.last.desired.get(model) if self.last is not None else None
+        if wanted is None or wanted.release != active:
+            return None
+        return wanted.previous
 
     async def _held(self, model: str, target: str | None, wanted: DesiredModel) -> bool:
         """``target`` was latched degraded here after the fleet set it (a member-scope

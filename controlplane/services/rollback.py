@@ -90,6 +90,7 @@ class AutoRollback:
         enabled: Callable[[str], bool],
         telemetry: Telemetry = NO_TELEMETRY,
         fleet: FleetLedger | None = None,
+        fleet_previous: Callable[[str, str | None], str | None] = lambda _model, _active: None,
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
@@ -101,6 +102,9 @@ class AutoRollback:
         self._enabled = enabled
         self._locks: dict[str, asyncio.Lock] = {}
         self._fleet = fleet  # rollback.scope: fleet
+        # In a fleet, what served before is the fleet's previous release, not this member's
+        # (a member that lost a race, or joined late, went through releases the fleet never had).
+        self._fleet_previous = fleet_previous
 
     @property
     def cooldown(self) -> float:
@@ -117,7 +121,8 @@ class AutoRollback:
         return choose_fallback(
             configured=self._configured_fallback(record.name),
             active=record.active_release,
-            previous=record.previous_release,
+            previous=self._fleet_previous(record.name, record.active_release)
+            or record.previous_release,
             degraded={d.release for d in degraded},
         )
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,24 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
     assert f"fleet: every live member serves {MODEL} r1" in back.stdout
     fleet.wait_serving(MODEL, "r1", 1.0)
     assert [d["release"] for d in fleet.fleet()["models"][MODEL]["degraded"]] == ["r2"]
+    # Every member holds the fleet's latch: r2 is nobody's fallback now.
+    for member in (first, second, third):
+        eventually(partial(_degraded_is, member, ["r2"]), 30, f"{member.name} latched r2")
+    # A person deploys r2 again, through another member: every member lets the latch go, and
+    # each one's fallback is the fleet's previous release.
+    again = second.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert again.status_code == 200, again.text
+    for member in (first, second, third):
+        eventually(partial(_degraded_is, member, []), 30, f"{member.name} let r2 go")
+        rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
+        assert rollback["fallback"] == "r1", member.name
+
+
+def _degraded_is(member: Member, releases: list[str]) -> bool:
+    rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
+    return sorted(d["release"] for d in rollback["degraded"]) == releases
 
 
 def test_a_release_that_fails_on_the_receiving_member_reaches_no_other(
@@ -400,4 +419,5 @@ def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
 
 
 def _serves_r2(member: Member) -> bool:
-    return member.api.get(f"/v1/models/{MODEL}").json().get("active_release") == "r2"
+    found: object = member.api.get(f"/v1/models/{MODEL}").json().get("active_release")
+    return found == "r2"

@@ -22,7 +22,12 @@ import pytest
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.adapters.stores.fleet_records import encode_beat, encode_desired
 from controlplane.adapters.stores.local import LocalStore
-from controlplane.domain.errors import DesiredStateConflict, InvalidName, StoreError
+from controlplane.domain.errors import (
+    DesiredStateConflict,
+    InvalidName,
+    StoreError,
+    StoreUnavailable,
+)
 from controlplane.domain.fleet import (
     DesiredModel,
     MemberBeat,
@@ -542,9 +547,11 @@ def test_a_store_path_through_a_regular_file_is_a_store_error_naming_the_path(
 ) -> None:
     # Root ignores permission bits, so the store cannot be made read-only with chmod here;
     # a regular file where a directory should be refuses every user, root included.
-    blocker = tmp_path / "not-a-dir"
+    store = tmp_path / "store"
+    store.mkdir()
+    blocker = store / "_controlplane"
     blocker.write_text("a file, not a directory\n")
-    records = LocalDesiredStates(blocker / "store")
+    records = LocalDesiredStates(store)
 
     with pytest.raises(StoreError) as swapping:
         records.swap(generation_one())
@@ -554,10 +561,29 @@ def test_a_store_path_through_a_regular_file_is_a_store_error_naming_the_path(
         records.read_all()
 
     for caught in (swapping, beating, reading):
-        assert str(blocker / "store" / "_controlplane") in str(caught.value.details["path"])
-        assert str(blocker / "store" / "_controlplane") in str(caught.value)
+        assert str(blocker) in str(caught.value.details["path"])
+        assert str(blocker) in str(caught.value)
         assert "Not a directory" in str(caught.value)
     assert blocker.read_text() == "a file, not a directory\n"
+
+
+def test_a_store_that_is_not_there_is_unreachable_and_nothing_is_made_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """An unmounted share, or a link to nowhere: the member is stale, not a fleet of none,
+    and writes nothing onto the disk under the mount point."""
+    store = tmp_path / "share"
+    records = LocalDesiredStates(store)
+    for call in (
+        records.read_all,
+        lambda: records.read("m"),
+        lambda: records.swap(generation_one()),
+        lambda: records.beat(heartbeat("a")),
+    ):
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        assert str(store) in str(caught.value)
+    assert not store.exists()
 
 
 def test_a_regular_file_where_the_members_directory_belongs_is_a_store_error(

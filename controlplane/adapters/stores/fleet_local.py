@@ -34,6 +34,7 @@ from controlplane.adapters.stores.fleet_records import (
     encode_beat,
     encode_desired,
     named_as,
+    require_named,
 )
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, MemberBeat
@@ -58,14 +59,20 @@ class LocalDesiredStates:
         return (self._root / DESIRED_DIR).parent.as_uri()
 
     def read(self, model: str) -> DesiredModel | None:
+        self._require_root()
         path = self._desired / f"{validate_model_name(model)}{SUFFIX}"
         data = _read(path)
-        return None if data is None else decode_desired(data, str(path))
+        if data is None:
+            return None
+        desired = decode_desired(data, str(path))
+        require_named(desired, model, str(path))
+        return desired
 
     def read_all(self) -> dict[str, DesiredModel]:
         """Every record; a file is read again only when its inode, size or mtime changed
         (every write renames a new file in, so a change is a new inode): every member reads
         every poll interval, so an idle fleet costs one stat per model."""
+        self._require_root()
         found: dict[str, DesiredModel] = {}
         seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | None]] = {}
         for path in _records(self._desired):
@@ -97,16 +104,20 @@ class LocalDesiredStates:
         return desired if named_as(str(path), path.name, desired.model) else None
 
     def swap(self, desired: DesiredModel) -> None:
+        self._require_root()
         model = validate_model_name(desired.model)
         path = self._desired / f"{model}{SUFFIX}"
         with self._locked(model):
             data = _read(path)
             current = None if data is None else decode_desired(data, str(path))
+            if current is not None:
+                require_named(current, model, str(path))
             if (current.generation if current else 0) != desired.generation - 1:
                 raise conflict(desired, current, str(path))
             _write(path, encode_desired(desired))
 
     def beat(self, beat: MemberBeat) -> None:
+        self._require_root()
         path = self._members / f"{validate_member_name(beat.member)}{SUFFIX}"
         _write(path, encode_beat(beat))
 
@@ -123,6 +134,17 @@ class LocalDesiredStates:
         path = self._members / f"{validate_member_name(member)}{SUFFIX}"
         with _mapped(path):
             path.unlink(missing_ok=True)
+
+    def _require_root(self) -> None:
+        """The store itself must be there: a share that is not mounted (or a link that points
+        nowhere) is an unreachable store, never an empty fleet, and nothing is created in its
+        place (it would be written onto the disk under the mount point)."""
+        if not self._root.is_dir():
+            raise StoreUnavailable(
+                f"the store {self._root} does not exist or is not a directory (a share not "
+                "mounted?); serving what this member has until it is back",
+                details={"path": str(self._root)},
+            )
 
     @contextlib.contextmanager
     def _locked(self, model: str) -> Iterator[None]:

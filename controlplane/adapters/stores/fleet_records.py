@@ -116,3 +116,15 @@ def conflict(wanted: DesiredModel, found: DesiredModel | None, where: str) -> De
 def same_write(a: DesiredModel, b: DesiredModel) -> bool:
     """Whether two records are one write (a retried request that had landed after all)."""
     return desired_for_storage(a) == desired_for_storage(b)
+
+
+def require_named(desired: DesiredModel, model: str, where: str) -> None:
+    """A record read for ``model`` must be ``model``'s: one that names another model is not
+    acted on (a hand edit or a copy), and a write over it is refused rather than misread."""
+    if desired.model != model:
+        raise StoreError(
+            f"the desired-state record {where} holds the record of {desired.model!r}, not of "
+            f"{model!r}; no member acts on {model} until it is fixed (delete it, then deploy a "
+            "release through any member)",
+            details={"record": where},
+        )

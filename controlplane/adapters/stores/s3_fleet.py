@@ -42,6 +42,7 @@ from controlplane.adapters.stores.fleet_records import (
     encode_beat,
     encode_desired,
     named_as,
+    require_named,
     same_write,
 )
 from controlplane.adapters.stores.s3 import S3Store
@@ -75,8 +76,12 @@ class S3DesiredStates:
         return f"s3://{self._bucket}/{self._store.base}{RESERVED_PREFIX}"
 
     def read(self, model: str) -> DesiredModel | None:
-        found = self._get(f"{self._desired}{validate_model_name(model)}{SUFFIX}")
-        return None if found is None else found[0]
+        key = f"{self._desired}{validate_model_name(model)}{SUFFIX}"
+        found = self._get(key)
+        if found is None:
+            return None
+        require_named(found[0], model, self._url(key))
+        return found[0]
 
     def read_all(self) -> dict[str, DesiredModel]:
         """One listing, and a GET only of the records whose ETag changed since the last call:
@@ -114,6 +119,8 @@ class S3DesiredStates:
         self._check_conditional_writes()
         found = self._get(key, patient=True)
         current, etag = found if found is not None else (None, None)
+        if current is not None:
+            require_named(current, desired.model, self._url(key))
         if (current.generation if current else 0) != desired.generation - 1:
             raise conflict(desired, current, self._url(key))
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
