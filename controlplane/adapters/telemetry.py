@@ -155,12 +155,13 @@ class PrometheusTelemetry:
         self._fleet_stale = Gauge(
             "controlplane_fleet_stale",
             "1 while this member cannot read the fleet's desired state from the store (it "
-            "keeps serving what it has), else 0; absent when fleet.enabled is false.",
+            "keeps serving what it has), else 0 (also when fleet.enabled is false).",
             registry=r,
         )
         self._fleet_read = Gauge(
             "controlplane_fleet_last_read_timestamp_seconds",
-            "When this member last read the fleet's desired state (Unix time).",
+            "When this member last read the fleet's desired state (Unix time; 0: never, or "
+            "fleet.enabled is false).",
             registry=r,
         )
         for action in ("load", "repoint", "redeploy", "remove"):

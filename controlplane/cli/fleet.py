@@ -24,6 +24,8 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
     members = data.get("members", [])
     models = data.get("models", {})
     lines = [f"fleet seen from {data.get('member')}" + (" (STALE)" if data.get("stale") else "")]
+    if data.get("store_error"):
+        lines.append(f"the store cannot be read ({data['store_error']}): as last read")
     lines.append("")
     lines.append(f"{'MODEL':<24} {'DESIRED':<16} {'GEN':>4} {'PHASE':<12} CONVERGED")
     for name, model in sorted(models.items()):
@@ -39,16 +41,17 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
     if not models:
         lines.append("(no model has a desired state yet)")
     lines.append("")
-    lines.append(f"{'MEMBER':<24} {'ALIVE':<6} {'LAST SEEN':<27} {'GPU':<9} MODELS")
+    lines.append(f"{'MEMBER':<24} {'ALIVE':<6} {'LAST SEEN':<21} {'GPU':<9} MODELS")
     for member in members:
         served = ", ".join(
             f"{name}={state.get('release') or '-'} ({state.get('state')})"
             + (f": {state['error']}" if state.get("error") else "")
             for name, state in sorted(member.get("models", {}).items())
         )
+        seen = str(member["last_seen"])[:19] + "Z"  # to the second: the table stays aligned
         lines.append(
             f"{member['member']:<24} {'yes' if member['alive'] else 'NO':<6} "
-            f"{member['last_seen']:<27} {member.get('overload') or '-':<9} {served or '-'}"
+            f"{seen:<21} {member.get('overload') or '-':<9} {served or '-'}"
         )
     return lines
 
@@ -82,7 +85,10 @@ def follow_fleet(
         if wanted is None or wanted.get("desired") != release:
             now = "no desired state" if wanted is None else f"{wanted.get('desired')}"
             note = f" ({wanted['rollout_note']})" if wanted and wanted.get("rollout_note") else ""
-            typer.echo(f"error: the fleet's desired state of {model} is {now} now{note}", err=True)
+            code = "member_failed" if note else "desired_state_conflict"
+            typer.echo(
+                f"error: {code}: the fleet's desired state of {model} is {now} now{note}", err=True
+            )
             return 1
         failed = [
             f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"

@@ -175,6 +175,8 @@ def _operation(
     if fleet and not wait:
         typer.echo("--fleet waits for the fleet: use it with --wait", err=True)
         raise typer.Exit(EXIT_USAGE)
+    if fleet:  # before anything starts: a daemon that is not in a fleet cannot wait for one
+        _call(lambda: client.get("/v1/fleet"))
     deadline = time.monotonic() + timeout
     operation = _run_operation(client, path, body, wait, deadline, timeout)
     if fleet and operation is not None:

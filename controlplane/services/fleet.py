@@ -15,7 +15,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.domain.errors import DesiredStateConflict, FleetTimeout, MemberFailed
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    DesiredStateConflict,
+    FleetTimeout,
+    MemberFailed,
+)
 from controlplane.domain.fleet import (
     DesiredModel,
     MemberBeat,
@@ -37,6 +42,7 @@ class FleetSnapshot:
     member: str  # this member
     desired: dict[str, DesiredModel]
     beats: dict[str, MemberBeat]
+    unreadable: str | None = None  # the store could not be read: this is what was read last
 
     def converged(self, model: str) -> bool:
         wanted = self.desired.get(model)
@@ -59,12 +65,23 @@ class FleetService:
 
     async def snapshot(self, model: str | None = None) -> FleetSnapshot:
         """The fleet now: every record (or ``model``'s), every heartbeat, this member live."""
-        if model is None:
-            desired = await asyncio.to_thread(self._records.read_all)
-        else:
-            one = await asyncio.to_thread(self._records.read, model)
-            desired = {model: one} if one is not None else {}
-        beats = await asyncio.to_thread(self._records.beats)
+        try:
+            if model is None:
+                desired = await asyncio.to_thread(self._records.read_all)
+            else:
+                one = await asyncio.to_thread(self._records.read, model)
+                desired = {model: one} if one is not None else {}
+            beats = await asyncio.to_thread(self._records.beats)
+        except ControlPlaneError as exc:
+            last = self._sync.last
+            if last is None or (last.error is not None and self._sync.last_read is None):
+                raise
+            # What this member read last, and itself: an operator still sees something.
+            known = dict(last.desired)
+            if model is not None:
+                known = {model: known[model]} if model in known else {}
+            own = {self.member: self._sync.heartbeat()}
+            return FleetSnapshot(self._clock.now(), self.member, known, own, str(exc))
         beats[self.member] = self._sync.heartbeat()
         return FleetSnapshot(self._clock.now(), self.member, desired, beats)
 
@@ -183,7 +200,8 @@ def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, obj
 def fleet_json(snapshot: FleetSnapshot, *, stale: bool) -> dict[str, object]:
     return {
         "member": snapshot.member,
-        "stale": stale,
+        "stale": stale or snapshot.unreadable is not None,
+        "store_error": snapshot.unreadable,
         "members": [
             member_json(beat, snapshot.at) for _name, beat in sorted(snapshot.beats.items())
         ],

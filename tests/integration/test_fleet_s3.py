@@ -147,6 +147,10 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     assert "controlplane_fleet_stale 1.0" in metrics
     status = cli(cut_off.api.url, "status", MODEL)
     assert "STALE since" in status.stdout, status.stdout
+    last_read = cut_off.api.get("/v1/fleet")  # what it read last, said to be stale
+    assert last_read.status_code == 200, last_read.text
+    assert last_read.json()["stale"] is True
+    assert last_read.json()["models"][MODEL]["desired"] == "r1"
     assert first.api.deploy(MODEL, "r2").status_code == 200
     eventually(lambda: second.answer(MODEL) == 2.0, 60, "the other members following")
     # Still serving what it had, nothing unloaded, and ready: it serves.
