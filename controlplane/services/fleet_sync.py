@@ -46,10 +46,11 @@ from controlplane.domain.rollback import DegradedRelease
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
-from controlplane.services.fleet_upkeep import advance_rollouts, seed
+from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0
+FORGET_EVERY = 300.0  # s between looks for departed members
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,15 @@ class FleetSync:
         """Once start-up reconcile has run: a pass (the first one waits for what it starts,
         then ``ready`` is set), a heartbeat, and again every poll interval or when woken."""
         await reconciled.wait()
+        next_forget = self._clock.monotonic()
         try:
             while True:
                 await self.sync_pass(wait=not ready.is_set())
                 ready.set()
                 await self.beat()
+                if self._clock.monotonic() >= next_forget and self.stale_since is None:
+                    await forget_departed(self._records, self.member.name, self._clock.now())
+                    next_forget = self._clock.monotonic() + FORGET_EVERY
                 await self._until_next_pass()
         finally:
             for task in self._follows.values():

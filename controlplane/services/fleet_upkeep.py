@@ -96,3 +96,29 @@ async def advance_rollouts(
         )
         moved = True
     return moved
+
+
+DEPARTED_AFTER = 3600.0  # s without a heartbeat after which a member is forgotten
+
+
+async def forget_departed(records: DesiredStates, member: str, now: datetime) -> list[str]:
+    """Delete the heartbeats of members not seen for :data:`DEPARTED_AFTER` s (pods replaced
+    by a rollout are named anew, so the list would only grow); the names forgotten."""
+    try:
+        beats = await asyncio.to_thread(records.beats)
+    except ControlPlaneError as exc:
+        log.warning("cannot read the members' heartbeats to forget departed ones: %s", exc)
+        return []
+    gone = [
+        name
+        for name, beat in beats.items()
+        if name != member and (now - beat.at).total_seconds() > DEPARTED_AFTER
+    ]
+    for name in gone:
+        try:
+            await asyncio.to_thread(records.forget, name)
+        except ControlPlaneError as exc:
+            log.warning("cannot forget the departed member %s: %s", name, exc)
+            continue
+        log.info("forgot member %s: no heartbeat for over %.0f s", name, DEPARTED_AFTER)
+    return gone
