@@ -137,7 +137,11 @@ class DeployService:
         base = await self._fleet_base(model, kind, trigger)
         if not force and kind is OperationKind.DEPLOY:
             unchanged = await self._unchanged(model, release)
-            if unchanged is not None and fleet_agrees(base, release):
+            if (
+                unchanged is not None
+                and fleet_agrees(base, release)
+                and not (base is not None and await self._held(model, release))
+            ):
                 log.info("%s", unchanged.message, extra={"model": model, "release": release})
                 return unchanged
             if unchanged is not None:  # it serves here already: only the fleet has to hear it
@@ -289,6 +293,10 @@ class DeployService:
         if self.fleet is None:
             return None
         return await self.fleet.base_for(model, kind, trigger)
+
+    async def _held(self, model: str, release: str) -> bool:
+        """A member holds back from ``release``: deploying it again is a new decision."""
+        return self.fleet is not None and await self.fleet.held_by_a_member(model, release)
 
     async def _publish(self, run: Run, base: FleetBase | None, release: str | None) -> None:
         if base is not None and self.fleet is not None:

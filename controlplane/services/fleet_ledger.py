@@ -23,6 +23,7 @@ from controlplane.domain.fleet import (
     Claim,
     Degraded,
     DesiredModel,
+    MemberState,
     Rollout,
     RolloutPhase,
     first_generation,
@@ -114,6 +115,19 @@ class FleetLedger:
         if not publishes(kind, trigger):
             return None
         return FleetBase(await self.read(model))
+
+    async def held_by_a_member(self, model: str, release: str) -> bool:
+        """Whether a live member holds back from ``release`` (it rolled it back itself, with
+        ``rollback.scope: member``): deploying it again must then make a new decision."""
+        now = self._clock.now()
+        beats = await asyncio.to_thread(self.records.beats)
+        return any(
+            beat.alive(now)
+            and (state := beat.models.get(model)) is not None
+            and state.state is MemberState.HELD
+            and state.target == release
+            for beat in beats.values()
+        )
 
     async def publish_result(self, run: Run, base: FleetBase, release: str | None) -> None:
         """Publish what ``run`` made serve here; a rollback latches what it left."""

@@ -328,6 +328,14 @@ def test_member_scope_rolls_back_only_the_member_that_saw_the_overload(
     assert fleet.fleet()["models"][MODEL]["desired"] == "r2"
     assert (first.answer(MODEL), second.answer(MODEL), third.answer(MODEL)) == (2.0, 2.0, 1.0)
 
+    # Someone deploys r2 again (it serves on m1 already): a new decision, which m3 follows.
+    exporters["m3"].set(gpu0=0.30)
+    again = first.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert again.status_code == 200, again.text
+    fleet.wait_serving(MODEL, "r2", 2.0)
+
 
 def _member_state(fleet: Fleet, member: str) -> tuple[str | None, str | None]:
     for found in fleet.fleet()["members"]:
