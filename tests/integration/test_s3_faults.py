@@ -379,7 +379,7 @@ def test_a_store_down_for_good_fails_within_retry_seconds_saying_why(
     error = outcome.response.json()["error"]
     assert error["code"] == "store_unavailable"
     assert f"over {int(retry_seconds)}." in error["message"]
-    assert f"store.retry_seconds is {int(retry_seconds)}" in error["message"]
+    assert f"store.retry_seconds is {int(retry_seconds)} s" in error["message"]
     assert "last error (connection)" in error["message"]
     assert retry_seconds <= failed_after < retry_seconds + 4.0
     _assert_nothing_broke(outcome, {old})

@@ -365,7 +365,7 @@ def test_persistent_throttling_gives_up_after_retry_seconds_saying_how_long_and_
     assert key in message
     tries = proxy.gets("weights.bin")
     assert f"after {tries} attempt(s) over 1." in message
-    assert "store.retry_seconds is 1" in message
+    assert "store.retry_seconds is 1 s" in message
     assert "(throttled): " in message
     assert "SlowDown" in message
     assert caught.value.details["cause"] == "throttled"

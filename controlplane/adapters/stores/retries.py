@@ -52,10 +52,12 @@ class Retrier:
         first_backoff: float = FIRST_BACKOFF,
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget_name: str = "store.retry_seconds",
     ) -> None:
         if budget < 0 or backoff_max < 0 or first_backoff < 0:
             raise ValueError("budget, backoff_max and first_backoff must not be negative")
         self.budget = budget
+        self.budget_name = budget_name  # what the budget is called in messages
         self.backoff_max = backoff_max
         self._first_backoff = first_backoff
         self._telemetry = telemetry
@@ -148,7 +150,7 @@ class Retrier:
             )
             raise StoreUnavailable(
                 f"gave up on {what} after {tries} attempt(s) over {elapsed():.1f} s "
-                f"(store.retry_seconds is {self.budget:g}); last error ({cause.value}): "
+                f"({self.budget_name} is {self.budget:g} s); last error ({cause.value}): "
                 f"{exc.message}",
                 details={
                     "key": what,

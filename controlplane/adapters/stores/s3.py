@@ -197,6 +197,7 @@ class S3Store:
             budget=min(retry_seconds, SCAN_RETRY_SECONDS),
             backoff_max=backoff_max,
             telemetry=telemetry,
+            budget_name="the budget of a scan or a fleet record's read",
         )
         self._closing = threading.Event()
         self._lock = threading.Lock()
