@@ -256,6 +256,7 @@ def test_rollback_serves_the_previous_release_and_is_recorded(
         "place",
         "load",
         "record",
+        "publish",  # the fleet (on by default) records what serves now
     ]
     assert all(step["duration_seconds"] is not None for step in recorded["steps"])
     model = daemon.get(f"/v1/models/{model_name}").json()
