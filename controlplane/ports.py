@@ -127,6 +127,28 @@ class ModelStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoreChanges:
+    """What a store's change events said since the watcher last asked.
+
+    ``models``: the models whose dirs had an event. ``complete``: events were watched the whole
+    time since the last ask, so no other model changed, as far as events can tell (a kernel
+    may still drop some, hence the full scans on a slower beat). Not complete: list them all.
+    """
+
+    models: frozenset[str] = frozenset()
+    complete: bool = False
+
+
+class ChangeEvents(Protocol):
+    """A store's change notifications (a local store's inotify), read by the release watcher."""
+
+    def take(self) -> StoreChanges:
+        """What changed since the last call; forgotten once returned. Called in the event
+        loop."""
+        ...
+
+
 # --- staging and the model repository -----------------------------------------------------
 
 
