@@ -56,6 +56,7 @@ def test_deploy_wait_prints_each_step_and_exits_0(
         "preflight",
         "switch",
         "record",
+        "publish",  # the fleet (on by default) records what serves now
     ]
     assert all(line.split()[2].replace(".", "").isdigit() for line in lines if "  ok " in line)
     assert lines[-1].startswith("succeeded in ")
