@@ -449,6 +449,13 @@ class Serving:
 
 
 class ServingRepo(Protocol):
+    @property
+    def writes(self) -> int:
+        """Writes this process submitted so far. A read submitted after the count was taken
+        sees them all (one database thread takes jobs in order), and the daemon is its
+        database's only writer (the instance lock): a read is current while the count holds."""
+        ...
+
     async def get(self, model: str) -> ModelRecord | None: ...
 
     async def all(self) -> list[ModelRecord]: ...
@@ -468,6 +475,13 @@ class ServingRepo(Protocol):
 
 
 class OperationLog(Protocol):
+    @property
+    def writes(self) -> int:
+        """Operations saved by this process so far (see :attr:`ServingRepo.writes`). Also: an
+        answer made from what Triton said before the count moved may be out of date, since
+        every change the daemon makes to Triton is an operation, saved as it goes."""
+        ...
+
     def save(self, operation: Operation) -> None:
         """Queue the operation's record; returns at once, records land in order. Any thread."""
         ...
@@ -499,6 +513,11 @@ class ReleaseBook(Protocol):
 
 
 class RollbackBook(Protocol):
+    @property
+    def writes(self) -> int:
+        """Writes this process submitted so far (see :attr:`ServingRepo.writes`)."""
+        ...
+
     async def save(self, record: RollbackRecord) -> None: ...
 
     async def last(self, model: str) -> RollbackRecord | None: ...

@@ -262,6 +262,7 @@ def build(settings: Settings) -> Container:
         rollbacks=repos.rollbacks,
         store=store,
         triton=triton,
+        clock=clock,
         holder=deploy.holder,
         traffic=settings.traffic,
         overload=(lambda: overload.view) if overload is not None else None,

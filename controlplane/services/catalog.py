@@ -36,6 +36,7 @@ class StoreCatalog:
         self.scanned: datetime | None = None  # when the last look (full, or what changed) ended
         self.full_scan: datetime | None = None  # when the last look at every model ended
         self.error: str | None = None  # why the last full look could not list the models
+        self.version = 0  # moves whenever what the catalog holds changes (not its times)
 
     def models(self) -> list[str]:
         return list(self._models)
@@ -44,7 +45,11 @@ class StoreCatalog:
         return self._models.get(model)
 
     def listed(self, model: str, releases: Sequence[ReleaseInfo]) -> None:
+        before = self._models.get(model)
+        if before is not None and before.error is None and before.releases == tuple(releases):
+            return  # as it was: the same Listing, so readers can tell nothing changed
         self._models[model] = Listing(tuple(releases))
+        self.version += 1
 
     def failing(self) -> set[str]:
         """The models whose last listing failed: looked at again on every beat."""
@@ -52,20 +57,31 @@ class StoreCatalog:
 
     def forget(self, model: str) -> None:
         """``model`` is no longer in the store."""
-        self._models.pop(model, None)
+        if self._models.pop(model, None) is not None:
+            self.version += 1
 
     def failed(self, model: str, error: str) -> None:
         """Listing ``model`` failed: keep what it held before, and say why it is stale."""
         before = self._models.get(model)
+        if before is not None and before.error == error:
+            return
         self._models[model] = Listing(before.releases if before else (), error)
+        self.version += 1
 
     def finished(self, models: Iterable[str], at: datetime) -> None:
         """A look at every model ended: forget the models that are no longer in the store."""
         keep = set(models)
         for gone in [name for name in self._models if name not in keep]:
             del self._models[gone]
+            self.version += 1
         self.scanned = self.full_scan = at
-        self.error = None
+        self.set_error(None)
+
+    def set_error(self, error: str | None) -> None:
+        """Why the last full look could not list the models (None: it could)."""
+        if error != self.error:
+            self.error = error
+            self.version += 1
 
     def looked(self, at: datetime) -> None:
         """A look at the models that changed ended (the others are as they were)."""

@@ -134,7 +134,7 @@ class ReleaseWatcher:
         try:
             listings = await asyncio.to_thread(self._list_store, models)
         except ControlPlaneError as exc:
-            self.catalog.error = str(exc)
+            self.catalog.set_error(str(exc))
             raise
         result = ScanResult(full=full, listed=[model for model, _listing in listings])
         present = []

@@ -128,6 +128,7 @@ def test_models_named_by_events_come_and_go_in_the_list_of_models(tmp_path: Path
                 rollbacks=parts.repos.rollbacks,
                 store=parts.store,
                 triton=parts.triton,
+                clock=parts.clock,
                 holder=service.holder,
                 catalog=watcher.catalog,
             )
