@@ -127,6 +127,28 @@ class ModelStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoreChanges:
+    """What a store's change events said since the watcher last asked.
+
+    ``models``: the models whose dirs had an event. ``complete``: events were watched the whole
+    time since the last ask, so no other model changed, as far as events can tell (a kernel
+    may still drop some, hence the full scans on a slower beat). Not complete: list them all.
+    """
+
+    models: frozenset[str] = frozenset()
+    complete: bool = False
+
+
+class ChangeEvents(Protocol):
+    """A store's change notifications (a local store's inotify), read by the release watcher."""
+
+    def take(self) -> StoreChanges:
+        """What changed since the last call; forgotten once returned. Called in the event
+        loop."""
+        ...
+
+
 # --- staging and the model repository -----------------------------------------------------
 
 
@@ -427,6 +449,13 @@ class Serving:
 
 
 class ServingRepo(Protocol):
+    @property
+    def writes(self) -> int:
+        """Writes this process submitted so far. A read submitted after the count was taken
+        sees them all (one database thread takes jobs in order), and the daemon is its
+        database's only writer (the instance lock): a read is current while the count holds."""
+        ...
+
     async def get(self, model: str) -> ModelRecord | None: ...
 
     async def all(self) -> list[ModelRecord]: ...
@@ -446,6 +475,13 @@ class ServingRepo(Protocol):
 
 
 class OperationLog(Protocol):
+    @property
+    def writes(self) -> int:
+        """Operations saved by this process so far (see :attr:`ServingRepo.writes`). Also: an
+        answer made from what Triton said before the count moved may be out of date, since
+        every change the daemon makes to Triton is an operation, saved as it goes."""
+        ...
+
     def save(self, operation: Operation) -> None:
         """Queue the operation's record; returns at once, records land in order. Any thread."""
         ...
@@ -477,6 +513,11 @@ class ReleaseBook(Protocol):
 
 
 class RollbackBook(Protocol):
+    @property
+    def writes(self) -> int:
+        """Writes this process submitted so far (see :attr:`ServingRepo.writes`)."""
+        ...
+
     async def save(self, record: RollbackRecord) -> None: ...
 
     async def last(self, model: str) -> RollbackRecord | None: ...

@@ -130,6 +130,17 @@ class StoreSettings(_Group):
     poll_interval_seconds: float = Field(
         10.0, gt=0, description="How often the watcher lists the store for new releases."
     )
+    full_scan_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Local store: how often the watcher lists every model even though "
+        "filesystem events name the ones that changed (between these, a beat lists only those). "
+        "The safety net for events the kernel drops (an inotify queue overflow): a release "
+        "whose event was missed is seen at the next full scan at the latest, never lost. Where "
+        "events cannot be trusted (a network or FUSE filesystem such as NFS, EFS or SMB, where "
+        "a release published from another host raises no event; inotify unavailable) and for "
+        "S3, every beat is a full scan.",
+    )
     max_concurrency: int = Field(
         8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
     )

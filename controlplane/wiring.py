@@ -16,7 +16,7 @@ from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.adapters.stores.local import LocalStore
-from controlplane.adapters.stores.local_watch import watch_local_store
+from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import TritonMetrics
@@ -266,6 +266,7 @@ def build(settings: Settings) -> Container:
         rollbacks=repos.rollbacks,
         store=store,
         triton=triton,
+        clock=clock,
         holder=deploy.holder,
         traffic=settings.traffic,
         overload=(lambda: overload.view) if overload is not None else None,
@@ -273,6 +274,12 @@ def build(settings: Settings) -> Container:
         cooldown_until=rollback.cooldown_after,
         drift=drift,
         catalog=catalog,
+    )
+    wake_watcher = asyncio.Event()
+    events = (
+        LocalStoreEvents(settings.store.local_path, wake_watcher.set)
+        if isinstance(store, LocalStore)
+        else None  # S3 has no events (yet): every beat lists the whole store
     )
     watcher = ReleaseWatcher(
         store=store,
@@ -285,6 +292,9 @@ def build(settings: Settings) -> Container:
         auto_deploy=lambda model: settings.policy(model).auto_deploy,
         interval=settings.store.poll_interval_seconds,
         catalog=catalog,
+        events=events,
+        full_scan_every=settings.store.full_scan_seconds,
+        wake=wake_watcher,
     )
     ready = asyncio.Event()
     reconciled = asyncio.Event() if ledger is not None else ready
@@ -314,9 +324,8 @@ def build(settings: Settings) -> Container:
     supervisor.add("release-watcher", watch_releases)
     if overload is not None:
         supervisor.add("overload-watcher", overload.run)
-    if isinstance(store, LocalStore):
-        root = settings.store.local_path
-        supervisor.add("store-events", lambda: watch_local_store(root, watcher.wake))
+    if events is not None:
+        supervisor.add("store-events", events.run)
     closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
     if utilization is not None and utilization not in closers:
         closers.append(utilization)  # a Prometheus query has its own client

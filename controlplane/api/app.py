@@ -41,6 +41,7 @@ from controlplane.api.answers import (
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
 from controlplane.api.media import JsonBodies
+from controlplane.api.model_pages import ModelPages
 from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.schemas import (
     MODEL_NAME_SCHEMA,
@@ -166,6 +167,7 @@ def create_app(settings: Settings) -> FastAPI:
         strict_content_type=False,  # a JSON body without Content-Type is read as JSON
     )
     install_handlers(app)
+    pages = ModelPages()  # each model's JSON, kept while its view is unchanged
     writes = (*(("unauthorized",) if token else ()), *WRITE_REFUSALS)
 
     def trigger_of(request: Request) -> Trigger:
@@ -298,7 +300,12 @@ def create_app(settings: Settings) -> FastAPI:
             "trends": [leak_trend_json(t) for t in await c.memory.trends()],
         }
 
-    @app.get("/v1/models", tags=["models"], responses=answers(("invalid_request", "invalid_name")))
+    @app.get(
+        "/v1/models",
+        tags=["models"],
+        response_model=dict[str, Any],
+        responses=answers(("invalid_request", "invalid_name")),
+    )
     async def list_models(
         c: Reader,
         limit: Annotated[
@@ -311,14 +318,17 @@ def create_app(settings: Settings) -> FastAPI:
                 json_schema_extra=MODEL_NAME_SCHEMA,
             ),
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Every model managed here or present in the store, in natural name order, a page at
         a time: `models` holds at most `limit` of them, and `next` is the value to pass as
         `after` for the next page (null on the last one). A store of up to 100 models fits the
-        default page. Releases are those the release watcher listed at its last scan (at most
-        `store.poll_interval_seconds` old); `GET /v1/models/{name}` reads the store."""
+        default page. Releases are those the release watcher listed at its last look, Triton's
+        states those of an index read at most a second ago (none of the daemon's operations
+        saved since); `as_of` says when: `store` (the watcher's last look; with a local store's
+        events, one at the models that changed), `store_full_scan` (its last look at every
+        model) and `triton`. `GET /v1/models/{name}` reads the store and Triton."""
         page = await c.status.list_models(limit=limit, after=after)
-        return {"models": [model_json(view) for view in page.models], "next": page.next_after}
+        return Response(content=pages.render(page), media_type="application/json")
 
     @app.get(
         "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))

@@ -24,7 +24,7 @@ from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
 from controlplane.services.rollback import RollbackResult
-from controlplane.services.status import ModelView
+from controlplane.services.status import AsOf, ModelView
 from controlplane.services.supervisor import JobStatus
 
 # domain/names.py's rule for model and release names, written for the OpenAPI document without
@@ -285,6 +285,16 @@ def alert_json(record: AlertRecord) -> dict[str, Any]:
         "first_received": _time(record.first_received),
         "last_received": _time(record.last_received),
         "receipts": record.receipts,
+    }
+
+
+def as_of_json(as_of: AsOf | None) -> dict[str, Any] | None:
+    if as_of is None:
+        return None
+    return {
+        "store": _time(as_of.store),
+        "store_full_scan": _time(as_of.store_full_scan),
+        "triton": _time(as_of.triton),
     }
 
 

@@ -7,12 +7,17 @@ less complete, never an error: status is what operators reach for when things ar
 The list of models reads the store's releases from the watcher's last scan (the
 :class:`~controlplane.services.catalog.StoreCatalog`), never from the store itself once that
 scan exists, and builds only one page: its cost per call grows with the page, not with the
-store. One model's answer still reads the store.
+store. One model's answer still reads the store. A list also reuses Triton's index for up to
+:data:`INDEX_REUSE_SECONDS`, unless an operation was saved since (every change the daemon makes
+to Triton is one): a client that polls the list does not cost Triton a call each time, and the
+page says when the store and Triton were seen (:class:`AsOf`). The overload verdict, one per
+Triton, is given once per page (:attr:`ModelPage.overload`), not in each model's view.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +31,7 @@ from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
+    Clock,
     IndexEntry,
     ModelRecord,
     ModelStore,
@@ -38,6 +44,7 @@ from controlplane.services.catalog import Listing, StoreCatalog
 from controlplane.services.overload import OverloadView
 
 log = logging.getLogger(__name__)
+INDEX_REUSE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,40 @@ class ModelView:
 
 
 @dataclass(frozen=True)
+class AsOf:
+    """When what a list of models shows was seen."""
+
+    store: datetime | None  # the watcher's last look at the store; None: listed for this page
+    store_full_scan: datetime | None  # its last look at every model (what no event can miss)
+    triton: datetime | None  # Triton's index; None: Triton was unreachable
+
+
+@dataclass(frozen=True)
 class ModelPage:
-    models: list[ModelView]
+    models: list[ModelView]  # their ``overload`` is None: it is the page's
     next_after: str | None  # the name to pass as ``after`` for the next page; None: no more
+    overload: OverloadView | None = None  # the overload watcher's verdict, for every model
+    as_of: AsOf | None = None
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A page of views, and what it was built from."""
+
+    inputs: tuple[object, ...]
+    views: list[ModelView]
+
+    def expired(self, now: datetime) -> bool:
+        """A cooldown a view shows has ended since (the one part of a view that time moves)."""
+        return any(v.cooldown_until is not None and v.cooldown_until <= now for v in self.views)
+
+
+@dataclass(frozen=True)
+class _SeenIndex:
+    monotonic: float
+    writes: int  # the journal's count of saved operations when it was read
+    at: datetime
+    index: dict[str, IndexEntry] | None
 
 
 class StatusService:
@@ -79,6 +117,7 @@ class StatusService:
         rollbacks: RollbackBook,
         store: ModelStore,
         triton: Triton,
+        clock: Clock,
         holder: Callable[[str], str | None],
         traffic: Callable[[str], TrafficPolicy] | None = None,
         overload: Callable[[], OverloadView | None] | None = None,
@@ -98,37 +137,77 @@ class StatusService:
         self._rollbacks = rollbacks
         self._store = store
         self._triton = triton
+        self._clock = clock
         self._holder = holder
+        self._seen_index: _SeenIndex | None = None
+        self._order: tuple[tuple[int, frozenset[str]], list[str]] | None = None
+        self._records_seen: tuple[int, dict[str, ModelRecord]] | None = None
+        self._built: _Built | None = None  # the last page of views built
 
     async def list_models(self, *, limit: int | None = None, after: str | None = None) -> ModelPage:
         """Models managed here or in the store, in natural order: those after the model named
         ``after``, at most ``limit`` of them (None: all)."""
         if after is not None:
             validate_model_name(after)
-        index = await self._index()
-        records = {record.name: record for record in await self._serving.all()}
-        names = set(records)
+        seen = await self._recent_index()
         catalog = self._catalog if self._catalog and self._catalog.scanned else None
+        records = await self._records()
         if catalog is not None:
-            names.update(catalog.models())
+            ordered = self._ordered(catalog, records)
         else:  # the watcher has not looked yet (start-up): look now
+            names = set(records)
             try:
                 names.update(await asyncio.to_thread(self._store.list_models))
             except ControlPlaneError as exc:
                 log.warning("store unreachable while listing models: %s", exc)
-        ordered = sorted(names, key=_order)
+            ordered = sorted(names, key=_order)
         if after is not None:
-            bound = _order(after)
-            ordered = [name for name in ordered if _order(name) > bound]
+            ordered = ordered[bisect.bisect_right(ordered, _order(after), key=_order) :]
         page = ordered if limit is None else ordered[:limit]
-        if catalog is not None:
+        more = len(page) < len(ordered)
+        as_of = AsOf(
+            store=catalog.scanned if catalog is not None else None,
+            store_full_scan=catalog.full_scan if catalog is not None else None,
+            triton=seen.at if seen.index is not None else None,
+        )
+        next_after = page[-1] if more and page else None
+        if catalog is None:
+            listings = await asyncio.to_thread(lambda: {n: self._listing(n) for n in page})
+            views = await self._views(page, seen.index, records, listings, overload=None)
+            return ModelPage(views, next_after, self._overload(), as_of)
+        # Taken before anything is read: a write submitted after it moves it.
+        inputs = self._inputs(page, catalog, seen)
+        built = self._built
+        if built is None or built.inputs != inputs or built.expired(self._clock.now()):
             known = _known(catalog)
             listings = {name: known(name) for name in page}
-        else:
-            listings = await asyncio.to_thread(lambda: {n: self._listing(n) for n in page})
-        views = await self._views(page, index, records, listings)
-        more = len(page) < len(ordered)
-        return ModelPage(views, page[-1] if more and page else None)
+            views = await self._views(page, seen.index, records, listings, overload=None)
+            built = self._built = _Built(inputs, views)
+        return ModelPage(built.views, next_after, self._overload(), as_of)
+
+    def _inputs(
+        self, page: list[str], catalog: StoreCatalog, seen: _SeenIndex
+    ) -> tuple[object, ...]:
+        """What the views of ``page`` are made of, cheap to compare: a page whose inputs are
+        those of the last one built is that page again, without a read of the database."""
+        return (
+            tuple(page),
+            catalog.version,
+            self._serving.writes,
+            self._journal.writes,
+            self._rollbacks.writes,
+            seen,  # the same object while the index is reused: compared by identity first
+            tuple(self._holder(name) for name in page),
+            tuple(self._drift(name) for name in page),
+        )
+
+    async def _records(self) -> dict[str, ModelRecord]:
+        """Every model's record, read again only after a write."""
+        writes = self._serving.writes  # before the read: a write submitted after it moves it
+        if self._records_seen is None or self._records_seen[0] != writes:
+            records = {record.name: record for record in await self._serving.all()}
+            self._records_seen = (writes, records)
+        return self._records_seen[1]
 
     async def get_model(self, model: str) -> ModelView:
         validate_model_name(model)
@@ -136,12 +215,39 @@ class StatusService:
         record = await self._serving.get(model)
         listing = await asyncio.to_thread(self._listing, model)
         records = {model: record} if record is not None else {}
-        [view] = await self._views([model], index, records, {model: listing})
+        [view] = await self._views(
+            [model], index, records, {model: listing}, overload=self._overload()
+        )
         if view.active_release is None and not view.slots and not view.releases:
             raise ModelNotFound(
                 f"model {model!r} is neither managed here nor in the store {self._store.uri}"
             )
         return view
+
+    async def _recent_index(self) -> _SeenIndex:
+        """Triton's index and when it was read: the last one this service read, while it is
+        younger than :data:`INDEX_REUSE_SECONDS` and no operation was saved since."""
+        now = self._clock.monotonic()
+        seen = self._seen_index
+        if (
+            seen is not None
+            and now - seen.monotonic < INDEX_REUSE_SECONDS
+            and seen.writes == self._journal.writes
+        ):
+            return seen
+        writes = self._journal.writes  # before the call: one saved during it counts as after
+        at = self._clock.now()
+        self._seen_index = _SeenIndex(now, writes, at, await self._index())
+        return self._seen_index
+
+    def _ordered(self, catalog: StoreCatalog, records: dict[str, ModelRecord]) -> list[str]:
+        """Every model's name in natural order, sorted again only when the names changed."""
+        key = (catalog.version, frozenset(records))
+        if self._order is None or self._order[0] != key:
+            names = set(records)
+            names.update(catalog.models())
+            self._order = (key, sorted(names, key=_order))
+        return self._order[1]
 
     async def _index(self) -> dict[str, IndexEntry] | None:
         try:
@@ -165,14 +271,18 @@ class StatusService:
         index: dict[str, IndexEntry] | None,
         records: dict[str, ModelRecord],
         listings: dict[str, Listing],
+        *,
+        overload: OverloadView | None,
     ) -> list[ModelView]:
         """The views of ``names``, their history read in four reads whatever their number (one
-        read per model and table made a page of 100 models cost 700 round trips)."""
-        last_operations = await self._journal.latest(names)
-        repairs = await self._journal.latest(names, OperationKind.REPAIR)
-        rollbacks = await self._rollbacks.last_of(names)
-        degraded = await self._rollbacks.latched_of(names)
-        overload = self._overload()
+        read per model and table made a page of 100 models cost 700 round trips), queued at
+        once (the database thread runs them back to back)."""
+        last_operations, repairs, rollbacks, degraded = await asyncio.gather(
+            self._journal.latest(names),
+            self._journal.latest(names, OperationKind.REPAIR),
+            self._rollbacks.last_of(names),
+            self._rollbacks.latched_of(names),
+        )
         return [
             self._view(
                 name,

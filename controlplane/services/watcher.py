@@ -14,11 +14,17 @@ received the call, and publishes it once it serves; the others follow the desire
 bad release published to the store stops at one member. A member that lost to a live claim
 looks again at its next scans, and claims it itself if the claimer died before finishing.
 
-A beat costs what changed, not what the store holds: a model whose listing is the one the last
-scan recorded (the store adapters make that listing cheap) is not looked up in the releases
-book, and of a changed listing only the rows that differ from the book are written (a row's
-``last_seen`` is therefore when it last changed). What was listed is kept in the
-:class:`~controlplane.services.catalog.StoreCatalog`, which ``GET /v1/models`` answers from.
+A beat costs what changed, not what the store holds. With a store's change events (a local
+store's inotify, :class:`~controlplane.ports.ChangeEvents`) a beat lists only the models whose
+dirs had events, plus those whose last listing failed or whose auto-deploy waits for a retry;
+the whole store is listed every ``full_scan_every`` s anyway, and on every beat while the events
+cannot be trusted (not set up yet, broken, a network filesystem, or no events at all: S3), so an
+event the kernel dropped delays a release until the next full scan, never loses it. A model
+whose listing is the one the last scan recorded (the store adapters make that listing cheap) is
+not looked up in the releases book, and of a changed listing only the rows that differ from the
+book are written (a row's ``last_seen`` is therefore when it last changed). What was listed is
+kept in the :class:`~controlplane.services.catalog.StoreCatalog`, which ``GET /v1/models``
+answers from.
 
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
@@ -30,13 +36,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from controlplane.domain.errors import ControlPlaneError, ModelNotFound
+from controlplane.domain.errors import ControlPlaneError, InvalidName, ModelNotFound
+from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo, natural_key
-from controlplane.ports import Clock, ModelStore, ReleaseBook, RollbackBook, ServingRepo
+from controlplane.ports import (
+    ChangeEvents,
+    Clock,
+    ModelStore,
+    ReleaseBook,
+    RollbackBook,
+    ServingRepo,
+)
 from controlplane.services.catalog import StoreCatalog
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
@@ -45,6 +59,7 @@ log = logging.getLogger(__name__)
 TRANSIENT_CODES = frozenset(
     {"store_unavailable", "release_changed", "triton_unavailable", "triton_timeout"}
 )
+FULL_SCAN_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,8 @@ class ScanResult:
     new: list[ReleaseInfo] = field(default_factory=list)
     deploys: list[Operation] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    full: bool = True  # every model was listed; else only ``listed``
+    listed: list[str] = field(default_factory=list)  # the models whose releases were listed
 
 
 class ReleaseWatcher:
@@ -68,8 +85,14 @@ class ReleaseWatcher:
         auto_deploy: Callable[[str], bool],
         interval: float,
         catalog: StoreCatalog | None = None,
+        events: ChangeEvents | None = None,
+        full_scan_every: float = FULL_SCAN_SECONDS,
+        wake: asyncio.Event | None = None,
     ) -> None:
         self.catalog = catalog or StoreCatalog()
+        self._events = events
+        self._full_scan_every = full_scan_every
+        self._next_full: float | None = None  # monotonic time of the next full scan
         self._store = store
         self._deploy = deploy
         self._releases = releases
@@ -80,7 +103,7 @@ class ReleaseWatcher:
         self._auto_deploy = auto_deploy
         self._interval = interval
         self._retry: set[tuple[str, str, str | None]] = set()
-        self.wake = asyncio.Event()
+        self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
 
     async def run(self) -> None:
         """Scan forever, every interval or when woken; cancelled on shutdown."""
@@ -95,12 +118,25 @@ class ReleaseWatcher:
             self.wake.clear()
 
     async def scan(self) -> ScanResult:
-        result = ScanResult()
+        models = self._plan()
+        started = self._clock.monotonic()
+        if models is not None and not models:
+            self.catalog.looked(self._clock.now())  # nothing changed: nothing to list
+            return ScanResult(full=False)
         try:
-            listings = await asyncio.to_thread(self._list_store)
-        except ControlPlaneError as exc:
-            self.catalog.error = str(exc)
+            return await self._scan(models, started)
+        except BaseException:
+            self._next_full = None  # what the events named may not all have been looked at
             raise
+
+    async def _scan(self, models: set[str] | None, started: float) -> ScanResult:
+        full = models is None
+        try:
+            listings = await asyncio.to_thread(self._list_store, models)
+        except ControlPlaneError as exc:
+            self.catalog.set_error(str(exc))
+            raise
+        result = ScanResult(full=full, listed=[model for model, _listing in listings])
         present = []
         for model, listing in listings:
             try:
@@ -108,20 +144,40 @@ class ReleaseWatcher:
                     raise listing
                 await self._scan_model(model, listing, result)
             except ModelNotFound:
-                continue  # gone between the two listings
+                self.catalog.forget(model)  # gone (between the two listings, or since an event)
+                continue
             except ControlPlaneError as exc:
                 result.errors[model] = str(exc)
                 self.catalog.failed(model, str(exc))
                 log.warning("watching %s: %s", model, exc)
             present.append(model)
-        self.catalog.finished(present, self._clock.now())
+        if full:
+            self.catalog.finished(present, self._clock.now())
+            self._next_full = started + self._full_scan_every
+        else:
+            self.catalog.looked(self._clock.now())
         return result
 
-    def _list_store(self) -> list[tuple[str, list[ReleaseInfo] | ControlPlaneError]]:
-        """Every model's releases (or why not), in one worker thread: a hop to a thread per
-        model cost more than listing the model once its markers were no longer hashed."""
+    def _plan(self) -> set[str] | None:
+        """The models this beat lists; None for all of them (a full scan): without events,
+        when they cannot be trusted since the last beat, and every ``full_scan_every`` s."""
+        changes = self._events.take() if self._events is not None else None
+        due = self._next_full is None or self._clock.monotonic() >= self._next_full
+        if changes is None or not changes.complete or due:
+            return None
+        retrying = {model for model, _release, _revision in self._retry}
+        named = {model for model in changes.models if _is_model_name(model)}
+        return named | retrying | self.catalog.failing()
+
+    def _list_store(
+        self, models: Collection[str] | None
+    ) -> list[tuple[str, list[ReleaseInfo] | ControlPlaneError]]:
+        """The releases of ``models`` (None: every model in the store), or why not, in one
+        worker thread: a hop to a thread per model cost more than listing the model once its
+        markers were no longer hashed."""
+        names = self._store.list_models() if models is None else sorted(models, key=natural_key)
         listings: list[tuple[str, list[ReleaseInfo] | ControlPlaneError]] = []
-        for model in self._store.list_models():
+        for model in names:
             try:
                 listings.append((model, self._store.list_releases(model)))
             except ControlPlaneError as exc:
@@ -223,3 +279,12 @@ class ReleaseWatcher:
         if self._deploy.fleet is not None:  # the release stops here: no other member tries it
             message = done.error.message if done.error else done.status.value
             await self._deploy.fleet.claim_failed(key[0], key[1], f"{code}: {message}")
+
+
+def _is_model_name(name: str) -> bool:
+    """Whether an event's name can be a model's (a full scan skips the others too)."""
+    try:
+        validate_model_name(name)
+    except InvalidName:
+        return False
+    return True

@@ -20,6 +20,7 @@ from tests.support.models import (
     write_broken_config_release,
     write_scale_release,
 )
+from tests.support.polling import eventually
 from tests.support.tree import snapshot
 
 pytestmark = pytest.mark.triton
@@ -282,3 +283,32 @@ def test_unload_takes_the_model_out_of_triton_and_the_repository(
     assert model["triton"]["state"] == "UNAVAILABLE"
     assert model["active_release"] is None
     assert model["previous_release"] == "r1"
+
+
+def test_a_release_published_into_a_local_store_is_deployed_by_its_event_alone(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    """With polls and full scans an hour apart, only the store's event can bring r2 in: the
+    beat it wakes lists the one model that changed."""
+    write_scale_release(store, model_name, "r1", k=1.0)
+    config = (
+        f"{INPLACE}store:\n  poll_interval_seconds: 3600\n  full_scan_seconds: 3600\n"
+        f"models:\n  {model_name}:\n    auto_deploy: true\n"
+    )
+    daemon = daemons(store, config=config)
+    eventually(lambda: _answers(triton, model_name) == 1.0, 60, "r1 auto-deployed")
+    eventually(lambda: "a beat lists only" in daemon.log(), 30, "the store's watch is set up")
+    staged = write_scale_release(store.parent / "publishing", model_name, "r2", k=2.0)
+
+    staged.rename(store / model_name / "r2")  # a finished release moved into the store
+
+    eventually(lambda: _answers(triton, model_name) == 2.0, 60, "r2 deployed by its event")
+    operation = daemon.get(f"/v1/operations?model={model_name}&limit=1").json()["operations"][0]
+    assert (operation["release"], operation["trigger"]) == ("r2", "watcher")
+
+
+def _answers(triton: RunningTriton, model: str) -> float | None:
+    try:
+        return infer_once(triton.grpc_url, model)
+    except Exception:  # not served (yet): what the poll waits out
+        return None

@@ -97,6 +97,16 @@ def test_list_models_skips_files_symlinks_and_invalid_names(store_root: Path) ->
     assert LocalStore(store_root).list_models() == ["bert2", "bert10", "resnet"]
 
 
+def test_a_symlinked_model_dir_has_no_releases_either(store_root: Path) -> None:
+    """An event names a model by its dir's name; listed alone it must be no model, as in the
+    list of models."""
+    write_release(store_root, "resnet", "r1", {"config.pbtxt": CONFIG})
+    (store_root / "alias").symlink_to(store_root / "resnet")
+
+    with pytest.raises(ModelNotFound):
+        LocalStore(store_root).list_releases("alias")
+
+
 def test_list_releases_in_natural_order_with_completeness(store_root: Path) -> None:
     for release in ("r10", "r2", "r1"):
         write_release(store_root, "m", release, {"config.pbtxt": CONFIG})

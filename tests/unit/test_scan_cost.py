@@ -70,6 +70,7 @@ def _status(service: DeployService, parts: Parts, catalog: StoreCatalog) -> Stat
         rollbacks=parts.repos.rollbacks,
         store=parts.store,
         triton=parts.triton,
+        clock=parts.clock,
         holder=service.holder,
         catalog=catalog,
     )

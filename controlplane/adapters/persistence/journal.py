@@ -29,8 +29,16 @@ from controlplane.domain.releases import ReleaseInfo
 class SqliteOperationLog:
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._writes = 0
+
+    @property
+    def writes(self) -> int:
+        return self._writes
 
     def save(self, operation: Operation) -> None:
+        # From any thread: two saves racing may count one, but the count still moves, which
+        # is all a reader of it asks.
+        self._writes += 1
         row = _operation_to_row(operation)
 
         def job(db: sqlite3.Connection) -> None:

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 
-from controlplane.adapters.persistence.database import Database, chunks
+from controlplane.adapters.persistence.database import Database, Job, T, chunks
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus, Receipt
 from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import DegradedRelease, RollbackOutcome, RollbackRecord
@@ -20,6 +20,15 @@ from controlplane.domain.rollback import DegradedRelease, RollbackOutcome, Rollb
 class SqliteRollbackBook:
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._writes = 0
+
+    @property
+    def writes(self) -> int:
+        return self._writes
+
+    async def _write(self, job: Job[T]) -> T:
+        self._writes += 1  # counted as submitted: a read submitted later sees it
+        return await self._db.write(job)
 
     async def save(self, record: RollbackRecord) -> None:
         row = (
@@ -47,7 +56,7 @@ class SqliteRollbackBook:
                 row,
             )
 
-        await self._db.write(job)
+        await self._write(job)
 
     async def last(self, model: str) -> RollbackRecord | None:
         def job(db: sqlite3.Connection) -> RollbackRecord | None:
@@ -65,7 +74,7 @@ class SqliteRollbackBook:
                 "UPDATE rollbacks SET suppressed = suppressed + 1 WHERE id = ?", (rollback_id,)
             )
 
-        await self._db.write(job)
+        await self._write(job)
 
     async def latch(self, latch: DegradedRelease) -> None:
         def job(db: sqlite3.Connection) -> None:
@@ -76,7 +85,7 @@ class SqliteRollbackBook:
                 (latch.model, latch.release, latch.at.isoformat(), latch.reason),
             )
 
-        await self._db.write(job)
+        await self._write(job)
 
     async def unlatch(self, model: str, release: str) -> bool:
         def job(db: sqlite3.Connection) -> bool:
@@ -85,7 +94,7 @@ class SqliteRollbackBook:
             )
             return cursor.rowcount > 0
 
-        return await self._db.write(job)
+        return await self._write(job)
 
     async def latched(self, model: str) -> list[DegradedRelease]:
         def job(db: sqlite3.Connection) -> list[DegradedRelease]:

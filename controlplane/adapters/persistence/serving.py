@@ -19,6 +19,11 @@ from controlplane.ports import ModelRecord, Serving
 class SqliteServing:
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._writes = 0
+
+    @property
+    def writes(self) -> int:
+        return self._writes
 
     async def get(self, model: str) -> ModelRecord | None:
         def job(db: sqlite3.Connection) -> ModelRecord | None:
@@ -76,6 +81,7 @@ class SqliteServing:
                     ),
                 )
 
+        self._writes += 1  # counted as submitted: a read submitted later sees it
         await self._db.write(job)
 
     async def forget_slots(self, model: str, names: Sequence[str]) -> None:
@@ -86,6 +92,7 @@ class SqliteServing:
                 "DELETE FROM slots WHERE model = ? AND slot = ?", [(model, n) for n in names]
             )
 
+        self._writes += 1  # counted as submitted: a read submitted later sees it
         await self._db.write(job)
 
 

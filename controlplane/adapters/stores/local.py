@@ -87,11 +87,16 @@ class LocalStore:
     def list_releases(self, model: str) -> list[ReleaseInfo]:
         # os.scandir, not Path.iterdir: the entry's type comes with the listing, so a release
         # costs one lstat (its marker's) per beat, and its marker is hashed only when changed.
+        # A model dir that is a symlink is no model, as for list_models (a release event names
+        # the model, and the watcher then lists it alone).
         model_dir = os.fspath(self._model_dir(model))
         try:
+            if os.path.islink(model_dir):
+                raise NotADirectoryError(model_dir)
             with os.scandir(model_dir) as entries:
                 found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
         except (FileNotFoundError, NotADirectoryError):
+            self._markers.keep_only(model, ())
             raise ModelNotFound(f"model {model!r} is not in the store {self.uri}") from None
         keyed = []
         for name in found:

@@ -1,0 +1,175 @@
+"""With a store's events a beat lists only the models that changed; a missed event delays a
+release until the next full scan, never loses it; without trusted events every beat is full."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from controlplane.ports import StoreChanges
+from controlplane.services.deploy import DeployService
+from controlplane.services.status import StatusService
+from controlplane.services.watcher import ReleaseWatcher
+from tests.support.fakes import Parts, deploy_service
+from tests.support.models import write_scale_release
+
+FULL_SCAN = 300.0
+
+
+class FakeEvents:
+    """A store's events as a test scripts them: the models named, and whether they were
+    watched the whole time (``complete``)."""
+
+    def __init__(self, *, complete: bool = True) -> None:
+        self.complete = complete
+        self.models: set[str] = set()
+
+    def name(self, *models: str) -> None:
+        self.models.update(models)
+
+    def take(self) -> StoreChanges:
+        changes = StoreChanges(frozenset(self.models), self.complete)
+        self.models = set()
+        return changes
+
+
+def _watcher(
+    service: DeployService, parts: Parts, events: FakeEvents, *, auto_deploy: bool = False
+) -> ReleaseWatcher:
+    return ReleaseWatcher(
+        store=parts.store,
+        deploy=service,
+        releases=parts.repos.releases,
+        serving=parts.repos.serving,
+        rollbacks=parts.repos.rollbacks,
+        clock=parts.clock,
+        tasks=parts.tasks,
+        auto_deploy=lambda _model: auto_deploy,
+        interval=1.0,
+        events=events,
+        full_scan_every=FULL_SCAN,
+    )
+
+
+def test_a_beat_lists_only_the_models_the_events_name(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            for model in ("a", "b", "c"):
+                write_scale_release(parts.store_path, model, "r1", k=1.0)
+            events = FakeEvents()
+            watcher = _watcher(service, parts, events)
+            first = await watcher.scan()  # the first beat lists everything
+            assert (first.full, first.listed) == (True, ["a", "b", "c"])
+
+            write_scale_release(parts.store_path, "b", "r2", k=2.0)
+            events.name("b")
+            beat = await watcher.scan()
+            quiet = await watcher.scan()
+
+            assert (beat.full, beat.listed) == (False, ["b"])
+            assert [(r.model, r.name) for r in beat.new] == [("b", "r2")]
+            assert (quiet.full, quiet.listed, quiet.new) == (False, [], [])
+            assert [r.name for r in await parts.repos.releases.seen("b")] == ["r1", "r2"]
+
+    asyncio.run(scenario())
+
+
+def test_a_release_whose_event_was_missed_is_seen_at_the_next_full_scan(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "a", "r1", k=1.0)
+            events = FakeEvents()
+            watcher = _watcher(service, parts, events)
+            await watcher.scan()
+
+            write_scale_release(parts.store_path, "a", "r2", k=2.0)  # the kernel drops its event
+            unseen = await watcher.scan()
+            parts.clock.advance(FULL_SCAN - 1)
+            still = await watcher.scan()
+            parts.clock.advance(1)
+            full = await watcher.scan()
+
+            assert (unseen.new, still.new) == ([], [])
+            assert full.full
+            assert [(r.model, r.name) for r in full.new] == [("a", "r2")]
+
+    asyncio.run(scenario())
+
+
+def test_without_trusted_events_every_beat_lists_the_whole_store(tmp_path: Path) -> None:
+    """What a network filesystem, a broken watch or an S3 store gets: full scans, as before."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "a", "r1", k=1.0)
+            events = FakeEvents(complete=False)
+            watcher = _watcher(service, parts, events)
+            await watcher.scan()
+
+            write_scale_release(parts.store_path, "a", "r2", k=2.0)  # no event: an NFS peer
+            beat = await watcher.scan()
+
+            assert beat.full
+            assert [r.name for r in beat.new] == ["r2"]
+
+    asyncio.run(scenario())
+
+
+def test_models_named_by_events_come_and_go_in_the_list_of_models(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "old", "r1", k=1.0)
+            events = FakeEvents()
+            watcher = _watcher(service, parts, events)
+            status = StatusService(
+                serving=parts.repos.serving,
+                journal=parts.repos.operations,
+                rollbacks=parts.repos.rollbacks,
+                store=parts.store,
+                triton=parts.triton,
+                clock=parts.clock,
+                holder=service.holder,
+                catalog=watcher.catalog,
+            )
+            await watcher.scan()
+
+            write_scale_release(parts.store_path, "new", "r1", k=1.0)
+            shutil.rmtree(parts.store_path / "old")
+            events.name("old", "new", "not..a-model")
+            beat = await watcher.scan()
+            page = await status.list_models()
+
+            assert not beat.full
+            assert [view.name for view in page.models] == ["new"]
+            assert [r.name for r in page.models[0].releases] == ["r1"]
+
+    asyncio.run(scenario())
+
+
+def test_an_auto_deploy_that_waits_for_a_retry_is_looked_at_without_an_event(
+    tmp_path: Path,
+) -> None:
+    """A model busy with another operation when its new release was seen is tried again at
+    the next beat, though nothing in its dir changes again."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            events = FakeEvents()
+            watcher = _watcher(service, parts, events, auto_deploy=True)
+            await watcher.scan()
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            events.name("m")
+            claim = parts.runner.claim("m")  # an operation of ours holds the model
+            try:
+                busy = await watcher.scan()
+            finally:
+                parts.runner.release("m", claim)
+            retried = await watcher.scan()  # no event names m this time
+
+            assert (busy.listed, busy.deploys) == (["m"], [])
+            assert retried.listed == ["m"]
+            assert [op.release for op in retried.deploys] == ["r1"]
+            assert (await service.wait(retried.deploys[0].id)).status.value == "succeeded"
+
+    asyncio.run(scenario())
