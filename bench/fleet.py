@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import sys
 import tempfile
@@ -365,6 +366,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--idle-members", type=int, default=2, help="members per idle fleet (default 2)"
     )
+    parser.add_argument(
+        "--workdir", type=Path, help="a new dir to run in and keep (logs); default: a temp dir"
+    )
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: poll 1 s, fleets of 1 and 2, 1 run"
@@ -381,11 +385,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def load() -> float:
+    """The host's 1-minute load average: other work on the machine shows in every number."""
+    return os.getloadavg()[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        root = Path(tmp)
+    load_at_start = load()
+    with contextlib.ExitStack() as keep:
+        if args.workdir is None:
+            root = Path(keep.enter_context(tempfile.TemporaryDirectory(prefix="fleet-")))
+        else:
+            root = args.workdir
+            root.mkdir(parents=True)  # a fresh dir: the daemons' logs stay there
         idle: IdleCounts = idle_store_traffic(
             root / "idle",
             args.idle_seconds,
@@ -399,7 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for poll in args.polls:
             phases[poll], found = run_phase(root / f"poll{poll:g}", poll, args)
             problems.update(found)
-    summary = idle.machine
+    summary = (
+        f"{idle.machine}; load average {load_at_start:.1f} at the start, {load():.1f} at the end"
+    )
     for message, n in problems.most_common():
         print(f"daemon log: {n} x {message}")
     print(f"\n{verdict(phases, idle)}\n\n{table(phases, idle)}")

@@ -49,13 +49,13 @@ ROWS = [  # key, label, format; cells: median over runs (min to max)
     ("wait_min_s", "followers: publish -> own operation created (poll wait), first (s)", "{:.2f}"),
     ("wait_max_s", "followers: publish -> own operation created (poll wait), last (s)", "{:.2f}"),
     ("follower_op_max_s", "followers: own deploy (operation), longest (s)", "{:.2f}"),
-    (
-        "told_s",
-        "every member serving had each follower been told at the publish (s)",
-        "{:.2f}",
-    ),
     ("follower_load_max_s", "followers: of which the `load` step, longest (s)", "{:.2f}"),
     ("after_publish_s", "publish -> every member serving (s)", "{:.2f}"),
+    (
+        "told_s",
+        "call -> every member serving, had each follower been told at the publish (s)",
+        "{:.2f}",
+    ),
     ("api_after_ops_s", "last follower's operation done -> API answer (s)", "{:.2f}"),
     ("api_after_all_s", "every member serving -> API answer (s)", "{:.2f}"),
 ]
@@ -196,43 +196,54 @@ def table(phases: Phases, idle: IdleCounts) -> str:
     return "\n\n".join(parts)
 
 
+def cost_split(idle: IdleCounts) -> str:
+    """The idle S3 bill of FLEET members by purpose, and what each further model adds."""
+    cost = {p: 0.0 for p, _m in idle.s3}
+    for (purpose, method), rate in idle.s3.items():
+        cost[purpose] += monthly(rate, method)
+    whole = sum(cost.values()) or 1.0
+    split = ", ".join(
+        f"{purpose} {100 * c / whole:.0f} %"
+        for purpose, c in sorted(cost.items(), key=lambda x: -x[1])
+    )
+    polls = idle.s3.get(("desired", "LIST"), 0.0)  # one per pass: passes per minute
+    per_model = monthly(polls, "GET") + monthly(polls, "LIST")
+    return (
+        f"{split}; each further model adds one desired-state GET and one release listing per "
+        f"pass ({polls:.1f} passes a minute), ${per_model:,.2f} a month for {FLEET} members "
+        "(derived from the passes counted here, not measured with several models)"
+    )
+
+
 def verdict(phases: Phases, idle: IdleCounts) -> str:
-    bad = sum(
-        v
-        for runs in phases.values()
-        for run in runs
-        for k, v in run.items()
-        if k.endswith(("_failed", "_back", "_unexpected"))
-    )
-    requests = sum(
-        v
-        for runs in phases.values()
-        for run in runs
-        for k, v in run.items()
-        if k.endswith("_requests")
-    )
+    bad = total(phases, ("failed", "back", "unexpected"))
+    requests = total(phases, ("requests",))
     held = []
     for poll, runs in phases.items():
         runs = derive(poll, runs)
+        single = statistics.median(run["1_all_s"] for run in runs)
+        sizes = []
         for size in sizes_of(runs)[1:]:
             margins = [run[f"{size}_margin_s"] for run in runs]
             median = statistics.median(margins)
-            met = sum(m >= 0 for m in margins)
-            held.append(
-                f"poll {poll:g} s, {size} members: **{'met' if median >= 0 else 'missed'}** at "
-                f"the median ({median:+.2f} s; met in {met} of {len(margins)} runs; every "
-                f"member after {statistics.median(run[f'{size}_all_s'] for run in runs):.2f} s "
-                f"against {statistics.median(run['1_all_s'] for run in runs):.2f} s alone)"
+            every = statistics.median(run[f"{size}_all_s"] for run in runs)
+            sizes.append(
+                f"{size} members **{'met' if median >= 0 else 'missed'}** ({every:.2f} s, "
+                f"margin {median:+.2f} s, met in {sum(m >= 0 for m in margins)} of "
+                f"{len(margins)} runs)"
             )
+        held.append(f"with poll {poll:g} s (alone {single:.2f} s): {', '.join(sizes)}")
     cost = sum(monthly(rate, method) for (_p, method), rate in idle.s3.items())
     per_minute = sum(idle.s3.values())
+    local = sum(idle.local.values())
     return (
         f"Result: 0 failed requests during rollouts: **{'met' if bad == 0 else 'missed'}** "
         f"({bad:.0f} failed or wrong of {requests:.0f}). Every member serving within a fleet "
-        f"of one + one poll interval + 1 s: " + "; ".join(held) + ". "
+        f"of one + one poll interval + 1 s, at the median over runs: " + "; ".join(held) + ". "
         f"An idle member asks S3 {per_minute:.1f} times a minute (poll {POLL:g} s, heartbeat "
-        f"{BEAT:g} s, one model): {FLEET} members cost ${cost:,.2f} a month at S3 Standard "
-        f"us-east-1 list prices as of {PRICES_AS_OF}."
+        f"{BEAT:g} s, one model): {FLEET} members cost **${cost:,.2f} a month** at S3 Standard "
+        f"us-east-1 list prices as of {PRICES_AS_OF} ({cost_split(idle)}). On a directory "
+        f"store an idle member makes {local:.0f} file-system calls a minute on the store."
     )
 
 
@@ -243,18 +254,79 @@ def section(args: argparse.Namespace, summary: str, phases: Phases, idle: IdleCo
         else (
             f"--runs {args.runs} --polls {','.join(f'{p:g}' for p in args.polls)} "
             f"--clients {args.clients} --every {args.every:g} --idle-seconds {args.idle_seconds:g} "
-            "--write-readme"
+            f"--idle-members {args.idle_members} --write-readme"
         )
     )
+    sizes = ", ".join(map(str, args.sizes))
+    polls = " and ".join(f"{p:g} s" for p in args.polls)
+    members = sum(args.sizes)
     return f"""{BEGIN}
 ## fleet
 
-Smoke run (~2 min): `.venv/bin/python bench/fleet.py --quick`.
+Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
 
 - Measured: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC
 - Machine: {summary}
-- Parameters: {args.runs} runs per poll interval, fleets of {", ".join(map(str, args.sizes))}
-  (`.venv/bin/python bench/fleet.py {flags}`)
+- Parameters: {args.runs} runs per poll interval ({polls}), fleets of {sizes} members;
+  {args.clients} clients per rollout (`.venv/bin/python bench/fleet.py {flags}`)
+- Members: each a bundled Triton with a repository of its own and `python -m controlplane
+  serve` beside it, configured by environment only: `CONTROLPLANE_FLEET__MEMBER`,
+  `CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS` (the interval under test) and
+  `CONTROLPLANE_FLEET__HEARTBEAT_SECONDS=5` (the default); everything else is the default
+  (strategy `blue-green`, `retire_after_seconds` 30 s). Each fleet size has a directory store
+  of its own; all {members} members of one poll interval run at once, on the machine above.
+- Model: Python backend, `OUTPUT0 = INPUT0 * k`, one CPU instance per slot; r0 serves on every
+  member before the runs. Each run deploys the next release once on every fleet, the sizes
+  taking turns going first: `POST /v1/models/fleet/deploy {{"release": "r<i>", "wait": true,
+  "fleet": true}}` through one member (a different one each run). The fleet of one makes the
+  same call: it is the baseline, a single member's deploy, measured in the same run.
+- Clock: from the API call to the end of the first request that the new release answered on
+  the last member to serve it (its clients' view, one request every {args.every * 1e3:.0f} ms per
+  client); the API's answer is timed too. {args.clients} gRPC clients per rollout, spread over
+  the fleet's members (at least one each), from before the call until every member answered
+  a few more times: the same load for every size, since all members share the CPUs.
+- Split, from the daemons' records (their clocks are this host's): the receiving member's
+  `publish` step (it deploys first and publishes once it serves), each follower's operation
+  (trigger `fleet`): created (publish -> created is its wait for its next poll) and its
+  duration. "Had each follower been told at the publish" is each member's serving time minus
+  its own poll wait: the rollout without polling.
+- Pauses: before each rollout of a fleet, at least 35 s after its previous one (its old slot
+  retired, so every deploy loads an empty slot: no `free` step), then a random pause of up to
+  one poll interval: a follower's passes are timed from the end of its last follow, so
+  rollouts back to back would always meet it at the same point of its cycle.
+- Why the target is missed: a rollout is the receiving member's deploy, then the last
+  follower's wait for its poll (0 to one interval, and with more members the last one tends to
+  the whole interval), then that follower's own deploy, since followers start only once the
+  release serves on the first member (so a bad release stops there). The target's 1 s leaves no
+  room for that second deploy, so it holds only when the last follower happens to poll at
+  least that deploy minus 1 s before its interval is up. Here the followers' deploys share the CPUs
+  (they grow with the fleet, more so with 1 s where they start together); on hosts of their
+  own each would take about as long as the single deploy.
+- Idle store traffic (poll {POLL:g} s, heartbeat {BEAT:g} s, the defaults, set explicitly): two
+  more fleets of {idle.s3_members} members serving one model, counted for {args.idle_seconds:g} s
+  before the rollouts. S3 is moto's server (its own process) with a counting proxy per member
+  (the tests' `FaultProxy`, no fault scripted), each request put in a purpose by its key or
+  listing prefix: `desired` (`_controlplane/desired/`: the sync's listing and one GET per
+  model), `heartbeats` (`_controlplane/members/`), `releases` (the release watcher's
+  listings: the models, then each model's objects). A directory store is counted with `strace
+  -f` attached to each member's daemon, every call on a path under the store (an open,
+  a directory read, a stat, a rename or fsync is a round trip or a lookup on NFS). Each
+  member's window is cut to whole poll cycles (first to last desired-state listing in it).
+- Prices: AWS S3 Standard, us-east-1, list prices as of {PRICES_AS_OF} (the date these were
+  written down from https://aws.amazon.com/s3/pricing/, not fetched by the bench): PUT, COPY,
+  POST, LIST $0.005 per 1,000 requests; GET and the other reads $0.0004 per 1,000;
+  DELETE free; a month is 730 hours; no data transfer charge from EC2 in the same region.
+- One rollout on S3: r1 through one member of the idle S3 fleet, before the idle window, every
+  member's requests from the call to the answer. The member that waits (`fleet: true`) reads
+  the desired state and every heartbeat (a listing and one GET per member, one after the
+  other) every 0.25 s until every member serves.
+- Daemon warnings at the end: the bench stops the members soon after the last rollouts, when
+  the retire of an old slot (30 s after a switch) may be unloading it; the daemon then logs
+  `operation interrupted (shutdown)` for that retire. Nothing else is expected in the logs;
+  the bench prints every warning and error the daemons logged.
+- Targets: 0 failed requests during rollouts; every member serving within the fleet of one +
+  one poll interval + 1 s (median over runs of each run's margin; each run against its own
+  fleet of one).
 
 {verdict(phases, idle)}
 
