@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{verdict(phases, idle)}\n\n{table(phases, idle)}")
     print(f"\n(the whole bench took {time.perf_counter() - began:.0f} s)")
     if args.write_readme:
-        write_readme(section(args, summary, phases, idle))
+        write_readme(section(args, summary, phases, idle, problems))
         print(f"\nwrote {README}")
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -247,7 +248,21 @@ def verdict(phases: Phases, idle: IdleCounts) -> str:
     )
 
 
-def section(args: argparse.Namespace, summary: str, phases: Phases, idle: IdleCounts) -> str:
+def logged(problems: Counter[str]) -> str:
+    """The daemons' warnings and errors, most frequent first."""
+    if not problems:
+        return "Daemon warnings and errors logged: none."
+    found = "; ".join(f"{n} x `{message}`" for message, n in problems.most_common(8))
+    return f"Daemon warnings and errors logged: {found}."
+
+
+def section(
+    args: argparse.Namespace,
+    summary: str,
+    phases: Phases,
+    idle: IdleCounts,
+    problems: Counter[str],
+) -> str:
     flags = (
         "--quick --write-readme"
         if args.quick
@@ -328,7 +343,7 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
   one poll interval + 1 s (median over runs of each run's margin; each run against its own
   fleet of one).
 
-{verdict(phases, idle)}
+{verdict(phases, idle)} {logged(problems)}
 
 {table(phases, idle)}
 {END}"""
