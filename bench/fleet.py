@@ -39,7 +39,6 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -51,20 +50,18 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np
-import tritonclient.grpc as grpcclient
-
-from bench.fleet_report import section, table, verdict, write_readme
-from bench.fleet_servers import (
+from bench.fleet_members import (
+    MemberClients,
     Tritons,
+    counts,
     deployed,
     fleet_deploy,
     intervals,
     log_problems,
     wait_ready,
 )
+from bench.fleet_report import section, table, verdict, write_readme
 from bench.fleet_store import IdleCounts, idle_store_traffic
-from bench.hot_swap import Request
 from bench.report import README, run_main
 from bench.rollback import perf_of, wait_until
 from tests.support.fleet import Fleet, Member
@@ -133,80 +130,6 @@ def phase(root: Path, poll: float, args: argparse.Namespace) -> Iterator[Phase]:
         bench.problems = log_problems([m for fleet in fleets.values() for m in fleet.members])
 
 
-# --- clients -------------------------------------------------------------------------------
-
-
-class MemberClients:
-    """``clients`` gRPC clients spread over the members' Tritons (at least one each), each
-    paced at one request every ``every`` s (back to back when one takes longer), until stopped.
-
-    The same number of clients for every fleet size: on one machine, more clients would slow
-    every deploy of a larger fleet, the receiving member's too."""
-
-    def __init__(self, urls: Sequence[str], clients: int, every: float, seconds: float):
-        self.member_of = [i % len(urls) for i in range(max(clients, len(urls)))]
-        self.logs: list[list[Request]] = [[] for _ in self.member_of]
-        self.errors: list[str] = []
-        self._urls, self._every = urls, every
-        self._stop = threading.Event()
-        self._deadline = time.perf_counter() + seconds
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), daemon=True)
-            for i in range(len(self.logs))
-        ]
-
-    def __enter__(self) -> MemberClients:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-
-    def first(self, member: int, value: float) -> float | None:
-        """When ``member``'s clients first got ``value``: the end of that request."""
-        ends = [
-            next((r.end for r in log if r.value == value), None)
-            for log, of in zip(self.logs, self.member_of, strict=True)
-            if of == member
-        ]
-        found = [end for end in ends if end is not None]
-        return min(found) if found else None
-
-    def settle(self, answers: int, timeout: float) -> None:
-        """Every client gets ``answers`` more answers than now."""
-        start = [len(log) for log in self.logs]
-        wait_until(
-            lambda: all(len(log) - s >= answers for log, s in zip(self.logs, start, strict=True)),
-            timeout,
-            "every client answering",
-            every=0.01,
-        )
-
-    def _run(self, index: int) -> None:
-        client = grpcclient.InferenceServerClient(self._urls[self.member_of[index]])
-        tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
-        tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
-        log = self.logs[index]
-        beat = time.perf_counter() + random.uniform(0, self._every)  # clients out of step
-        try:
-            while not self._stop.is_set() and time.perf_counter() < self._deadline:
-                time.sleep(max(0.0, beat - time.perf_counter()))
-                beat = max(beat + self._every, time.perf_counter())
-                start = time.perf_counter()
-                value: float | None = None
-                try:
-                    output = client.infer(MODEL, [tensor], client_timeout=30.0)
-                    value = float(output.as_numpy("OUTPUT0")[0])
-                except Exception as exc:  # every failure is what the bench counts
-                    self.errors.append(repr(exc)[:200])
-                log.append(Request(start, time.perf_counter(), value))
-        finally:
-            client.close()
-
-
 # --- one rollout ---------------------------------------------------------------------------
 
 
@@ -233,7 +156,7 @@ def rollout(bench: Phase, size: int, release: int, args: argparse.Namespace) -> 
     new, old = value_of(release), value_of(release - 1)
     urls = [m.triton.grpc_url for m in members]
     timeout = bench.poll + 300
-    with MemberClients(urls, args.clients, args.every, timeout + 60) as clients:
+    with MemberClients(urls, MODEL, args.clients, args.every, timeout + 60) as clients:
         clients.settle(answers=5, timeout=60)
         begin = time.perf_counter()
         answer = fleet_deploy(leader, MODEL, f"r{release}")
@@ -286,24 +209,6 @@ def rollout(bench: Phase, size: int, release: int, args: argparse.Namespace) -> 
     return out
 
 
-def counts(clients: MemberClients, new: float, old: float) -> dict[str, float]:
-    """Failed requests, answers that went back to ``old`` after ``new``, answers of neither."""
-    back = unexpected = 0
-    for log in clients.logs:
-        moved = False
-        for request in log:
-            unexpected += request.value not in (None, new, old)
-            back += moved and request.value == old
-            moved = moved or request.value == new
-    everything = [r for log in clients.logs for r in log]
-    return {
-        "requests": float(len(everything)),
-        "failed": float(sum(r.value is None for r in everything)),
-        "back": float(back),
-        "unexpected": float(unexpected),
-    }
-
-
 def pause_before(bench: Phase, size: int) -> None:
     """The old slot retired, then a random point of the followers' poll cycle."""
     time.sleep(max(0.0, bench.settled_at[size] + RETIRED - time.perf_counter()))
@@ -348,8 +253,9 @@ def run_phase(
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=3, help="runs per poll interval (default 3)")
+    polls = ",".join(f"{p:g}" for p in POLLS)
     parser.add_argument(
-        "--polls", default="10,1", help="poll intervals in s, comma-separated (default 10,1)"
+        "--polls", default=polls, help=f"poll intervals in s, comma-separated (default {polls})"
     )
     parser.add_argument(
         "--clients",

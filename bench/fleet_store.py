@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from bench.fleet_servers import Tritons, deployed, intervals, log_problems, wait_ready
+from bench.fleet_members import Tritons, deployed, intervals, log_problems, wait_ready
 from bench.report import machine
 from bench.s3_download import moto_process
 from tests.support.fault_proxy import FaultKind, FaultProxy, SeenRequest
