@@ -158,9 +158,10 @@ def rollout(bench: Phase, size: int, release: int, args: argparse.Namespace) -> 
     timeout = bench.poll + 300
     with MemberClients(urls, MODEL, args.clients, args.every, timeout + 60) as clients:
         clients.settle(answers=5, timeout=60)
-        begin = time.perf_counter()
-        answer = fleet_deploy(leader, MODEL, f"r{release}")
-        answered = time.perf_counter()
+        with leader.api.client() as http:  # see fleet_deploy: a connection of its own
+            begin = time.perf_counter()
+            answer = fleet_deploy(http, MODEL, f"r{release}")
+            answered = time.perf_counter()
         if answer.status_code != 200:
             raise RuntimeError(f"fleet of {size}, r{release}: {answer.status_code} {answer.text}")
         wait_until(

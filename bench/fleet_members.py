@@ -83,15 +83,22 @@ def wait_ready(members: Sequence[Member], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def fleet_deploy(member: Member, model: str, release: str) -> httpx.Response:
-    """The call a user makes: deploy through ``member`` and wait for every live member."""
-    body = {"release": release, "wait": True, "fleet": True, "fleet_timeout_seconds": 300}
-    return member.api.http.post(f"/v1/models/{model}/deploy", json=body)
+def fleet_deploy(http: httpx.Client, model: str, release: str) -> httpx.Response:
+    """The call a user makes: deploy through the member ``http`` talks to and wait for every
+    live member (the daemon gives up before the client's 120 s do).
+
+    Pass a client with a fresh connection (:meth:`Daemon.client`), built before any clock
+    starts: a kept-alive connection idle for about uvicorn's keep-alive timeout (5 s) may be
+    closed by the daemon as the request goes out."""
+    body = {"release": release, "wait": True, "fleet": True, "fleet_timeout_seconds": 100}
+    return http.post(f"/v1/models/{model}/deploy", json=body)
 
 
 def deployed(member: Member, model: str, release: str) -> None:
-    """:func:`fleet_deploy`, raising with the daemon's answer unless it succeeded."""
-    answer = fleet_deploy(member, model, release)
+    """:func:`fleet_deploy` through ``member``, raising with the daemon's answer unless it
+    succeeded."""
+    with member.api.client() as http:
+        answer = fleet_deploy(http, model, release)
     if answer.status_code != 200:
         raise RuntimeError(f"deploy {model} {release} via {member.name}: {answer.text[:2000]}")
 
