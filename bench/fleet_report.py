@@ -309,14 +309,16 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
   retired, so every deploy loads an empty slot: no `free` step), then a random pause of up to
   one poll interval: a follower's passes are timed from the end of its last follow, so
   rollouts back to back would always meet it at the same point of its cycle.
-- Why the target is missed: a rollout is the receiving member's deploy, then the last
-  follower's wait for its poll (0 to one interval, and with more members the last one tends to
-  the whole interval), then that follower's own deploy, since followers start only once the
-  release serves on the first member (so a bad release stops there). The target's 1 s leaves no
-  room for that second deploy, so it holds only when the last follower happens to poll at
-  least that deploy minus 1 s before its interval is up. Here the followers' deploys share the CPUs
-  (they grow with the fleet, more so with 1 s where they start together); on hosts of their
-  own each would take about as long as the single deploy.
+- The target against the design: a rollout is the receiving member's deploy, then the last
+  follower's wait for its poll (0 to one interval), then that follower's own deploy, since
+  followers start only once the release serves on the first member (so a bad release stops
+  there). The target's 1 s leaves no room for that second deploy: it holds only when the last
+  follower happens to poll early enough, at least its own deploy minus 1 s before its interval
+  is up. Each follow also restarts a follower's poll cycle, so the followers of one fleet poll
+  at nearly the same moments (the first and the last wait differ by about the spread of their
+  deploys, not by independent draws). Here the followers' deploys share the CPUs (they grow
+  with the fleet, more so with 1 s where they start together); on hosts of their own each
+  would take about as long as the single deploy.
 - Idle store traffic (poll {POLL:g} s, heartbeat {BEAT:g} s, the defaults, set explicitly): two
   more fleets of {idle.s3_members} members serving one model, counted for {args.idle_seconds:g} s
   before the rollouts. S3 is moto's server (its own process) with a counting proxy per member
