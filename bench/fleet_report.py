@@ -314,9 +314,11 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
   followers start only once the release serves on the first member (so a bad release stops
   there). The target's 1 s leaves no room for that second deploy: it holds only when the last
   follower happens to poll early enough, at least its own deploy minus 1 s before its interval
-  is up. Each follow also restarts a follower's poll cycle, so the followers of one fleet poll
-  at nearly the same moments (the first and the last wait differ by about the spread of their
-  deploys, not by independent draws). Here the followers' deploys share the CPUs (they grow
+  is up. The waits are not independent draws: a member's poll cycle restarts when its follow
+  ends (and at its own publish for the member that received the call), so the members that
+  followed the previous rollout poll within about the spread of their deploys of each other,
+  and the previous receiving member is offset from them by about that rollout's wait plus a
+  deploy. Here the followers' deploys share the CPUs (they grow
   with the fleet, more so with 1 s where they start together); on hosts of their own each
   would take about as long as the single deploy.
 - Idle store traffic (poll {POLL:g} s, heartbeat {BEAT:g} s, the defaults, set explicitly): two
