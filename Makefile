@@ -80,6 +80,7 @@ bench: install
 	$(BIN)/python bench/blue_green.py
 	$(BIN)/python bench/rollback.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/fleet.py
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache

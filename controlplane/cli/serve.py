@@ -24,6 +24,9 @@ from controlplane.wiring import check_filesystem, claim_state
 log = logging.getLogger("controlplane")
 
 
+KEEP_ALIVE_SECONDS = 75
+
+
 def run(config: Path | None) -> int:
     try:
         settings = load_settings(config)
@@ -90,4 +93,8 @@ def _serve(settings: Settings, lock: InstanceLock) -> None:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=15,
+        # Longer than clients and load balancers keep an idle connection (httpx 5 s, an AWS
+        # ALB 60 s): with uvicorn's 5 s default, a request sent on a connection just as the
+        # daemon closed it was lost ("server disconnected without sending a response").
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
