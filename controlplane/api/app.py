@@ -108,11 +108,6 @@ def fleet_of(c: Container) -> FleetService:
 
 def fleet_request(c: Container, body: FleetWait) -> None:
     """Refuse a fleet wait that cannot be had, before anything starts."""
-    if body.fleet and not body.wait:
-        raise InvalidRequest(
-            "'fleet': true waits for every member; send 'wait': true with it (without wait, "
-            "follow the fleet with GET /v1/fleet)"
-        )
     if body.fleet:
         fleet_of(c)
 
@@ -183,13 +178,13 @@ def create_app(settings: Settings) -> FastAPI:
                 "release": operation.release,
                 "message": operation.message,
             }
-            if request.fleet and request.wait:
+            if request.fleet:
                 fleet = await _fleet_wait(c, operation.model, operation.release, request)
                 if isinstance(fleet, JSONResponse):
                     return fleet
                 body["fleet"] = fleet
             return JSONResponse(body, status_code=200)
-        if not request.wait:
+        if not (request.wait or request.fleet):  # waiting for the fleet waits for this member
             return JSONResponse({"operation": operation_json(operation)}, status_code=202)
         done = await c.deploy.wait(operation.id)
         body = {"operation": operation_json(done)}

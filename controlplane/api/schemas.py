@@ -75,8 +75,8 @@ class DeployRequest(_Body):
     )
     fleet: bool = Field(
         False,
-        description="With wait: answer only when every live member of the fleet serves it (or "
-        "one reports that it cannot), with each member's state under 'fleet'.",
+        description="Answer only when every live member of the fleet serves it (or one reports "
+        "that it cannot), with each member's state under 'fleet'; implies wait.",
     )
     fleet_timeout_seconds: float = Field(
         600.0,
@@ -93,8 +93,8 @@ class RollbackRequest(_Body):
     wait: bool = Field(False, description="Answer only when the operation has finished.")
     fleet: bool = Field(
         False,
-        description="With wait: answer only when every live member of the fleet serves it (or "
-        "one reports that it cannot), with each member's state under 'fleet'.",
+        description="Answer only when every live member of the fleet serves it (or one reports "
+        "that it cannot), with each member's state under 'fleet'; implies wait.",
     )
     fleet_timeout_seconds: float = Field(
         600.0,
@@ -108,8 +108,8 @@ class UnloadRequest(_Body):
     wait: bool = Field(False, description="Answer only when the operation has finished.")
     fleet: bool = Field(
         False,
-        description="With wait: answer only when every live member of the fleet serves it (or "
-        "one reports that it cannot), with each member's state under 'fleet'.",
+        description="Answer only when every live member of the fleet serves it (or one reports "
+        "that it cannot), with each member's state under 'fleet'; implies wait.",
     )
     fleet_timeout_seconds: float = Field(
         600.0,
@@ -388,6 +388,9 @@ class UnchangedAnswer(_Answer):
     model: str
     release: str
     message: str
+    fleet: dict[str, Any] | None = Field(
+        None, description="With fleet: the model across the fleet, member by member."
+    )
 
 
 class ErrorBody(_Answer):
