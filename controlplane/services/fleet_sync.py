@@ -19,10 +19,11 @@ Invariants:
   member does not go back to a release it rolled back from, until someone sets it again.
 * A model with an operation of this member's own running is left to it.
 
-It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and after each change,
-advances canary rollouts (:mod:`~controlplane.domain.rollout`), and, on the first pass, writes a
-record for each model that serves here but that the fleet has no record of (a member upgraded
-from a version without a fleet), so that the fleet knows what already serves.
+It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and when what it says
+changes (:mod:`~controlplane.services.heartbeat`), advances canary rollouts
+(:mod:`~controlplane.domain.rollout`), and, on the first pass, writes a record for each model
+that serves here but that the fleet has no record of (a member upgraded from a version without
+a fleet), so that the fleet knows what already serves.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from controlplane.domain.rollout import advance
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
+from controlplane.services.heartbeat import HeartbeatWriter
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0
@@ -101,10 +103,14 @@ class FleetSync:
         self.last: SyncReport | None = None
         self.last_read: datetime | None = None  # when the desired state was last read
         self.stale_since: datetime | None = None  # reads fail since then
-        self.last_beat_error: str | None = None
+        self._heart = HeartbeatWriter(records=self._records, interval=beat_interval)
         self._failures: dict[str, _Failure] = {}
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
+
+    @property
+    def last_beat_error(self) -> str | None:
+        return self._heart.last_error
 
     @property
     def stale(self) -> bool:
@@ -120,7 +126,7 @@ class FleetSync:
             while True:
                 await self.sync_pass(wait=not ready.is_set())
                 ready.set()
-                await self.beat()
+                await self._heart.write_if_due(self.heartbeat())
                 await self._until_next_pass()
         finally:
             for task in self._follows.values():
@@ -134,17 +140,14 @@ class FleetSync:
             soonest = min(f.next_try for f in self._failures.values())
             pause = max(0.1, min(pause, soonest - self._clock.monotonic()))
         deadline = loop.time() + pause
-        next_beat = loop.time() + self._beat_interval
         while (left := deadline - loop.time()) > 0:
             # asyncio.timeout, not wait_for: see the reconcile loop (Python 3.11 cancellation).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, max(0.0, next_beat - loop.time()))):
+                async with asyncio.timeout(min(left, max(0.0, self._heart.due_at - loop.time()))):
                     await self.wake.wait()
             if self.wake.is_set():
                 break
-            if loop.time() >= next_beat:
-                await self.beat()
-                next_beat = loop.time() + self._beat_interval
+            await self._heart.write_if_due(self.heartbeat())
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:
@@ -370,16 +373,8 @@ class FleetSync:
         )
 
     async def beat(self) -> None:
-        try:
-            await asyncio.to_thread(self._records.beat, self.heartbeat())
-        except ControlPlaneError as exc:
-            if self.last_beat_error is None:
-                log.warning("cannot write this member's heartbeat: %s", exc)
-            self.last_beat_error = str(exc)
-            return
-        if self.last_beat_error is not None:
-            log.info("this member's heartbeat is written again")
-        self.last_beat_error = None
+        """Write this member's heartbeat now."""
+        await self._heart.write(self.heartbeat())
 
     async def _states_when_stale(self) -> dict[str, MemberModel]:
         """The last known states, kept while the store cannot be read (at start-up: what
