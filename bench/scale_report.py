@@ -9,8 +9,8 @@ from datetime import datetime
 
 TARGETS = {"cpu_pct": 2.0, "p99_ms": 50.0, "rss_mib": 80.0}
 ROWS = [  # key (prefixed new_/old_), label, format
-    ("scan_s", "watcher scan of the unchanged store, wall (ms)", 1e3, "{:.1f}"),
-    ("scan_cpu_s", "watcher scan of the unchanged store, CPU (ms)", 1e3, "{:.1f}"),
+    ("scan_s", "watcher's full scan of the unchanged store, wall (ms)", 1e3, "{:.1f}"),
+    ("scan_cpu_s", "watcher's full scan of the unchanged store, CPU (ms)", 1e3, "{:.1f}"),
     (
         "first_scan_s",
         "first scan after a start (every marker hashed, every row written) (s)",
@@ -96,6 +96,7 @@ def rss_text(
     runs: Sequence[dict[str, float]],
     imports: Sequence[tuple[str, float]],
     stubs: Sequence[tuple[str, float]],
+    releases: int,
 ) -> str:
     """What holds the RSS, and what < 80 MiB would take, from what was measured."""
     after_imports = sum(mib for _, mib in imports)
@@ -111,8 +112,8 @@ def rss_text(
     grpc = dict(stubs)["grpc, protobuf"]
     return f"""\
 The idle daemon holds {floor:.0f} MiB on a store of one model and {big:.0f} MiB on the big one
-(what the watcher keeps per release: {big - floor:.0f} MiB); {after_imports:.0f} MiB of it is
-what its imports load, the rest threads, the database's cache, gRPC channels, the app.
+(its {releases:,} releases add {big - floor:.0f} MiB); {after_imports:.0f} MiB of it is what its
+imports load, the rest threads, the database's cache, gRPC channels, the app, the heap.
 
 {imports_table(imports)}
 
@@ -200,5 +201,5 @@ runs, {args.idle:g} s each; each row's share is the floor minus that row):
 
 {table(runs)}
 
-{floor}{rss_text(runs, imports, stubs)}
+{floor}{rss_text(runs, imports, stubs, args.models * args.releases)}
 <!-- scale:end -->"""
