@@ -6,17 +6,23 @@ what the store holds. This bench builds a local store of M models x R releases (
 default the one before the scale work) checked out with ``git worktree`` in the same run:
 
 * the watcher's scan of the unchanged store, in a child process (``bench/scale_probe.py``):
-  wall and CPU time of one scan, median over ``--scans`` scans after the first;
+  wall and CPU time of one full scan (what every beat was before the store's events named the
+  models that changed; now what the safety-net scan every ``store.full_scan_seconds`` costs),
+  median over ``--scans`` scans after the first;
 * ``controlplane serve`` at ``store.poll_interval_seconds: 1`` against the bundled Triton
   (CPU): its CPU over ``--idle`` s from ``/proc/<pid>/stat`` (nothing else happening), then
   its RSS (``VmRSS``);
-* ``GET /v1/models``: ``--requests`` sequential calls while the watcher keeps beating, p50 and
-  p99; the default answer (the baseline: every model; now: the first page of 100) and, for
-  the code under test, ``?limit=M`` too (the whole store in one page, the baseline's content).
+* ``GET /v1/models``: ``--requests`` sequential calls while the watcher keeps beating (the
+  baseline, whose answer took seconds, ``--baseline-requests``), p50 and p99; the default
+  answer (the baseline: every model; now: the first page of 100) and, for the code under
+  test, ``?limit=M`` too (the whole store in one page, the baseline's content). ``GET
+  /healthz`` as many times right after is the control: what any request costs on this machine
+  at that moment (it is shared: the 1-minute load average at the end of each run is reported).
 
 The same daemon measured on a store of one model gives the floor that has nothing to do with
-the store (the reconcile loop looks at Triton's index 4 times a second; the overload watcher
-scrapes Triton's metrics every second). Runs alternate which code goes first.
+the store. Once, after the runs, the code under test's floor is measured again with each of its
+background jobs turned off or slowed to once in 300 s, so that each one's share shows.
+Runs alternate which code goes first.
 
 Run from the repo root: ``.venv/bin/python bench/scale.py [--quick] [--write-readme]``.
 """
@@ -53,8 +59,9 @@ BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
 TICK = os.sysconf("SC_CLK_TCK")
 INTRO_ROW = (
     "| `scale.py` | a 200 x 20 local store, this code against the commit before the scale work "
-    "(a `git worktree`) in the same run: the watcher's scan of the unchanged store, the "
-    "daemon's CPU at a 1 s poll and its idle RSS, `GET /v1/models` p50/p99 |"
+    "(a `git worktree`) in the same run: the watcher's full scan of the unchanged store, the "
+    "daemon's CPU at a 1 s poll (and each background job's share of its floor) and its idle "
+    "RSS (and what holds it), `GET /v1/models` p50/p99 |"
 )
 
 
@@ -120,9 +127,16 @@ def latencies(get: Any, path: str, count: int) -> tuple[float, float, int]:
         response = get(path)
         times.append((time.perf_counter() - start) * 1e3)
         response.raise_for_status()
-        answered = len(response.json()["models"])
+        answered = len(response.json().get("models", []))
     cuts = statistics.quantiles(times, n=100, method="inclusive")
     return cuts[49], cuts[98], answered
+
+
+def idle_cpu(pid: int, seconds: float) -> float:
+    """The process's CPU over ``seconds``, in % of a core."""
+    cpu, wall = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
 
 
 def daemon_numbers(
@@ -132,23 +146,51 @@ def daemon_numbers(
     work.mkdir(parents=True)
     env = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "1", "PYTHONPATH": str(tree)}
     daemon = start_daemon(triton=triton, store=store, workdir=work, extra_env=env)
+    requests = args.requests if tree == ROOT else min(args.requests, args.baseline_requests)
     try:
         time.sleep(args.settle)  # the first scans (every marker hashed once) are over
         pid = daemon.process.pid
-        cpu, wall = cpu_seconds(pid), time.monotonic()
-        time.sleep(args.idle)
-        out = {"cpu_pct": 100 * (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)}
-        out["rss_mib"] = rss_mib(pid)
-        p50, p99, answered = latencies(daemon.get, "/v1/models", args.requests)
+        out = {"cpu_pct": idle_cpu(pid, args.idle), "rss_mib": rss_mib(pid)}
+        p50, p99, answered = latencies(daemon.get, "/v1/models", requests)
         out |= {"p50_ms": p50, "p99_ms": p99, "answered": answered}
+        p50, p99, _ = latencies(daemon.get, "/healthz", requests)
+        out |= {"healthz_p50_ms": p50, "healthz_p99_ms": p99}
         if tree == ROOT:
-            p50, p99, answered = latencies(
-                daemon.get, f"/v1/models?limit={args.models}", args.requests
-            )
+            p50, p99, answered = latencies(daemon.get, f"/v1/models?limit={args.models}", requests)
             out |= {"all_p50_ms": p50, "all_p99_ms": p99, "all_answered": answered}
         return out
     finally:
         daemon.stop()
+
+
+SLOWED = {  # env that turns one background job off, or slows it to once in 300 s
+    "overload": {"CONTROLPLANE_ROLLBACK__SOURCE": "none"},
+    "fleet": {"CONTROLPLANE_FLEET__ENABLED": "false"},
+    "reconcile": {"CONTROLPLANE_RECONCILE__INTERVAL_SECONDS": "300"},
+    "poll": {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "300"},
+}
+
+
+def floor_shares(
+    triton: RunningTriton, store: Path, root: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """The floor (this code, a store of one model) as it runs, with each job slowed, and with
+    all of them slowed: % of a core each."""
+    variants: dict[str, dict[str, str]] = {"as it runs": {}, **SLOWED}
+    variants["all"] = {key: value for env in SLOWED.values() for key, value in env.items()}
+    out = {}
+    for name, slowed in variants.items():
+        work = root / f"shares-{name}"
+        work.mkdir(parents=True)
+        env = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "1", "PYTHONPATH": str(ROOT), **slowed}
+        daemon = start_daemon(triton=triton, store=store, workdir=work, extra_env=env)
+        try:
+            time.sleep(args.settle)
+            out[name] = idle_cpu(daemon.process.pid, args.idle)
+        finally:
+            daemon.stop()
+        print(f"floor, {name} slowed: {out[name]:.2f} %" if slowed else f"floor: {out[name]:.2f} %")
+    return out
 
 
 def one_run(
@@ -169,6 +211,7 @@ def one_run(
             numbers = daemon_numbers(tree, triton, store, root / f"run{run}-{code}-{size}", args)
             tag = "" if size == "big" else "floor_"
             result |= {f"{code}_{tag}{key}": value for key, value in numbers.items()}
+        result["load_1min"] = os.getloadavg()[0]
         print(
             f"run {run} {code}: scan {result[f'{code}_scan_s'] * 1e3:.1f} ms, CPU "
             f"{result[f'{code}_cpu_pct']:.1f} % (floor {result[f'{code}_floor_cpu_pct']:.1f} %), "
@@ -188,13 +231,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=float, default=30.0, help="s of idle CPU measured")
     parser.add_argument("--settle", type=float, default=5.0, help="s after ready, first")
     parser.add_argument("--requests", type=int, default=200, help="GET /v1/models per run")
+    parser.add_argument(
+        "--baseline-requests", type=int, default=20, help="of those, for the baseline (slow)"
+    )
+    parser.add_argument(
+        "--no-shares", action="store_true", help="skip the floor's share per background job"
+    )
     parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 run, 10 s idle")
     args = parser.parse_args(argv)
     if args.quick:
         args.runs, args.idle, args.requests, args.scans = 1, 10.0, 50, 3
-    if min(args.models, args.releases, args.runs, args.scans, args.requests) < 1:
+    counts = (args.models, args.releases, args.runs, args.scans, args.requests)
+    if min(*counts, args.baseline_requests) < 1:
         parser.error("every count must be at least 1")
     return args
 
@@ -221,12 +271,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 summary = machine(triton)
                 print(f"{summary}\n", flush=True)
                 imports = probe(ROOT, "imports")
+                (root / "protos").mkdir()
+                probe(ROOT, "descriptors", str(root / "protos"))
+                stubs = probe(ROOT, "stub-imports", str(root / "protos"))
                 runs = [
                     one_run(r, trees, triton, stores, root, args) for r in range(1, args.runs + 1)
                 ]
+                shares = {} if args.no_shares else floor_shares(triton, stores["small"], root, args)
         finally:
             triton.stop()
-    text = section(args, summary, runs, imports, datetime.now(UTC))
+    text = section(args, summary, runs, imports, stubs, shares, datetime.now(UTC))
     print("\n" + text)
     if args.write_readme:
         write_section(text, begin=BEGIN, end=END, script="scale.py", row=INTRO_ROW)

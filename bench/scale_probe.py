@@ -4,7 +4,9 @@ time the release watcher's scans of a store, as the daemon runs them, and print 
 Kept to what both the code before and after the scale work accept: a watcher over the local
 store and the SQLite releases book, auto-deploy off (so the deploy service is never called).
 The first scan records every release; the ones timed after it are the steady state of a beat
-over an unchanged store. Also prints the RSS each import group adds, for the RSS table.
+over an unchanged store. Also prints the RSS each import group adds, for the RSS table, and
+what the same imports would hold with Triton's gRPC stubs built from its protos instead of
+imported from tritonclient.grpc (whose package init imports numpy and ml_dtypes).
 """
 
 from __future__ import annotations
@@ -67,21 +69,24 @@ async def scans(store_path: Path, count: int) -> dict[str, Any]:
     }
 
 
-def imports() -> list[tuple[str, float]]:
-    """RSS added by each group of imports the daemon makes, in the order it makes them."""
-    groups = [
-        ("interpreter, asyncio, json (the probe itself)", []),
-        ("typer, click (the CLI)", ["typer"]),
-        ("ssl, uvicorn", ["ssl", "uvicorn"]),
-        ("pydantic, pydantic-settings, yaml", ["pydantic", "pydantic_settings", "yaml"]),
-        ("fastapi, starlette", ["fastapi"]),
-        ("httpx", ["httpx"]),
-        ("numpy (imported by tritonclient.grpc)", ["numpy"]),
-        ("grpc, protobuf", ["grpc", "google.protobuf"]),
-        ("tritonclient.grpc", ["tritonclient.grpc.aio"]),
-        ("prometheus_client, psutil, watchfiles, tenacity", ["prometheus_client", "psutil"]),
-        ("controlplane (settings, wiring, api)", ["controlplane.cli.serve"]),
-    ]
+COMMON = [  # what the daemon imports besides Triton's client and its own code, in its order
+    ("interpreter, asyncio, json (the probe itself)", []),
+    ("typer, click (the CLI)", ["typer"]),
+    ("ssl, uvicorn", ["ssl", "uvicorn"]),
+    ("pydantic, pydantic-settings, yaml", ["pydantic", "pydantic_settings", "yaml"]),
+    ("fastapi, starlette", ["fastapi"]),
+    ("httpx", ["httpx"]),
+]
+REST = [
+    (
+        "prometheus_client, psutil, watchfiles, tenacity, sqlite3",
+        ["prometheus_client", "psutil", "watchfiles", "tenacity", "sqlite3"],
+    ),
+]
+PROTOS = ("model_config", "grpc_service")  # Triton's .proto files, as tritonclient compiled them
+
+
+def _measure(groups: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
     import importlib
 
     out = []
@@ -95,9 +100,66 @@ def imports() -> list[tuple[str, float]]:
     return out
 
 
+def imports() -> list[tuple[str, float]]:
+    """RSS added by each group of imports the daemon makes, in the order it makes them."""
+    return _measure(
+        [
+            *COMMON,
+            ("numpy (tritonclient.grpc's package init imports tritonclient.utils)", ["numpy"]),
+            ("ml_dtypes (the same)", ["ml_dtypes"]),
+            ("grpc, protobuf", ["grpc", "grpc.aio", "google.protobuf"]),
+            ("tritonclient.grpc (its stubs, client and utils)", ["tritonclient.grpc.aio"]),
+            *REST,
+            ("controlplane (settings, wiring, api)", ["controlplane.cli.serve"]),
+        ]
+    )
+
+
+def descriptors(where: Path) -> None:
+    """Triton's protos as tritonclient compiled them, written for :func:`stub_imports`."""
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    for name, module in zip(PROTOS, (model_config_pb2, service_pb2), strict=True):
+        (where / f"{name}.desc").write_bytes(module.DESCRIPTOR.serialized_pb)
+
+
+def stub_imports(where: Path) -> list[tuple[str, float]]:
+    """The same third-party imports with Triton's messages and gRPC stubs built from its
+    protos (what stubs generated at build time would load), instead of tritonclient.grpc,
+    whose package init imports numpy and ml_dtypes whatever submodule is asked for."""
+    out = _measure([*COMMON, ("grpc, protobuf", ["grpc", "grpc.aio", "google.protobuf"]), *REST])
+    import grpc
+    from google.protobuf import descriptor_pool, message_factory
+
+    before = rss_mib()
+    pool = descriptor_pool.Default()
+    for name in PROTOS:
+        pool.AddSerializedFile((where / f"{name}.desc").read_bytes())
+    service = pool.FindServiceByName("inference.GRPCInferenceService")
+    channel = grpc.aio.insecure_channel("localhost:1")
+    stubs = {
+        method.name: channel.unary_unary(
+            f"/{service.full_name}/{method.name}",
+            request_serializer=message_factory.GetMessageClass(method.input_type).SerializeToString,
+            response_deserializer=message_factory.GetMessageClass(method.output_type).FromString,
+        )
+        for method in service.methods
+        if not method.client_streaming
+    }
+    out.append((f"Triton's messages and {len(stubs)} stubs, and a channel", rss_mib() - before))
+    return out
+
+
 def main() -> None:
     if sys.argv[1] == "imports":
         print(json.dumps(imports()))
+        return
+    if sys.argv[1] == "descriptors":
+        descriptors(Path(sys.argv[2]))
+        print(json.dumps(sorted(p.name for p in Path(sys.argv[2]).iterdir())))
+        return
+    if sys.argv[1] == "stub-imports":
+        print(json.dumps(stub_imports(Path(sys.argv[2]))))
         return
     print(json.dumps(asyncio.run(scans(Path(sys.argv[2]), int(sys.argv[3])))))
 

@@ -299,6 +299,11 @@ class Triton(Protocol):
 
     async def is_live(self) -> bool: ...
 
+    async def connection_lost(self) -> None:
+        """Wait until a connection to Triton that was up goes down (Triton stopped or
+        restarted), without calling Triton; while none is up, connect first."""
+        ...
+
     async def load(self, model: str) -> None:
         """Load or reload ``model`` from its files; READY when this returns.
 

@@ -17,7 +17,7 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a watcher holds one per release in the store
 class ReleaseInfo:
     """A release in the store. ``complete`` means its ``SHA256SUMS`` commit marker exists.
 

@@ -19,9 +19,9 @@ Invariants:
   member does not go back to a release it rolled back from, until someone sets it again.
 * A model with an operation of this member's own running is left to it.
 
-It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and after each change,
-and does the fleet's upkeep (:mod:`.fleet_upkeep`): it advances canary rollouts and, on its first
-pass, records what serves here that the fleet has no record of.
+It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and when what it says
+changes (:mod:`.heartbeat`), and does the fleet's upkeep (:mod:`.fleet_upkeep`): it advances
+canary rollouts and, on its first pass, records what serves here that the fleet has no record of.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
+from controlplane.services.heartbeat import HeartbeatWriter
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0
@@ -101,10 +102,14 @@ class FleetSync:
         self.last: SyncReport | None = None
         self.last_read: datetime | None = None  # when the desired state was last read
         self.stale_since: datetime | None = None  # reads fail since then
-        self.last_beat_error: str | None = None
+        self._heart = HeartbeatWriter(records=self._records, interval=beat_interval)
         self._failures: dict[str, _Failure] = {}
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
+
+    @property
+    def last_beat_error(self) -> str | None:
+        return self._heart.last_error
 
     @property
     def stale(self) -> bool:
@@ -121,7 +126,7 @@ class FleetSync:
             while True:
                 await self.sync_pass(wait=not ready.is_set())
                 ready.set()
-                await self.beat()
+                await self._heart.write_if_due(self.heartbeat())
                 if self._clock.monotonic() >= next_forget and self.stale_since is None:
                     await forget_departed(self._records, self.member.name, self._clock.now())
                     next_forget = self._clock.monotonic() + FORGET_EVERY
@@ -138,17 +143,14 @@ class FleetSync:
             soonest = min(f.next_try for f in self._failures.values())
             pause = max(0.1, min(pause, soonest - self._clock.monotonic()))
         deadline = loop.time() + pause
-        next_beat = loop.time() + self._beat_interval
         while (left := deadline - loop.time()) > 0:
             # asyncio.timeout, not wait_for: see the reconcile loop (Python 3.11 cancellation).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, max(0.0, next_beat - loop.time()))):
+                async with asyncio.timeout(min(left, max(0.0, self._heart.due_at - loop.time()))):
                     await self.wake.wait()
             if self.wake.is_set():
                 break
-            if loop.time() >= next_beat:
-                await self.beat()
-                next_beat = loop.time() + self._beat_interval
+            await self._heart.write_if_due(self.heartbeat())
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:
@@ -342,16 +344,8 @@ class FleetSync:
         )
 
     async def beat(self) -> None:
-        try:
-            await asyncio.to_thread(self._records.beat, self.heartbeat())
-        except ControlPlaneError as exc:
-            if self.last_beat_error is None:
-                log.warning("cannot write this member's heartbeat: %s", exc)
-            self.last_beat_error = str(exc)
-            return
-        if self.last_beat_error is not None:
-            log.info("this member's heartbeat is written again")
-        self.last_beat_error = None
+        """Write this member's heartbeat now."""
+        await self._heart.write(self.heartbeat())
 
     async def _states_when_stale(self) -> dict[str, MemberModel]:
         """The last known states, kept while the store cannot be read (at start-up: what

@@ -12,20 +12,23 @@ to it; models the database does not know are left alone (they may belong to some
 So a Triton restart, a model unloaded through Triton's own API, or a daemon that died mid-way
 are all repaired the same way, without anyone asking. Repairs of different models run in
 parallel; their loads share the load slots (a wait shows as a ``queue`` step). While Triton is
-down the loop checks its liveness ten times a second, so repairs start as soon as it is back;
-between beats it looks at Triton's index four times a second, so a Triton restart (however
-quick) or a model unloaded behind its back is met at once.
+down the loop checks its liveness ten times a second, so repairs start as soon as it is back.
+Between beats it watches its connection to Triton, which costs nothing while it holds, so a
+Triton restart (however quick) is met at once; and while a model it manages is READY it looks
+at Triton's index every :data:`INDEX_LOOK` s, so a model unloaded behind its back (Triton's
+own API) is met within that, not at the next beat. With nothing managed READY there is nothing
+such a look could find, and none is made.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
@@ -59,7 +62,7 @@ from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
-LIVENESS_POLL = 0.25  # between beats: how often Triton's index is looked at (one gRPC call)
+INDEX_LOOK = 1.0  # between beats: how often Triton's index is looked at (one gRPC call)
 # A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
 # first retry is soon, because the commonest cause is a world that changed under the pass
 # (Triton restarted between reading its index and acting on it).
@@ -142,7 +145,7 @@ class Reconciler:
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
-        self._ready_seen: set[str] = set()  # what Triton had READY at the last look
+        self._ready_seen: set[str] = set()  # managed names Triton had READY at the last look
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -206,20 +209,40 @@ class Reconciler:
                 task.cancel("the reconcile loop stops")
 
     async def _until_next_pass(self, pause: float, *, watch: bool) -> None:
-        """Sleep ``pause`` s, or less: when woken, or (``watch``) as soon as Triton stops
-        answering or a model it had READY is no longer (a restart, however quick, or an unload
-        behind the daemon's back), so that drift is met at once rather than at the next beat.
-        A look at the index is one small gRPC call."""
+        """Sleep ``pause`` s, or less: when woken, or (``watch``: Triton answered the last
+        pass) as soon as the connection to Triton breaks (a restart, however quick) or a
+        model it had READY is no longer (an unload behind the daemon's back), so that drift is
+        met at once rather than at the next beat."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + pause
-        while (left := deadline - loop.time()) > 0:
-            # asyncio.timeout, not wait_for: on Python 3.11, wait_for loses a cancellation
-            # that arrives as the event is set, and the loop would never stop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, LIVENESS_POLL)):
-                    await self.wake.wait()
-            if self.wake.is_set() or (watch and await self._lost_a_model()):
-                break
+        woken: asyncio.Future[Any] = asyncio.ensure_future(self.wake.wait())
+        waiters = {woken}
+        if watch:
+            waiters.add(asyncio.ensure_future(self._triton.connection_lost()))
+        try:
+            while (left := deadline - loop.time()) > 0:
+                look = watch and bool(self._ready_seen)
+                # asyncio.wait, not wait_for: on Python 3.11, wait_for loses a cancellation
+                # that arrives as the event is set, and the loop would never stop.
+                done, _ = await asyncio.wait(
+                    waiters,
+                    timeout=min(left, INDEX_LOOK) if look else left,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if woken in done:
+                    break
+                if done:  # the connection broke, or watching it failed
+                    [lost] = done
+                    if lost.exception() is None:
+                        break
+                    log.warning("cannot watch the connection to Triton: %s", lost.exception())
+                    waiters.discard(lost)  # the index looks and the beats carry on
+                elif look and await self._lost_a_model():
+                    break
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
         self.wake.clear()
 
     async def _lost_a_model(self) -> bool:
@@ -228,7 +251,7 @@ class Reconciler:
         except ControlPlaneError:
             return True  # Triton stopped answering: the pass will say so
         lost = self._ready_seen - ready
-        self._ready_seen = ready
+        self._ready_seen &= ready
         return bool(lost)
 
     async def run_pass(self, *, wait: bool = True) -> PassReport:
@@ -245,10 +268,12 @@ class Reconciler:
             self.last = report
             return report
         index = index_by_name(await self._triton.index())
-        self._ready_seen = {name for name, entry in index.items() if entry.state == "READY"}
         placed = await asyncio.to_thread(self._staging.placed)
         repairs: list[asyncio.Task[None]] = []
-        for record in await self._serving.all():
+        records = await self._serving.all()
+        managed = {name for r in records for name in (r.name, *(slot.name for slot in r.slots))}
+        self._ready_seen = {n for n, entry in index.items() if entry.state == "READY"} & managed
+        for record in records:
             model = record.name
             repairing = self._repairs.get(model)
             if self._runner.holder(model) is not None or (repairing and not repairing.done()):

@@ -163,6 +163,7 @@ class FakeTriton:
         self._stuck: set[str] = set()
         self.configs: dict[str, dict[str, Any]] = {}  # what loads with a config override set
         self.smoke_failures: dict[str, str] = {}  # model -> why its smoke inference fails
+        self._connection_waiters: list[asyncio.Future[None]] = []
 
     # --- scripting ------------------------------------------------------------------------
 
@@ -196,6 +197,22 @@ class FakeTriton:
     async def is_live(self) -> bool:
         self.calls.append(("is_live", ""))
         return self.live
+
+    @property
+    def watched(self) -> bool:
+        """Someone waits in :meth:`connection_lost`."""
+        return bool(self._connection_waiters)
+
+    async def connection_lost(self) -> None:
+        """Returns when :meth:`restart` is called (a future of the running loop: a fake may
+        serve several ``asyncio.run``)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._connection_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._connection_waiters:
+                self._connection_waiters.remove(waiter)
 
     async def load(self, model: str) -> None:
         self.calls.append(("load", model))
@@ -268,10 +285,15 @@ class FakeTriton:
         return str(steps[0]["model_name"]) if len(steps) == 1 else None
 
     def restart(self) -> None:
-        """Triton restarted: nothing is loaded, nothing is stuck, overrides are gone."""
+        """Triton restarted: nothing is loaded, nothing is stuck, overrides are gone, and the
+        daemon's connection to it broke."""
         self.models.clear()
         self.configs.clear()
         self._stuck.clear()
+        for waiter in self._connection_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._connection_waiters.clear()
 
     def _config(self, model: str) -> dict[str, Any]:
         if self.state(model) != "READY":

@@ -19,6 +19,7 @@ class GpuExporter:
         self._memory: dict[str, tuple[int, int]] = {}
         self.scrapes = 0
         self.failing = False
+        self.extra = ""  # more of Triton's text (other families), served after the GPU's
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,7 +79,7 @@ class GpuExporter:
                     for uuid, figures in memory.items()
                 ),
             ]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + self.extra
 
     def __enter__(self) -> GpuExporter:
         self._thread.start()

@@ -6,12 +6,19 @@ happens before the daemon binds a port or reaches Triton, so nothing is left run
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
+
+from controlplane.cli.serve import CalmServer
+from tests.support.polling import until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXIT_USAGE = 2
@@ -91,3 +98,36 @@ def test_staging_on_another_filesystem(
     assert "different filesystems" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "root" / "controlplane.db").exists()  # refused before anything else
+
+
+def test_the_server_stops_at_once_when_a_signal_asks_between_its_ticks(tmp_path: Path) -> None:
+    """It looks whether to stop once a second rather than ten times; the signal must not wait
+    for that look (here an hour away)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def scenario() -> None:
+        server = CalmServer(
+            uvicorn.Config(app, uds=str(tmp_path / "api.sock"), log_config=None), tick=3600.0
+        )
+        serving = asyncio.create_task(server.serve())
+        await until(lambda: server.started, "the server started")
+        await asyncio.sleep(0)  # into its wait for the next tick
+
+        server.handle_exit(signal.SIGTERM, None)
+
+        async with asyncio.timeout(10.0):
+            await serving
+
+    # uvicorn raises the signal again once it has stopped, for the handler it found: this one.
+    passed_on: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, _frame: passed_on.append(sig))
+    try:
+        asyncio.run(scenario())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert passed_on == [signal.SIGTERM]

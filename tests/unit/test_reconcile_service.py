@@ -801,7 +801,7 @@ def test_a_slow_repair_does_not_hold_back_another_model_s(tmp_path: Path) -> Non
     asyncio.run(scenario())
 
 
-def test_a_model_lost_between_beats_is_repaired_at_once_not_at_the_next_beat(
+def test_a_model_unloaded_between_beats_is_repaired_within_a_look_not_at_the_next_beat(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
@@ -819,6 +819,66 @@ def test_a_model_lost_between_beats_is_repaired_at_once_not_at_the_next_beat(
 
                 await until(lambda: triton.state(MODEL) == "READY", "repaired at once")
                 assert triton.called("load", MODEL) == loads + 1
+            finally:
+                loop.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await loop
+
+    asyncio.run(scenario())
+
+
+def test_a_triton_restart_between_beats_is_met_by_the_broken_connection_at_once(
+    tmp_path: Path,
+) -> None:
+    """No look at the index finds it: the pass right after the restart is the first call."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        await deployed(tmp_path, triton, "r1")
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            ready = asyncio.Event()
+            loop = asyncio.create_task(make_reconciler(service, parts).run(3600.0, ready))
+            try:
+                async with asyncio.timeout(DEADLINE):
+                    await ready.wait()
+                await until(lambda: triton.watched, "the connection watched")
+                loads, looks = triton.called("load", MODEL), triton.called("index", "")
+
+                triton.restart()  # EXPLICIT mode: the new Triton loads nothing
+
+                await until(lambda: triton.state(MODEL) == "READY", "repaired at once")
+                assert triton.called("load", MODEL) == loads + 1
+                assert triton.called("index", "") == looks + 1  # the pass's own read
+            finally:
+                loop.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await loop
+
+    asyncio.run(scenario())
+
+
+def test_with_nothing_managed_ready_the_loop_calls_triton_only_on_its_beat(
+    tmp_path: Path,
+) -> None:
+    """Nothing a look at the index could find: between beats the loop asks Triton nothing,
+    and a restart still starts a pass at once."""
+
+    async def scenario() -> None:
+        triton = FakeTriton()
+        async with deploy_service(tmp_path, triton) as (service, parts):
+            ready = asyncio.Event()
+            loop = asyncio.create_task(make_reconciler(service, parts).run(3600.0, ready))
+            try:
+                async with asyncio.timeout(DEADLINE):
+                    await ready.wait()
+                await until(lambda: triton.watched, "the connection watched")
+                calls = len(triton.calls)
+
+                triton.restart()
+
+                await until(lambda: len(triton.calls) > calls, "a pass after the restart")
+                await until(lambda: triton.watched, "watching again after the pass")
+                assert triton.calls[calls:] == [("is_live", ""), ("index", "")]
             finally:
                 loop.cancel()
                 with pytest.raises(asyncio.CancelledError):

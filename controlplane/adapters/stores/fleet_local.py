@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.adapters.stores.fleet_records import (
     DESIRED_DIR,
     MAX_RECORD_BYTES,
@@ -196,7 +197,7 @@ def _records(directory: Path) -> list[Path]:
 def _read(path: Path) -> bytes | None:
     try:
         with path.open("rb") as stream:
-            return stream.read(MAX_RECORD_BYTES + 1)
+            return read_at_most(stream, MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:

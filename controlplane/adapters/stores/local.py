@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
+from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.adapters.stores.markers import MarkerRevisions
 from controlplane.adapters.stores.retries import report_refetch, unstable
 from controlplane.domain.checksums import (
@@ -121,7 +122,7 @@ class LocalStore:
             raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
         try:
             with path.open("rb") as stream:
-                data = stream.read(MAX_MANIFEST_BYTES + 1)  # never more, whatever its size
+                data = read_at_most(stream, MAX_MANIFEST_BYTES)  # never more, whatever its size
         except (FileNotFoundError, IsADirectoryError):
             return None
         if len(data) > MAX_MANIFEST_BYTES:

@@ -30,19 +30,24 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.domain.checksums import MAX_MANIFEST_BYTES
 from controlplane.domain.releases import ReleaseInfo
 
 RACY_SECONDS = 2.0  # FAT's granularity; above NTFS's, ext3's and HFS+'s, and most NFS skew
-_Signature = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
+# st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns packed in 40 bytes: a tuple of five ints
+# took 240 (one per release in the store).
+_Signature = bytes
+_PACKED = struct.Struct("<QQqqq")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Seen:
     signature: _Signature
     info: ReleaseInfo
@@ -83,12 +88,12 @@ class MarkerRevisions:
         read = self._read(marker)
         if read is None:  # gone or replaced by something else between the two looks
             return ReleaseInfo(model, release, complete=False)
-        signature, digest = read  # the stat of the file that was read, not of the lstat
+        read_stat, digest = read  # the stat of the file that was read, not of the lstat
         info = ReleaseInfo(model, release, True, revision=digest)
-        youngest = max(signature[3], signature[4])
+        youngest = max(read_stat.st_mtime_ns, read_stat.st_ctime_ns)
         if youngest <= (self._wall_clock() - RACY_SECONDS) * 1e9:
             with self._lock:
-                self._seen.setdefault(model, {})[release] = _Seen(signature, info)
+                self._seen.setdefault(model, {})[release] = _Seen(_signature(read_stat), info)
         return info
 
     def keep_only(self, model: str, releases: Iterable[str]) -> None:
@@ -110,7 +115,7 @@ class MarkerRevisions:
             for name in [name for name in self._seen if name not in keep]:
                 del self._seen[name]
 
-    def _read(self, marker: str) -> tuple[_Signature, str] | None:
+    def _read(self, marker: str) -> tuple[os.stat_result, str] | None:
         """The marker's stat and digest, both from one open file (never a symlink)."""
         try:
             fd = os.open(marker, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -120,11 +125,13 @@ class MarkerRevisions:
             found = os.fstat(stream.fileno())
             if not stat.S_ISREG(found.st_mode):
                 return None
-            data = stream.read(MAX_MANIFEST_BYTES + 1)
+            data = read_at_most(stream, MAX_MANIFEST_BYTES)
         with self._lock:
             self.hashed += 1
-        return _signature(found), hashlib.sha256(data).hexdigest()
+        return found, hashlib.sha256(data).hexdigest()
 
 
 def _signature(found: os.stat_result) -> _Signature:
-    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+    return _PACKED.pack(
+        found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
+    )

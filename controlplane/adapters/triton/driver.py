@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import grpc
 import numpy as np
 from tenacity import (
     AsyncRetrying,
@@ -65,6 +66,10 @@ RECONNECT_BACKOFF = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 )
+# The connection :meth:`TritonDriver.connection_lost` watches carries no call: it must not be
+# let go of for being idle (gRPC's default after 30 min), which would look like a lost one.
+WATCH_CHANNEL = (*RECONNECT_BACKOFF, ("grpc.client_idle_timeout_ms", 2**31 - 1))
+_READY = grpc.ChannelConnectivity.READY
 
 
 class TritonDriver:
@@ -79,6 +84,7 @@ class TritonDriver:
     ) -> None:
         self._url = url
         self._client = grpcclient.InferenceServerClient(url=url, channel_args=_channel_args())
+        self._watch: grpc.aio.Channel | None = None  # made by the first connection_lost()
         self._call_timeout = call_timeout
         self._load_timeout = load_timeout
         self._attempts = attempts
@@ -93,6 +99,22 @@ class TritonDriver:
             return bool(await self._client.is_server_live(client_timeout=self._call_timeout))
         except InferenceServerException:
             return False
+
+    async def connection_lost(self) -> None:
+        """Return once a connection to Triton that was up goes down: Triton stopped or
+        restarted, however quickly, seen by the kernel closing the socket, with no call made.
+
+        A channel of its own, carrying no call, is watched: tritonclient keeps its channel to
+        itself, and a channel the calls use would also change state when they fail. While no
+        connection is up, it connects (and retries twice a second) first."""
+        if self._watch is None:
+            self._watch = grpc.aio.insecure_channel(self._url, options=list(WATCH_CHANNEL))
+        channel = self._watch
+        state = channel.get_state(try_to_connect=True)
+        while state is not _READY:
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)
+        await channel.wait_for_state_change(_READY)
 
     # --- model control --------------------------------------------------------------------
 
@@ -149,20 +171,22 @@ class TritonDriver:
     # --- reading ----------------------------------------------------------------------------
 
     async def index(self) -> list[IndexEntry]:
+        # The message's own fields, not as_json: tritonclient makes JSON of it with an indent,
+        # which Python encodes in pure Python, then parses it back; that was most of the cost
+        # of a call the reconcile loop makes several times a second. An empty field is what
+        # the JSON left out.
         async def call() -> Any:
-            return await self._client.get_model_repository_index(
-                as_json=True, client_timeout=self._call_timeout
-            )
+            return await self._client.get_model_repository_index(client_timeout=self._call_timeout)
 
         raw = await self._retrying(call, what="repository index")
         return [
             IndexEntry(
-                name=str(m.get("name", "")),
-                version=str(m.get("version", "")),
-                state=str(m.get("state", "UNAVAILABLE")),
-                reason=str(m.get("reason", "")),
+                name=str(m.name),
+                version=str(m.version),
+                state=str(m.state) or "UNAVAILABLE",
+                reason=str(m.reason),
             )
-            for m in raw.get("models", [])
+            for m in raw.models
         ]
 
     async def signature(self, model: str) -> Signature:
@@ -236,6 +260,8 @@ class TritonDriver:
 
     async def close(self) -> None:
         await self._client.close()
+        if self._watch is not None:
+            await self._watch.close()
 
     # --- plumbing -----------------------------------------------------------------------------
 

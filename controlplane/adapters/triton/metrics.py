@@ -3,9 +3,15 @@ utilisation (for the overload watcher) and GPU memory (for the headroom check).
 
 A scrape that fails answers None ("unknown"): the caller decides what that means, never this.
 ``nv_gpu_utilization`` is a ratio in [0, 1], one series per ``gpu_uuid``.
+
+Only the lines of the families asked for are parsed: Triton exports a dozen counters per model
+and version, and parsing them all was most of a scrape's CPU, every second, growing with the
+models served.
 """
 
 from __future__ import annotations
+
+import re
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,10 +67,27 @@ class TritonMetrics:
             return None
         return [
             (family.name, dict(sample.labels), float(sample.value))
-            for family in text_string_to_metric_families(response.text)
+            for family in text_string_to_metric_families(_lines_of(response.text, metrics))
             if family.name in metrics
             for sample in family.samples
         ]
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _lines_of(text: str, metrics: tuple[str, ...]) -> str:
+    """The lines of ``text`` (Prometheus' text format) about the families ``metrics``: their
+    samples (``name{...} v``, ``name v``, a counter's ``name_total``...) and their ``# HELP``
+    and ``# TYPE`` lines."""
+    heads = tuple(f"{kind}{name}" for kind in ("", "# HELP ", "# TYPE ") for name in metrics)
+    names = {f"{name}{suffix}" for name in metrics for suffix in _SAMPLE_SUFFIXES}
+    kept = []
+    for line in text.splitlines():
+        if line.startswith(heads) and (found := _NAME.match(line)) and found.group(1) in names:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+_SAMPLE_SUFFIXES = ("", "_total", "_created", "_count", "_sum", "_bucket")
+_NAME = re.compile(r"(?:# (?:HELP|TYPE) )?([a-zA-Z_:][a-zA-Z0-9_:]*)")
