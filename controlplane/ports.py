@@ -641,6 +641,16 @@ class DesiredStates(Protocol):
         ...
 
 
+class FleetPeers(Protocol):
+    """The other members' APIs, to wake them after this member changed the desired state. A
+    wake carries nothing: a woken member reads the store, as at its next poll."""
+
+    async def wake(self, urls: Sequence[str]) -> dict[str, str | None]:
+        """Wake each member at ``urls`` (at once, each bounded by a short timeout); by URL,
+        None when it answered, else why not."""
+        ...
+
+
 # --- time ---------------------------------------------------------------------------------
 
 

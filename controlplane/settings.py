@@ -36,6 +36,7 @@ from pydantic_settings import (
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.evaluator import check_threshold
+from controlplane.domain.fleet import peer_url
 from controlplane.domain.names import (
     validate_member_name,
     validate_model_name,
@@ -451,6 +452,25 @@ class FleetSettings(_Group):
         description="How often this member writes its heartbeat (what it serves, its GPU "
         "verdict) into the store; a member not seen for 3 beats is not alive.",
     )
+    advertise_url: str | None = Field(
+        None,
+        description="Where the other members reach this member's API (http://host:port), "
+        "written in its heartbeat: a member that changes the desired state wakes the others "
+        "there, so they follow at once instead of at their next poll (a wake carries nothing "
+        "and needs no token). Default: http://<api.host>:<api.port> when the API binds one "
+        "address, none when it binds every address (in Kubernetes set it from the pod's IP). "
+        "Without one this member follows at its polls.",
+    )
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _advertise_url(cls, url: str | None) -> str | None:
+        if url is not None and peer_url(url) is None:
+            raise ValueError(
+                f"{url!r} is not a member's address: give http://host:port or "
+                "https://host:port, with no path, query or credentials"
+            )
+        return peer_url(url) if url is not None else None
 
     @field_validator("member")
     @classmethod
@@ -531,6 +551,21 @@ class Settings(BaseSettings):
     @property
     def member_name(self) -> str:
         return self.fleet.member or _host_name()
+
+    @property
+    def fleet_url(self) -> str | None:
+        """Where other members wake this one: ``fleet.advertise_url``, or the API's address
+        when it binds one (not a wildcard)."""
+        if self.fleet.advertise_url is not None:
+            return self.fleet.advertise_url
+        host = self.api.host
+        try:
+            if ipaddress.ip_address(host).is_unspecified:
+                return None
+        except ValueError:
+            pass  # a name
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.api.port}"
 
     @property
     def staging_path(self) -> Path:

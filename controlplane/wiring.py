@@ -10,6 +10,7 @@ from functools import partial
 
 from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
+from controlplane.adapters.fleet_peers import HttpPeers
 from controlplane.adapters.host import HostAndGpuMemory
 from controlplane.adapters.instance_lock import InstanceLock, places
 from controlplane.adapters.persistence import SqliteRepos
@@ -145,10 +146,13 @@ def build(settings: Settings) -> Container:
     ledger = (
         FleetLedger(
             records=build_records(settings, store),
-            member=Member(settings.member_name, uuid.uuid4().hex[:12], __version__),
+            member=Member(
+                settings.member_name, uuid.uuid4().hex[:12], __version__, settings.fleet_url
+            ),
             clock=clock,
             rollout_for=settings.rollout,
             wake=fleet_wake.set,
+            peers=HttpPeers(),
         )
         if settings.fleet.enabled
         else None

@@ -284,6 +284,23 @@ def create_app(settings: Settings) -> FastAPI:
         service = fleet_of(c)
         return fleet_json(await service.snapshot(), stale=service.stale)
 
+    @app.post(
+        "/v1/fleet/wake",
+        tags=["fleet"],
+        status_code=202,
+        # No token (api/security.py); the body gates still stand in front of it.
+        responses=answers(("invalid_request", "unsupported_media_type", "request_too_large")),
+    )
+    async def fleet_wake(c: Reader) -> dict[str, Any]:
+        """Read the fleet's desired state now rather than at the next poll: another member
+        changed it. It carries nothing and needs no token (the members never send theirs to
+        an address read from the store); woken more than once a second, this member reads at
+        most once a second."""
+        fleet_of(c)
+        assert c.fleet is not None
+        c.fleet.poke()
+        return {"member": c.fleet.member.name, "woken": True}
+
     @app.get("/v1/memory", tags=["models"])
     async def memory(c: Reader) -> dict[str, Any]:
         """Triton's memory after recent swaps, the leak trend, and whether the audit can see

@@ -56,8 +56,9 @@ def _declare_bearer(document: dict[str, Any]) -> None:
     components.setdefault("securitySchemes", {})[BEARER] = {
         "type": "http",
         "scheme": "bearer",
-        "description": "api.token; every mutating route needs it.",
+        "description": "api.token; every mutating route needs it (but POST /v1/fleet/wake).",
     }
-    for method, operation in _operations(document):
-        if needs_token(method):
-            operation["security"] = [{BEARER: []}]
+    for path, path_item in document.get("paths", {}).items():
+        for method, operation in path_item.items():
+            if needs_token(method, path):
+                operation["security"] = [{BEARER: []}]

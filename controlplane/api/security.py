@@ -4,7 +4,10 @@ It is an ASGI gate in front of everything else, so a request without the right t
 answered 401 from its headers alone: its body is never read, parsed, measured or described,
 and no route, validation or 404 says anything to a caller who has not shown the token.
 "Mutating" is every method but GET, HEAD and OPTIONS, so a route added later is guarded by
-default. The token is compared in constant time (:func:`hmac.compare_digest`) and never logged.
+default; the one exception, by exact path, is ``POST /v1/fleet/wake``, which changes nothing
+(another member asks this one to read the store now, and members never send their token to an
+address read from the store). The token is compared in constant time
+(:func:`hmac.compare_digest`) and never logged.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from controlplane.api.errors import send_error
 
 READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CHALLENGE = (b"www-authenticate", b'Bearer realm="controlplane"')
+OPEN_POSTS = frozenset({"/v1/fleet/wake"})  # change nothing: see the module's docstring
 
 
-def needs_token(method: str) -> bool:
-    return method.upper() not in READ_ONLY_METHODS
+def needs_token(method: str, path: str = "") -> bool:
+    method = method.upper()
+    return method not in READ_ONLY_METHODS and not (method == "POST" and path in OPEN_POSTS)
 
 
 def token_problem(authorization: bytes | None, expected: bytes) -> str | None:
@@ -41,7 +46,11 @@ class Authenticate:
         self._expected = token.encode() if token is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self._expected is not None and needs_token(scope["method"]):
+        if (
+            scope["type"] == "http"
+            and self._expected is not None
+            and needs_token(scope["method"], scope.get("path", ""))
+        ):
             authorization = dict(scope.get("headers", [])).get(b"authorization")
             problem = token_problem(authorization, self._expected)
             if problem is not None:

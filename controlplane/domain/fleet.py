@@ -163,6 +163,7 @@ class MemberBeat:
     models: Mapping[str, MemberModel] = field(default_factory=dict)
     overload: str | None = None  # the overload verdict: healthy, breach, unknown; None: off
     stale: bool = False  # it could not read the desired state at its last try
+    url: str | None = None  # where the other members can wake it (its API); None: they cannot
 
     def alive(self, now: datetime) -> bool:
         return now - self.at <= timedelta(seconds=3 * self.interval)
@@ -290,6 +291,7 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
         "version": beat.version,
         "overload": beat.overload,
         "stale": beat.stale,
+        "url": beat.url,
         "models": {
             name: {
                 "release": m.release,
@@ -313,11 +315,27 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
         version=str(data.get("version", "")),
         overload=data.get("overload"),
         stale=bool(data.get("stale", False)),
+        url=peer_url(data.get("url")),
         models={
             str(name): _member_model(_object(m, f"models.{name}"))
             for name, m in _object(data.get("models") or {}, "models").items()
         },
     )
+
+
+def peer_url(value: object) -> str | None:
+    """A member's advertised API address, as another member may use it: ``http(s)://host[:port]``
+    and nothing else (no credentials, path, query or fragment). Anything else is None: a
+    member that cannot be woken is followed at its next poll, which is always safe."""
+    if not isinstance(value, str) or len(value) > 300:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest:
+        return None
+    rest = rest.removesuffix("/")
+    if not rest or any(c in rest for c in "/?#@ \t\r\n\\"):
+        return None
+    return f"{scheme}://{rest}"
 
 
 def _member_model(m: Mapping[str, Any]) -> MemberModel:

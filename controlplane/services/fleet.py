@@ -171,6 +171,7 @@ def member_json(beat: MemberBeat, now: datetime) -> dict[str, object]:
         "version": beat.version,
         "stale": beat.stale,
         "overload": beat.overload,
+        "url": beat.url,
         "models": {name: _state_json(state) for name, state in sorted(beat.models.items())},
     }
 

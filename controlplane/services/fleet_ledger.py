@@ -30,7 +30,7 @@ from controlplane.domain.fleet import (
 )
 from controlplane.domain.operations import OperationKind, Trigger
 from controlplane.domain.rollout import RolloutPolicy, stable_release, start
-from controlplane.ports import Clock, DesiredStates
+from controlplane.ports import Clock, DesiredStates, FleetPeers
 from controlplane.services.runner import Run
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Member:
     name: str
     incarnation: str  # this process: a restarted member is another incarnation
     version: str
+    url: str | None = None  # where the other members wake it (None: they cannot)
 
 
 @dataclass(frozen=True)
@@ -100,12 +101,15 @@ class FleetLedger:
         clock: Clock,
         rollout_for: Callable[[str], RolloutPolicy],
         wake: Callable[[], None] = lambda: None,
+        peers: FleetPeers | None = None,
     ) -> None:
         self.records = records
         self.member = member
         self._clock = clock
         self._rollout_for = rollout_for
-        self._wake = wake
+        self._own_wake = wake
+        self._peers = peers
+        self._telling: set[asyncio.Task[None]] = set()
 
     async def read(self, model: str) -> DesiredModel | None:
         return await asyncio.to_thread(self.records.read, model)
@@ -288,6 +292,52 @@ class FleetLedger:
             f"the desired state of {model} kept changing under {ROLL_BACK_ATTEMPTS} attempts "
             f"to move it to {to}"
         )
+
+    def _wake(self) -> None:
+        """After this member changed what a member should serve: look again here, and wake
+        the other live members so they follow now rather than at their next poll."""
+        self._own_wake()
+        self.tell_peers()
+
+    def tell_peers(self) -> None:
+        """Wake the other live members that say where (in the background: a member that
+        cannot be reached follows at its next poll, and this member's operation does not wait
+        for it)."""
+        if self._peers is None:
+            return
+        task = asyncio.create_task(self._tell_peers(self._peers), name="fleet-wake-peers")
+        self._telling.add(task)
+        task.add_done_callback(self._told)
+
+    def _told(self, task: asyncio.Task[None]) -> None:
+        self._telling.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("could not wake the other members: %s", exc, exc_info=exc)
+
+    async def told_peers(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the wakes in flight to end."""
+        if self._telling:
+            await asyncio.wait(set(self._telling), timeout=timeout)
+
+    async def _tell_peers(self, peers: FleetPeers) -> None:
+        now = self._clock.now()
+        beats = await asyncio.to_thread(self.records.beats)
+        urls = sorted(
+            {
+                beat.url
+                for beat in beats.values()
+                if beat.url is not None
+                and beat.member != self.member.name
+                and beat.url != self.member.url
+                and beat.alive(now)
+            }
+        )
+        for url, error in (await peers.wake(urls)).items():
+            if error is not None:
+                log.warning(
+                    "could not wake the member at %s (%s); it follows at its next poll", url, error
+                )
+        log.debug("woke %d other members", len(urls))
 
     async def _next(self, run: Run, publication: Publication) -> DesiredModel:
         operation = run.operation

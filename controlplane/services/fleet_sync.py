@@ -51,6 +51,7 @@ from controlplane.services.heartbeat import HeartbeatWriter
 
 log = logging.getLogger(__name__)
 RETRY_FIRST, RETRY_MAX = 2.0, 300.0
+POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
 FORGET_EVERY = 300.0  # s between looks for departed members
 
 
@@ -106,6 +107,8 @@ class FleetSync:
         self._failures: dict[str, _Failure] = {}
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
+        self._poked = False
+        self._poke_gap_until = 0.0
 
     @property
     def last_beat_error(self) -> str | None:
@@ -135,9 +138,19 @@ class FleetSync:
             for task in self._follows.values():
                 task.cancel("the fleet sync stops")
 
+    def poke(self) -> None:
+        """Another member changed the desired state (``POST /v1/fleet/wake``): read it now, or
+        a second after the last pass that a poke started, whichever is later (a wake needs no
+        token, so a flood of them must not become a flood of store reads)."""
+        self._poked = True
+        self.wake.set()
+
     async def _until_next_pass(self) -> None:
         """Sleep a poll interval (less when a retry is due, or when woken), beating on the way."""
         loop = asyncio.get_running_loop()
+        if self._poked:  # the pass that just ran answered a poke: the next one waits its turn
+            self._poked = False
+            self._poke_gap_until = loop.time() + POKE_GAP
         pause = self._poll
         if self._failures:
             soonest = min(f.next_try for f in self._failures.values())
@@ -151,6 +164,8 @@ class FleetSync:
             if self.wake.is_set():
                 break
             await self._heart.write_if_due(self.heartbeat())
+        if self._poked and (gap := self._poke_gap_until - loop.time()) > 0:
+            await asyncio.sleep(gap)
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:
@@ -195,6 +210,7 @@ class FleetSync:
             self._records, self.member.name, desired, report.at, own=self.heartbeat()
         ):
             self.wake.set()
+            self._ledger.tell_peers()
         if wait and self._follows:
             await asyncio.gather(*self._follows.values(), return_exceptions=True)
             report.states.update(
@@ -341,6 +357,7 @@ class FleetSync:
             models=dict(states),
             overload=self._overload(),
             stale=self.stale,
+            url=self.member.url,
         )
 
     async def beat(self) -> None:

@@ -12,6 +12,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import TritonFactory
@@ -93,6 +94,46 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
         eventually(partial(_degraded_is, member, []), 30, f"{member.name} let r2 go")
         rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
         assert rollback["fallback"] == "r1", member.name
+
+
+def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_their_poll(
+    fleet: Fleet, store: Path
+) -> None:
+    """With a poll of 5 minutes, fleet deploys through either member are answered in seconds:
+    the member that published wakes the others over their APIs (an address each advertises in
+    its heartbeat), with no token, and they read the store at once."""
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    slow = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "300"}
+    first, second = (fleet.add(extra_env=slow, token="fleet-secret") for _ in range(2))
+    view = fleet.fleet()
+    assert {m["member"]: m["url"] for m in view["members"]} == {
+        "m1": first.api.url,
+        "m2": second.api.url,
+    }
+
+    answer = first.api.post(
+        f"/v1/models/{MODEL}/deploy",
+        {"release": "r1", "wait": True, "fleet": True, "fleet_timeout_seconds": 90},
+    )
+    assert answer.status_code == 200, answer.text
+    assert fleet.fleet()["models"][MODEL]["converged"] is True
+    back = second.api.post(
+        f"/v1/models/{MODEL}/deploy",
+        {"release": "r2", "wait": True, "fleet": True, "fleet_timeout_seconds": 90},
+    )
+    assert back.status_code == 200, back.text
+    fleet.wait_serving(MODEL, "r2", 2.0)
+
+    # A wake needs no token (it carries nothing) and answers at once, however many come.
+    for _ in range(20):
+        woken = httpx.post(f"{first.api.url}/v1/fleet/wake", timeout=5)
+        assert woken.status_code == 202, woken.text
+        assert woken.json() == {"member": "m1", "woken": True}
+    # The token still guards what changes anything.
+    refused = httpx.post(f"{first.api.url}/v1/models/{MODEL}/rollback", json={}, timeout=5)
+    assert refused.status_code == 401, refused.text
+    fleet.wait_serving(MODEL, "r2", 2.0)
 
 
 def _degraded_is(member: Member, releases: list[str]) -> bool:

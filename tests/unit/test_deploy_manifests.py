@@ -230,6 +230,28 @@ def test_each_pod_names_itself_in_the_fleet(objects: list[Obj]) -> None:
     assert member["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
+def test_each_pod_says_where_the_others_wake_it_and_lets_them(objects: list[Obj]) -> None:
+    variables = env(container(objects, "controlplane"))
+    assert variables["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    url = variables["CONTROLPLANE_FLEET__ADVERTISE_URL"]["value"]
+    port = next(
+        p["containerPort"]
+        for p in container(objects, "controlplane")["ports"]
+        if p["name"] == "api"
+    )
+    assert url == f"http://$(POD_IP):{port}"
+    # Kubernetes expands $(POD_IP) only from a variable defined before it.
+    names = [e["name"] for e in container(objects, "controlplane")["env"]]
+    assert names.index("POD_IP") < names.index("CONTROLPLANE_FLEET__ADVERTISE_URL")
+    api_rule = next(
+        r
+        for r in one(objects, "NetworkPolicy")["spec"]["ingress"]
+        if {"port": port, "protocol": "TCP"} in r["ports"]
+    )
+    peers = [f["podSelector"]["matchLabels"] for f in api_rule["from"] if set(f) == {"podSelector"}]
+    assert any(selects(labels, pod_labels(objects)) for labels in peers), peers
+
+
 def claims_mounted(objects: list[Obj], c: Obj) -> dict[str, Obj]:
     """mountPath -> the PersistentVolumeClaim object behind it, in container `c`."""
     claims = {pvc["metadata"]["name"]: pvc for pvc in of_kind(objects, "PersistentVolumeClaim")}
@@ -497,10 +519,15 @@ def test_the_network_policy_opens_the_api_only_to_named_clients(objects: list[Ob
     assert open_ports == {8000, 8001, 8002}, "Triton's ports are open to clients, 8080 is not"
     assert api_peers
     for peer in api_peers:
-        # Both a namespace and a pod label: no peer admits a whole namespace or the cluster.
-        assert peer["namespaceSelector"]["matchLabels"], peer
+        # A pod label always, and a namespace label for another namespace: no peer admits a
+        # whole namespace or the cluster. One without a namespace is this one's: only the
+        # fleet's own pods (they wake each other).
         assert peer["podSelector"]["matchLabels"], peer
         assert "ipBlock" not in peer
+        if "namespaceSelector" in peer:
+            assert peer["namespaceSelector"]["matchLabels"], peer
+        else:
+            assert selects(peer["podSelector"]["matchLabels"], pod_labels(objects)), peer
     names = {peer["podSelector"]["matchLabels"].get("app.kubernetes.io/name") for peer in api_peers}
     assert {"alertmanager", "prometheus"} <= names
     assert any("controlplane-api-client" in p["podSelector"]["matchLabels"] for p in api_peers)

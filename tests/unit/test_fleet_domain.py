@@ -254,6 +254,7 @@ def test_every_field_of_a_heartbeat_survives_storage() -> None:
         },
         overload="breach",
         stale=True,
+        url="http://10.0.0.7:8080",
     )
     assert non_default_fields(record) == []
     assert non_default_fields(record.models["m"]) == []
@@ -574,3 +575,35 @@ def test_the_first_write_is_generation_one_and_each_change_one_more() -> None:
     assert (base.generation, base.release) == (0, None)
     assert (one.generation, one.release, one.set_by) == (1, "r1", "a")
     assert (two.generation, two.release, two.previous, two.set_by) == (2, "r2", "r1", "b")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "10.0.0.7:8080",
+        "file:///etc/passwd",
+        "http://user:secret@10.0.0.7:8080",
+        "http://10.0.0.7:8080/v1/models",
+        "http://10.0.0.7:8080?x=1",
+        "http://10.0.0.7 :8080",
+        "http://",
+        42,
+        "http://" + "a" * 300,
+    ],
+)
+def test_a_heartbeat_s_address_that_is_not_a_plain_api_address_is_not_used(url: object) -> None:
+    """An address read from the store is one other members POST to: only http(s)://host:port
+    is taken, and anything else leaves that member to be followed at its poll."""
+    stored = json.loads(json.dumps(beat_for_storage(heartbeat_with_url("http://10.0.0.7:8080"))))
+    stored["url"] = url
+    assert beat_from_storage(stored).url is None
+
+
+def test_a_heartbeat_without_an_address_is_read_as_one_that_cannot_be_woken() -> None:
+    stored = json.loads(json.dumps(beat_for_storage(heartbeat_with_url(None))))
+    del stored["url"]
+    assert beat_from_storage(stored).url is None
+
+
+def heartbeat_with_url(url: str | None) -> MemberBeat:
+    return MemberBeat(member="a", incarnation="i", at=T0, interval=5.0, version="1", url=url)

@@ -431,3 +431,58 @@ def test_a_mixed_case_model_name_in_an_environment_variable_is_refused(
     message = settings_error(None)
     assert "model name(s) Dec in CONTROLPLANE_MODELS__<NAME>__... variables" in message
     assert "in the config file (models: ...) instead" in message
+
+
+# --- fleet: where the other members wake this one -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "http://127.0.0.1:8080"),
+        (
+            {
+                "CONTROLPLANE_API__HOST": "10.1.2.3",
+                "CONTROLPLANE_API__PORT": "9000",
+                "CONTROLPLANE_API__TOKEN": "t",
+            },
+            "http://10.1.2.3:9000",
+        ),
+        ({"CONTROLPLANE_API__HOST": "::1"}, "http://[::1]:8080"),
+        ({"CONTROLPLANE_API__HOST": "0.0.0.0", "CONTROLPLANE_API__TOKEN": "t"}, None),
+        ({"CONTROLPLANE_API__HOST": "::", "CONTROLPLANE_API__TOKEN": "t"}, None),
+        (
+            {
+                "CONTROLPLANE_API__HOST": "0.0.0.0",
+                "CONTROLPLANE_API__TOKEN": "t",
+                "CONTROLPLANE_FLEET__ADVERTISE_URL": "http://10.0.0.7:8080/",
+            },
+            "http://10.0.0.7:8080",
+        ),
+    ],
+)
+def test_a_member_advertises_the_address_it_binds_unless_told_another(
+    required: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str | None
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().fleet_url == url
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "10.0.0.7:8080",
+        "ftp://host:21",
+        "http://user:pw@host:8080",
+        "http://host:8080/api",
+        "http://",
+    ],
+)
+def test_an_advertised_address_that_is_not_one_is_refused_with_the_form_it_needs(
+    required: Path, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_FLEET__ADVERTISE_URL", bad)
+    message = settings_error()
+    assert "fleet.advertise_url" in message or "advertise_url" in message
+    assert "http://host:port" in message
