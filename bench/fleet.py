@@ -233,7 +233,7 @@ def run_phase(
                 bench.settled_at[size] = time.perf_counter()
                 result |= {f"{size}_{key}": value for key, value in found.items()}
                 extra = (
-                    f" (API {found['api_s']:.2f} s, poll wait up to {found['wait_max_s']:.2f} s, "
+                    f" (API {found['api_s']:.2f} s, wake wait up to {found['wait_max_s']:.2f} s, "
                     f"followers' deploys up to {found['follower_op_max_s']:.2f} s)"
                     if size > 1
                     else f" (API {found['api_s']:.2f} s)"

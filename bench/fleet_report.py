@@ -21,8 +21,8 @@ INTRO_ROW = (
     "| `fleet.py` | fleets of 2, 3 and 4 members (a Triton and a daemon each) against a fleet "
     "of one, with the default poll interval (10 s) and with 1 s: time from the API call to "
     "every member serving the new release as clients see it, the API's fleet-wait answer, "
-    "where the time goes (the receiving member's deploy, the followers' poll wait and "
-    "deploys), failed requests of clients on every member; an idle fleet's store requests "
+    "where the time goes (the receiving member's deploy, the followers' wait for the wake and "
+    "their deploys), failed requests of clients on every member; an idle fleet's store requests "
     "per member per minute on S3 (through a counting proxy) and on a directory store (strace), "
     "and what 100 members cost per month at S3 list prices |"
 )
@@ -47,8 +47,8 @@ ROWS = [  # key, label, format; cells: median over runs (min to max)
     ("margin_s", "**margin to the target (s)** (>= 0: met)", "{:+.2f}"),
     ("leader_seen_s", "receiving member: call -> its clients see the release (s)", "{:.2f}"),
     ("publish_s", "receiving member: call -> desired state published (s)", "{:.2f}"),
-    ("wait_min_s", "followers: publish -> own operation created (poll wait), first (s)", "{:.2f}"),
-    ("wait_max_s", "followers: publish -> own operation created (poll wait), last (s)", "{:.2f}"),
+    ("wait_min_s", "followers: publish -> own operation created (wake), first (s)", "{:.2f}"),
+    ("wait_max_s", "followers: publish -> own operation created (wake), last (s)", "{:.2f}"),
     ("follower_op_max_s", "followers: own deploy (operation), longest (s)", "{:.2f}"),
     ("follower_load_max_s", "followers: of which the `load` step, longest (s)", "{:.2f}"),
     ("after_publish_s", "publish -> every member serving (s)", "{:.2f}"),
@@ -302,24 +302,23 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
   a few more times: the same load for every size, since all members share the CPUs.
 - Split, from the daemons' records (their clocks are this host's): the receiving member's
   `publish` step (it deploys first and publishes once it serves), each follower's operation
-  (trigger `fleet`): created (publish -> created is its wait for its next poll) and its
-  duration. "Had each follower been told at the publish" is each member's serving time minus
-  its own poll wait: the rollout without polling.
+  (trigger `fleet`): created (publish -> created is its wait to hear of it: the receiving
+  member wakes the others over their APIs at once, `POST /v1/fleet/wake`, and a follower that
+  missed the wake reads at its next poll) and its duration. "Had each follower been told at the
+  publish" is each member's serving time minus that wait.
 - Pauses: before each rollout of a fleet, at least 35 s after its previous one (its old slot
   retired, so every deploy loads an empty slot: no `free` step), then a random pause of up to
   one poll interval: a follower's passes are timed from the end of its last follow, so
   rollouts back to back would always meet it at the same point of its cycle.
-- The target against the design: a rollout is the receiving member's deploy, then the last
-  follower's wait for its poll (0 to one interval), then that follower's own deploy, since
-  followers start only once the release serves on the first member (so a bad release stops
-  there). The target's 1 s leaves no room for that second deploy: it holds only when the last
-  follower happens to poll early enough, at least its own deploy minus 1 s before its interval
-  is up. The waits are not independent draws: a member's poll cycle restarts when its follow
-  ends (and at its own publish for the member that received the call), so the members that
-  followed the previous rollout poll within about the spread of their deploys of each other,
-  and the previous receiving member is offset from them by about that rollout's wait plus a
-  deploy. Here the followers' deploys share the CPUs (they grow
-  with the fleet, more so with 1 s where they start together); on hosts of their own each
+- The target against the design: a rollout is the receiving member's deploy, then the
+  followers' wait to hear of it, then their own deploys, since followers start only once the
+  release serves on the first member (so a bad release stops there). With the wake the wait is
+  milliseconds, so a rollout is about two deploys whatever the poll interval: within the
+  target when one deploy is shorter than the poll interval + 1 s (10 s: always here; 1 s: a
+  deploy here takes 2-3 s, so it cannot hold without loading the release on the followers
+  before it served anywhere, which is what the design refuses). Without the wake the wait was
+  0 to one interval (the previous figures, in git history: 14.15 s for 3 members at 10 s). Here
+  the followers' deploys share the CPUs (they grow with the fleet); on hosts of their own each
   would take about as long as the single deploy.
 - Idle store traffic (poll {POLL:g} s, heartbeat {BEAT:g} s, the defaults, set explicitly): two
   more fleets of {idle.s3_members} members serving one model, counted for {args.idle_seconds:g} s

@@ -636,6 +636,10 @@ class DesiredStates(Protocol):
         """Every member's last heartbeat, alive or not, by member."""
         ...
 
+    def beat_of(self, member: str) -> MemberBeat | None:
+        """One member's last heartbeat; None when it has none (or not one that can be read)."""
+        ...
+
     def forget(self, member: str) -> None:
         """Delete a member's heartbeat (it left the fleet for good)."""
         ...

@@ -158,6 +158,12 @@ class PrometheusTelemetry:
             "keeps serving what it has), else 0 (also when fleet.enabled is false).",
             registry=r,
         )
+        self._fleet_name_conflict = Gauge(
+            "controlplane_fleet_member_name_conflict",
+            "1 while another daemon writes heartbeats under this member's name (give each its "
+            "own CONTROLPLANE_FLEET__MEMBER), else 0.",
+            registry=r,
+        )
         self._fleet_read = Gauge(
             "controlplane_fleet_last_read_timestamp_seconds",
             "When this member last read the fleet's desired state (Unix time; 0: never, or "
@@ -259,6 +265,7 @@ class PrometheusTelemetry:
         self._triton_up.set(1 if triton_up else 0)
         if fleet is not None:
             self._fleet_stale.set(1 if fleet.stale else 0)
+            self._fleet_name_conflict.set(1 if fleet.name_conflict else 0)
             if fleet.last_read is not None:
                 self._fleet_read.set(fleet.last_read.timestamp())
         for job, up in jobs.items():
@@ -273,6 +280,7 @@ class PrometheusTelemetry:
 class FleetFigures:
     stale: bool
     last_read: datetime | None
+    name_conflict: bool = False
 
 
 class _ServingCollector(Collector):

@@ -268,7 +268,11 @@ def create_app(settings: Settings) -> FastAPI:
             triton_up=live,
             jobs={s.name: not s.down for s in c.supervisor.statuses()},
             not_serving=len(last.not_serving) if last is not None else 0,
-            fleet=(FleetFigures(c.fleet.stale, c.fleet.last_read) if c.fleet is not None else None),
+            fleet=(
+                FleetFigures(c.fleet.stale, c.fleet.last_read, c.fleet.name_conflict is not None)
+                if c.fleet is not None
+                else None
+            ),
         )
         return Response(content=body, media_type=content_type)
 
@@ -282,7 +286,9 @@ def create_app(settings: Settings) -> FastAPI:
         and every model's desired state (release, generation, whether every live member serves
         it, the rollout phase), read from the store."""
         service = fleet_of(c)
-        return fleet_json(await service.snapshot(), stale=service.stale)
+        return fleet_json(
+            await service.snapshot(), stale=service.stale, name_conflict=service.name_conflict
+        )
 
     @app.post(
         "/v1/fleet/wake",

@@ -26,6 +26,8 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
     lines = [f"fleet seen from {data.get('member')}" + (" (STALE)" if data.get("stale") else "")]
     if data.get("store_error"):
         lines.append(f"the store cannot be read ({data['store_error']}): as last read")
+    if data.get("name_conflict"):
+        lines.append(f"NAME CONFLICT: {data['name_conflict']}")
     lines.append("")
     lines.append(f"{'MODEL':<24} {'DESIRED':<16} {'GEN':>4} {'PHASE':<12} CONVERGED")
     for name, model in sorted(models.items()):

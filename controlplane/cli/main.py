@@ -300,6 +300,8 @@ def _print_model(view: dict[str, Any]) -> None:
             f"  fleet:     STALE since {fleet.get('stale_since')}: the store cannot be read; "
             "serving what it has"
         )
+    if fleet and fleet.get("name_conflict"):
+        typer.echo(f"  fleet:     NAME CONFLICT: {fleet['name_conflict']}")
     if view.get("drift"):
         typer.echo(f"  drift:     {view['drift']} (the reconcile loop repairs it)")
     repair = view.get("last_repair")

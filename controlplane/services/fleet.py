@@ -63,6 +63,10 @@ class FleetService:
     def stale(self) -> bool:
         return self._sync.stale
 
+    @property
+    def name_conflict(self) -> str | None:
+        return self._sync.name_conflict
+
     async def snapshot(self, model: str | None = None) -> FleetSnapshot:
         """The fleet now: every record (or ``model``'s), every heartbeat, this member live."""
         try:
@@ -198,11 +202,14 @@ def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, obj
     }
 
 
-def fleet_json(snapshot: FleetSnapshot, *, stale: bool) -> dict[str, object]:
+def fleet_json(
+    snapshot: FleetSnapshot, *, stale: bool, name_conflict: str | None = None
+) -> dict[str, object]:
     return {
         "member": snapshot.member,
         "stale": stale or snapshot.unreadable is not None,
         "store_error": snapshot.unreadable,
+        "name_conflict": name_conflict,
         "members": [
             member_json(beat, snapshot.at) for _name, beat in sorted(snapshot.beats.items())
         ],

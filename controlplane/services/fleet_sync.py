@@ -115,6 +115,11 @@ class FleetSync:
         return self._heart.last_error
 
     @property
+    def name_conflict(self) -> str | None:
+        """Why this member's name seems taken by another daemon; None when it does not."""
+        return self._heart.name_conflict
+
+    @property
     def stale(self) -> bool:
         return self.stale_since is not None
 
@@ -388,6 +393,7 @@ class FleetSync:
             "member": self.member.name,
             "stale": self.stale,
             "stale_since": self.stale_since.isoformat() if self.stale_since else None,
+            "name_conflict": self.name_conflict,
             "last_read": self.last_read.isoformat() if self.last_read else None,
             "desired": wanted.release if wanted is not None else None,
             "generation": wanted.generation if wanted is not None else None,

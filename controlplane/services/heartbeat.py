@@ -6,45 +6,91 @@ so a rollout sees a member converge without waiting for its next beat. It is not
 often than that: each write is a temp file, an fsync and a rename in the shared store (on a local
 store also inotify events for every member's watch), and the sync pass that asks for one runs
 every poll interval, five times per beat at a 1 s poll.
+
+Two daemons given the same member name (a copied config, a fixed ``CONTROLPLANE_FLEET__MEMBER``
+in a Deployment with several replicas) would write one heartbeat in turns, and the fleet would
+see one member that flips between what two serve: a rollout could be taken as converged with one
+of them behind. So every :data:`NAME_CHECK_BEATS` beats (30 s by default), before writing, the writer reads the record under
+its name: one written by another incarnation since this one's last write means another daemon
+uses the name. That is logged as an error and shown (``name_conflict``: status, ``GET
+/v1/fleet``, ``controlplane_fleet_member_name_conflict``) until a check finds the record its own
+again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import MemberBeat
 from controlplane.ports import DesiredStates
 
 log = logging.getLogger(__name__)
+NAME_CHECK_BEATS = 6  # beats between looks at whether another daemon writes under this name
 
 
 class HeartbeatWriter:
-    def __init__(self, *, records: DesiredStates, interval: float) -> None:
+    def __init__(
+        self, *, records: DesiredStates, interval: float, name_check: float | None = None
+    ) -> None:
         self._records = records
         self._interval = interval
+        self._name_check = NAME_CHECK_BEATS * interval if name_check is None else name_check
         self.due_at = 0.0  # loop time when a heartbeat is due even if nothing changed
         self.last_error: str | None = None  # why the last write failed; None: it did not
         self._said: tuple[object, ...] | None = None  # what the last one written said
+        self._last_at: datetime | None = None  # the time the last one written carried
+        self._check_at = 0.0  # loop time of the next look at who writes under this name
+        self.name_conflict: str | None = None  # another daemon writes as this member: who
 
     async def write_if_due(self, beat: MemberBeat) -> None:
         if asyncio.get_running_loop().time() >= self.due_at or _said(beat) != self._said:
             await self.write(beat)
 
     async def write(self, beat: MemberBeat) -> None:
+        loop = asyncio.get_running_loop()
         try:
+            if loop.time() >= self._check_at:
+                await self._check_name(beat)
+                self._check_at = loop.time() + self._name_check
             await asyncio.to_thread(self._records.beat, beat)
         except ControlPlaneError as exc:
             if self.last_error is None:
                 log.warning("cannot write this member's heartbeat: %s", exc)
             self.last_error = str(exc)
             return  # not written: due still, so the next look tries again
-        self.due_at = asyncio.get_running_loop().time() + self._interval
+        self.due_at = loop.time() + self._interval
         self._said = _said(beat)
+        self._last_at = beat.at
         if self.last_error is not None:
             log.info("this member's heartbeat is written again")
         self.last_error = None
+
+    async def _check_name(self, beat: MemberBeat) -> None:
+        found = await asyncio.to_thread(self._records.beat_of, beat.member)
+        taken = (
+            found is not None
+            and found.incarnation != beat.incarnation
+            and self._last_at is not None
+            and found.at > self._last_at
+        )
+        if not taken:
+            if self.name_conflict is not None:
+                log.info("no other daemon writes heartbeats as %s any more", beat.member)
+            self.name_conflict = None
+            return
+        assert found is not None
+        conflict = (
+            f"another daemon writes heartbeats as {beat.member} (incarnation "
+            f"{found.incarnation}, version {found.version or '?'}, at {found.at.isoformat()}); "
+            "give each member its own name (CONTROLPLANE_FLEET__MEMBER; in Kubernetes the "
+            "pod's name)"
+        )
+        if self.name_conflict is None:
+            log.error("%s: the fleet cannot tell the two apart", conflict)
+        self.name_conflict = conflict
 
 
 def _said(beat: MemberBeat) -> tuple[object, ...]:

@@ -136,6 +136,31 @@ def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_th
     fleet.wait_serving(MODEL, "r2", 2.0)
 
 
+def test_two_daemons_given_one_member_name_are_told_so_until_one_goes(fleet: Fleet) -> None:
+    first = fleet.add("twin")
+    second = fleet.add("twin")
+
+    def conflict(member: Member) -> str | None:
+        found: str | None = fleet.fleet(via=member)["name_conflict"]
+        return found
+
+    for member in (first, second):
+        eventually(partial(_conflicted, fleet, member), 60, "the name conflict is seen")
+        said = conflict(member)
+        assert said is not None
+        assert "CONTROLPLANE_FLEET__MEMBER" in said, said
+        assert "controlplane_fleet_member_name_conflict 1.0" in member.api.get("/metrics").text
+    assert "another daemon writes heartbeats as twin" in first.api.log()
+
+    second.api.stop()
+    eventually(lambda: conflict(first) is None, 60, "the conflict ends with the other daemon")
+    assert "controlplane_fleet_member_name_conflict 0.0" in first.api.get("/metrics").text
+
+
+def _conflicted(fleet: Fleet, member: Member) -> bool:
+    return fleet.fleet(via=member)["name_conflict"] is not None
+
+
 def _degraded_is(member: Member, releases: list[str]) -> bool:
     rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
     return sorted(d["release"] for d in rollback["degraded"]) == releases

@@ -550,5 +550,8 @@ class FakeDesiredStates:
     def beats(self) -> dict[str, MemberBeat]:
         return dict(self.heartbeats)
 
+    def beat_of(self, member: str) -> MemberBeat | None:
+        return self.heartbeats.get(member)
+
     def forget(self, member: str) -> None:
         self.heartbeats.pop(member, None)

@@ -54,6 +54,8 @@ class Fleet:
         """A new member: its own Triton and repository, and a daemon on the shared store."""
         name = name or f"m{len(self.members) + 1}"
         workdir = self.root / name
+        if workdir.exists():  # a second daemon under one name (a mistake a test makes)
+            workdir = self.root / f"{name}-{len(self.members) + 1}"
         (workdir / "repository").mkdir(parents=True)
         member = Member(name, self.tritons(workdir / "repository"), workdir)
         self.members.append(member)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.domain.errors import StoreUnavailable
@@ -79,3 +82,58 @@ def test_a_heartbeat_that_could_not_be_written_is_tried_again_at_the_next_pass(
         assert heart.last_error is None
 
     asyncio.run(scenario())
+
+
+def test_another_daemon_writing_under_this_member_s_name_is_named_until_it_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two daemons given one name write its heartbeat in turns: each sees, at its next look,
+    a record it did not write, newer than its own last one, and says so."""
+
+    async def scenario() -> tuple[list[str | None], list[str | None]]:
+        records = Records(tmp_path)
+        mine = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        theirs = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        seen_mine: list[str | None] = []
+        seen_theirs: list[str | None] = []
+        for second in range(0, 6, 2):  # both alive: they write in turns
+            await mine.write(_beat(second))
+            seen_mine.append(mine.name_conflict)
+            await theirs.write(dataclasses.replace(_beat(second + 1), incarnation="i2"))
+            seen_theirs.append(theirs.name_conflict)
+        for second in range(6, 9):  # the other one is gone
+            await mine.write(_beat(second))
+            seen_mine.append(mine.name_conflict)
+        return seen_mine, seen_theirs
+
+    with caplog.at_level(logging.ERROR):
+        seen_mine, seen_theirs = asyncio.run(scenario())
+
+    # Its first write has nothing of its own to compare with; from its second on it sees i2.
+    assert seen_mine[0] is None
+    assert all(c is not None and "incarnation i2" in c for c in seen_mine[1:3])
+    assert seen_mine[3] is not None  # i2's last record is still newer than its own last one
+    assert seen_mine[4:] == [None, None]  # its own records only: the conflict is over
+    assert all(c is not None and "incarnation i1" in c for c in seen_theirs[1:])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2  # once per daemon, not once per beat
+    assert all("CONTROLPLANE_FLEET__MEMBER" in e for e in errors)
+
+
+def test_a_member_alone_under_its_name_sees_no_conflict_across_a_restart(tmp_path: Path) -> None:
+    """A restarted daemon (a new incarnation) finds its predecessor's record, older than
+    anything it wrote: that is not another daemon."""
+
+    async def scenario() -> list[str | None]:
+        records = Records(tmp_path)
+        before = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        for second in range(3):
+            await before.write(_beat(second))
+        after = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        seen = []
+        for second in range(3, 6):
+            await after.write(dataclasses.replace(_beat(second), incarnation="i2"))
+            seen.append(after.name_conflict)
+        return seen
+
+    assert asyncio.run(scenario()) == [None, None, None]

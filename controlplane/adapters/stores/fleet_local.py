@@ -131,6 +131,12 @@ class LocalDesiredStates:
                 found[beat.member] = beat
         return found
 
+    def beat_of(self, member: str) -> MemberBeat | None:
+        path = self._members / f"{validate_member_name(member)}{SUFFIX}"
+        data = _read(path)
+        beat = None if data is None else decode_beat(data, str(path))
+        return beat if beat is not None and named_as(str(path), path.name, beat.member) else None
+
     def forget(self, member: str) -> None:
         path = self._members / f"{validate_member_name(member)}{SUFFIX}"
         with _mapped(path):

@@ -146,6 +146,14 @@ class S3DesiredStates:
                 found[beat.member] = beat
         return found
 
+    def beat_of(self, member: str) -> MemberBeat | None:
+        key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
+        data = self._bytes(key)
+        beat = None if data is None else decode_beat(data, self._url(key))
+        if beat is None or not named_as(self._url(key), _name(key), beat.member):
+            return None
+        return beat
+
     def forget(self, member: str) -> None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
         self._store.request(lambda: self._client.delete_object(Bucket=self._bucket, Key=key), key)
