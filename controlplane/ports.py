@@ -622,6 +622,11 @@ class DesiredStates(Protocol):
         logged): a model the fleet cannot read is not acted on."""
         ...
 
+    def unreadable(self) -> dict[str, str]:
+        """The records the last :meth:`read_all` left out (where each is, and why): shown to
+        operators, since no member acts on a model whose record cannot be read."""
+        ...
+
     def swap(self, desired: DesiredModel) -> None:
         """Write ``desired`` if the stored record is still generation
         ``desired.generation - 1`` (absent, for generation 1); else

@@ -28,6 +28,8 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         lines.append(f"the store cannot be read ({data['store_error']}): as last read")
     if data.get("name_conflict"):
         lines.append(f"NAME CONFLICT: {data['name_conflict']}")
+    for broken in data.get("unreadable_records", []):
+        lines.append(f"UNREADABLE RECORD (no member acts on it): {broken['error']}")
     lines.append("")
     lines.append(f"{'MODEL':<24} {'DESIRED':<16} {'GEN':>4} {'PHASE':<12} CONVERGED")
     for name, model in sorted(models.items()):

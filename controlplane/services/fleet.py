@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.errors import (
@@ -43,6 +43,8 @@ class FleetSnapshot:
     desired: dict[str, DesiredModel]
     beats: dict[str, MemberBeat]
     unreadable: str | None = None  # the store could not be read: this is what was read last
+    # records that were left out (where, why): no member acts on their models
+    broken: dict[str, str] = field(default_factory=dict)
 
     def converged(self, model: str) -> bool:
         wanted = self.desired.get(model)
@@ -87,7 +89,8 @@ class FleetService:
             own = {self.member: self._sync.heartbeat()}
             return FleetSnapshot(self._clock.now(), self.member, known, own, str(exc))
         beats[self.member] = self._sync.heartbeat()
-        return FleetSnapshot(self._clock.now(), self.member, desired, beats)
+        broken = self._records.unreadable() if model is None else {}
+        return FleetSnapshot(self._clock.now(), self.member, desired, beats, broken=broken)
 
     async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
         """Return once every live member serves ``release`` of ``model`` (the rollout, if
@@ -210,6 +213,9 @@ def fleet_json(
         "stale": stale or snapshot.unreadable is not None,
         "store_error": snapshot.unreadable,
         "name_conflict": name_conflict,
+        "unreadable_records": [
+            {"record": where, "error": why} for where, why in sorted(snapshot.broken.items())
+        ],
         "members": [
             member_json(beat, snapshot.at) for _name, beat in sorted(snapshot.beats.items())
         ],

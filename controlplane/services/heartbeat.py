@@ -10,11 +10,11 @@ every poll interval, five times per beat at a 1 s poll.
 Two daemons given the same member name (a copied config, a fixed ``CONTROLPLANE_FLEET__MEMBER``
 in a Deployment with several replicas) would write one heartbeat in turns, and the fleet would
 see one member that flips between what two serve: a rollout could be taken as converged with one
-of them behind. So every :data:`NAME_CHECK_BEATS` beats (30 s by default), before writing, the writer reads the record under
-its name: one written by another incarnation since this one's last write means another daemon
-uses the name. That is logged as an error and shown (``name_conflict``: status, ``GET
-/v1/fleet``, ``controlplane_fleet_member_name_conflict``) until a check finds the record its own
-again.
+of them behind. So every :data:`NAME_CHECK_BEATS` beats (30 s by default), before writing, the
+writer reads the record under its name: one written by another incarnation since this one's last
+write means another daemon uses the name. That is logged as an error and shown
+(``name_conflict``: status, ``GET /v1/fleet``, ``controlplane_fleet_member_name_conflict``)
+until a check finds the record its own again.
 """
 
 from __future__ import annotations

@@ -157,6 +157,25 @@ def test_two_daemons_given_one_member_name_are_told_so_until_one_goes(fleet: Fle
     assert "controlplane_fleet_member_name_conflict 0.0" in first.api.get("/metrics").text
 
 
+def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: Path) -> None:
+    member = fleet.add()
+    broken = store / "_controlplane" / "desired" / f"{MODEL}.json"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_text('{"model": "fleetmodel", "generation": ')  # a hand edit gone wrong
+
+    [shown] = fleet.fleet(via=member)["unreadable_records"]
+    assert shown["record"] == str(broken)
+    assert "no member acts on this model until it is fixed" in shown["error"]
+    table = cli(member.api.url, "fleet")
+    assert table.returncode == 0, table.stderr
+    assert f"UNREADABLE RECORD (no member acts on it): the desired-state record {broken}" in (
+        table.stdout
+    )
+
+    broken.unlink()
+    assert fleet.fleet(via=member)["unreadable_records"] == []
+
+
 def _conflicted(fleet: Fleet, member: Member) -> bool:
     return fleet.fleet(via=member)["name_conflict"] is not None
 

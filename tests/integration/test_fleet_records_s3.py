@@ -290,6 +290,13 @@ def test_read_all_leaves_out_and_logs_what_it_cannot_use(
     assert f"s3://{bucket}/{desired}/broken.json" in logged
     assert f"s3://{bucket}/{desired}/copy.json" in logged
     assert "deeper" not in logged
+    unreadable = records.unreadable()
+    assert sorted(unreadable) == [
+        f"s3://{bucket}/{desired}/broken.json",
+        f"s3://{bucket}/{desired}/copy.json",
+    ]
+    assert "cannot be read" in unreadable[f"s3://{bucket}/{desired}/broken.json"]
+    assert "holds the record of 'good'" in unreadable[f"s3://{bucket}/{desired}/copy.json"]
 
 
 def test_an_unchanged_desired_state_costs_one_listing_and_no_get(

@@ -553,5 +553,8 @@ class FakeDesiredStates:
     def beat_of(self, member: str) -> MemberBeat | None:
         return self.heartbeats.get(member)
 
+    def unreadable(self) -> dict[str, str]:
+        return {}
+
     def forget(self, member: str) -> None:
         self.heartbeats.pop(member, None)

@@ -414,6 +414,9 @@ def test_a_record_is_read_again_only_when_it_changed(
 
     for _ in range(3):
         assert records.read_all() == {"good": good}
+        # ... and said where and why for as long as it is broken (GET /v1/fleet shows it).
+        assert list(records.unreadable()) == [str(broken)]
+        assert "no member acts on this model" in records.unreadable()[str(broken)]
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
 
     fixed = generation_one("broken")
@@ -421,6 +424,7 @@ def test_a_record_is_read_again_only_when_it_changed(
     replacement.write_bytes(encode_desired(fixed))
     replacement.replace(broken)
     assert records.read_all() == {"good": good, "broken": fixed}
+    assert records.unreadable() == {}
     newer = good.changed(by="m2", at=good.set_at, trigger="api", reason="again")
     records.swap(newer)
     assert records.read_all()["good"] == newer
@@ -475,6 +479,7 @@ def test_read_all_skips_and_logs_a_record_under_another_model_s_name(
     assert len(logged) == 1
     assert str(desired_file(root, "copy")) in logged[0]
     assert "holds the record of 'a'" in logged[0]
+    assert list(records.unreadable()) == [str(desired_file(root, "copy"))]
 
 
 def test_nothing_is_read_from_a_store_that_has_no_records_yet(

@@ -34,6 +34,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    misnamed,
     named_as,
     require_named,
 )
@@ -53,7 +54,8 @@ class LocalDesiredStates:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
-        self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | None]] = {}
+        # path -> (inode, size, mtime), and the record there or why it cannot be read
+        self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
 
     @property
     def where(self) -> str:
@@ -75,7 +77,7 @@ class LocalDesiredStates:
         every poll interval, so an idle fleet costs one stat per model."""
         self._require_root()
         found: dict[str, DesiredModel] = {}
-        seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | None]] = {}
+        seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
         for path in _records(self._desired):
             try:
                 stat = path.stat()
@@ -87,13 +89,17 @@ class LocalDesiredStates:
             cached = self._seen.get(path)
             desired = cached[1] if cached is not None and cached[0] == key else self._decode(path)
             seen[path] = (key, desired)
-            if desired is not None:
+            if isinstance(desired, DesiredModel):
                 found[desired.model] = desired
         self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return found
 
-    def _decode(self, path: Path) -> DesiredModel | None:
-        """The record in ``path``; None (logged) when it is not a readable record of its name."""
+    def unreadable(self) -> dict[str, str]:
+        return {str(path): why for path, (_, why) in self._seen.items() if isinstance(why, str)}
+
+    def _decode(self, path: Path) -> DesiredModel | str | None:
+        """The record in ``path``, or why it is not a readable record of its name (logged);
+        None when it is gone."""
         data = _read(path)
         if data is None:
             return None
@@ -101,8 +107,10 @@ class LocalDesiredStates:
             desired = decode_desired(data, str(path))
         except ControlPlaneError as exc:
             log.error("%s", exc.message)
-            return None
-        return desired if named_as(str(path), path.name, desired.model) else None
+            return exc.message
+        if not named_as(str(path), path.name, desired.model):
+            return misnamed(str(path), desired.model)
+        return desired
 
     def swap(self, desired: DesiredModel) -> None:
         self._require_root()

@@ -78,14 +78,16 @@ def named_as(where: str, name: str, holds: str) -> bool:
     names the model it was copied from)."""
     if name == f"{holds}{SUFFIX}":
         return True
-    log.warning(
-        "ignoring the record %s: it holds the record of %r, which lives at %s%s only",
-        where,
-        holds,
-        holds,
-        SUFFIX,
-    )
+    log.warning("ignoring the record: %s", misnamed(where, holds))
     return False
+
+
+def misnamed(where: str, holds: str) -> str:
+    """Why a record read under another model's name is left out."""
+    return (
+        f"the record {where} holds the record of {holds!r}, which lives at {holds}{SUFFIX} "
+        "only; delete it, or deploy a release of that model to write its own"
+    )
 
 
 def conflict(wanted: DesiredModel, found: DesiredModel | None, where: str) -> DesiredStateConflict:

@@ -41,6 +41,7 @@ from controlplane.adapters.stores.fleet_records import (
     decode_desired,
     encode_beat,
     encode_desired,
+    misnamed,
     named_as,
     require_named,
     same_write,
@@ -69,7 +70,8 @@ class S3DesiredStates:
         self._members = f"{store.base}{MEMBERS_DIR}/"
         self._probe = f"{store.base}{RESERVED_PREFIX}/probe/{uuid.uuid4().hex}"
         self._enforced = False  # the store was seen to enforce conditional writes
-        self._seen: dict[str, tuple[str, DesiredModel | None]] = {}  # key -> (ETag, record)
+        # key -> (ETag, the record there or why it cannot be read)
+        self._seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
 
     @property
     def where(self) -> str:
@@ -88,7 +90,7 @@ class S3DesiredStates:
         every member reads every poll interval, so an idle fleet costs one LIST per member
         per poll, whatever the number of models."""
         records: dict[str, DesiredModel] = {}
-        seen: dict[str, tuple[str, DesiredModel | None]] = {}
+        seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
         for key, etag in self._listed(self._desired).items():
             cached = self._seen.get(key)
             if cached is not None and cached[0] == etag:
@@ -96,22 +98,28 @@ class S3DesiredStates:
             else:
                 record = self._read_record(key)
             seen[key] = (etag, record)
-            if record is not None:
+            if isinstance(record, DesiredModel):
                 records[record.model] = record
         self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return records
 
-    def _read_record(self, key: str) -> DesiredModel | None:
-        """The record at ``key``; None (logged) when it is not a readable record of its name."""
+    def unreadable(self) -> dict[str, str]:
+        return {self._url(key): why for key, (_, why) in self._seen.items() if isinstance(why, str)}
+
+    def _read_record(self, key: str) -> DesiredModel | str | None:
+        """The record at ``key``, or why it is not a readable record of its name (logged);
+        None when it is gone."""
         try:
             found = self._get(key)
         except ControlPlaneError as exc:
             if exc.code != "store_error":
                 raise
             log.error("%s", exc.message)
+            return exc.message
+        if found is None:
             return None
-        if found is None or not named_as(self._url(key), _name(key), found[0].model):
-            return None
+        if not named_as(self._url(key), _name(key), found[0].model):
+            return misnamed(self._url(key), found[0].model)
         return found[0]
 
     def swap(self, desired: DesiredModel) -> None:
