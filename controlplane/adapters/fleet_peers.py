@@ -23,16 +23,23 @@ class HttpPeers:
     async def wake(self, urls: Sequence[str]) -> dict[str, str | None]:
         if not urls:
             return {}
-        async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=False) as client:
+        # trust_env=False: a proxy set for the store's egress (HTTPS_PROXY) is not the way to
+        # a pod next door.
+        async with httpx.AsyncClient(
+            timeout=self._timeout, follow_redirects=False, trust_env=False
+        ) as client:
             answers = await asyncio.gather(*(self._wake(client, url) for url in urls))
         return dict(zip(urls, answers, strict=True))
 
-    @staticmethod
-    async def _wake(client: httpx.AsyncClient, url: str) -> str | None:
+    async def _wake(self, client: httpx.AsyncClient, url: str) -> str | None:
+        """Why ``url`` was not woken; None when it was. Never raises: one member that cannot
+        be reached (or an address httpx refuses) must not cost the others their wake."""
         try:
-            response = await client.post(url + WAKE_PATH)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self._timeout):  # the whole call, a slow answer too
+                async with client.stream("POST", url + WAKE_PATH) as response:
+                    status = response.status_code  # the body is not read
+        except TimeoutError:
+            return f"no answer within {self._timeout:g} s"
+        except Exception as exc:  # anything from one peer stays with that peer
             return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if response.status_code != 202:
-            return f"HTTP {response.status_code}"
-        return None
+        return None if status == 202 else f"HTTP {status}"

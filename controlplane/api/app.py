@@ -302,10 +302,10 @@ def create_app(settings: Settings) -> FastAPI:
         changed it. It carries nothing and needs no token (the members never send theirs to
         an address read from the store); woken more than once a second, this member reads at
         most once a second."""
-        fleet_of(c)
-        assert c.fleet is not None
-        c.fleet.poke()
-        return {"member": c.fleet.member.name, "woken": True}
+        member = fleet_of(c).member  # refused when this daemon is not a fleet's member
+        if c.fleet is not None:
+            c.fleet.poke()
+        return {"member": member, "woken": True}
 
     @app.get("/v1/memory", tags=["models"])
     async def memory(c: Reader) -> dict[str, Any]:

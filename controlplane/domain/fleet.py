@@ -23,6 +23,8 @@ the JSON shape the adapters write, apart from the in-memory one.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -324,18 +326,37 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
 
 
 def peer_url(value: object) -> str | None:
-    """A member's advertised API address, as another member may use it: ``http(s)://host[:port]``
-    and nothing else (no credentials, path, query or fragment). Anything else is None: a
-    member that cannot be woken is followed at its next poll, which is always safe."""
+    """A member's advertised API address, as another member may use it:
+    ``http(s)://host:port`` (a name, an IPv4 address, or an IPv6 address in brackets; the port
+    1 to 65535, or the scheme's own when left out) and nothing else: no credentials, path,
+    query or fragment. Anything else is None: a member that cannot be woken is followed at its
+    next poll, which is always safe."""
     if not isinstance(value, str) or len(value) > 300:
         return None
     scheme, sep, rest = value.partition("://")
+    rest = rest.removesuffix("/")
     if not sep or scheme not in ("http", "https") or not rest:
         return None
-    rest = rest.removesuffix("/")
-    if not rest or any(c in rest for c in "/?#@ \t\r\n\\"):
+    if rest.startswith("["):  # an IPv6 address
+        address, bracket, tail = rest[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            return None
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            return None
+        host, has_port, port = f"[{address}]", bool(tail), tail[1:]
+    else:
+        host, colon, port = rest.partition(":")
+        if not _HOST.fullmatch(host) or ".." in host:
+            return None
+        has_port = bool(colon)
+    if has_port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         return None
-    return f"{scheme}://{rest}"
+    return f"{scheme}://{host}" + (f":{int(port)}" if has_port else "")
+
+
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 
 def _member_model(m: Mapping[str, Any]) -> MemberModel:

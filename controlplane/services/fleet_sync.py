@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -75,6 +76,27 @@ class SyncReport:
     started: dict[str, str] = field(default_factory=dict)  # model -> what it went for
 
 
+class PokeGap:
+    """Passes that answer pokes (wakes from other members, which need no token) start at least
+    ``gap`` s apart, however many pokes come; a poke is never lost: one that comes during a
+    pass, or during the wait, is answered by the next pass, which starts after it."""
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+        self.poked = False
+        self._last = -math.inf  # loop time of the last pass that answered a poke
+
+    async def spaced(self) -> None:
+        """Call just before a pass: wait out the gap if that pass answers a poke."""
+        if not self.poked:
+            return
+        loop = asyncio.get_running_loop()
+        if (left := self._last + self.gap - loop.time()) > 0:
+            await asyncio.sleep(left)
+        self.poked = False  # pokes from now on come after the read this pass makes
+        self._last = loop.time()
+
+
 class FleetSync:
     def __init__(
         self,
@@ -107,8 +129,7 @@ class FleetSync:
         self._failures: dict[str, _Failure] = {}
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
-        self._poked = False
-        self._poke_gap_until = 0.0
+        self._pokes = PokeGap(POKE_GAP)
 
     @property
     def last_beat_error(self) -> str | None:
@@ -147,15 +168,12 @@ class FleetSync:
         """Another member changed the desired state (``POST /v1/fleet/wake``): read it now, or
         a second after the last pass that a poke started, whichever is later (a wake needs no
         token, so a flood of them must not become a flood of store reads)."""
-        self._poked = True
+        self._pokes.poked = True
         self.wake.set()
 
     async def _until_next_pass(self) -> None:
         """Sleep a poll interval (less when a retry is due, or when woken), beating on the way."""
         loop = asyncio.get_running_loop()
-        if self._poked:  # the pass that just ran answered a poke: the next one waits its turn
-            self._poked = False
-            self._poke_gap_until = loop.time() + POKE_GAP
         pause = self._poll
         if self._failures:
             soonest = min(f.next_try for f in self._failures.values())
@@ -169,8 +187,7 @@ class FleetSync:
             if self.wake.is_set():
                 break
             await self._heart.write_if_due(self.heartbeat())
-        if self._poked and (gap := self._poke_gap_until - loop.time()) > 0:
-            await asyncio.sleep(gap)
+        await self._pokes.spaced()
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:

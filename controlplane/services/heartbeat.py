@@ -51,10 +51,13 @@ class HeartbeatWriter:
 
     async def write(self, beat: MemberBeat) -> None:
         loop = asyncio.get_running_loop()
-        try:
-            if loop.time() >= self._check_at:
+        if loop.time() >= self._check_at:
+            self._check_at = loop.time() + self._name_check
+            try:
                 await self._check_name(beat)
-                self._check_at = loop.time() + self._name_check
+            except ControlPlaneError as exc:  # a look that failed must not cost the beat
+                log.debug("could not look at who writes as %s: %s", beat.member, exc)
+        try:
             await asyncio.to_thread(self._records.beat, beat)
         except ControlPlaneError as exc:
             if self.last_error is None:
@@ -81,7 +84,8 @@ class HeartbeatWriter:
                 log.info("no other daemon writes heartbeats as %s any more", beat.member)
             self.name_conflict = None
             return
-        assert found is not None
+        if found is None:  # for mypy: taken implies found
+            return
         conflict = (
             f"another daemon writes heartbeats as {beat.member} (incarnation "
             f"{found.incarnation}, version {found.version or '?'}, at {found.at.isoformat()}); "

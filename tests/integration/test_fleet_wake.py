@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -34,13 +35,15 @@ from tests.unit.test_fleet_ledger import beat
 class Peer:
     """A member's API that records each request: (method, path, Authorization header)."""
 
-    def __init__(self, status: int = 202) -> None:
+    def __init__(self, status: int = 202, *, answer_after: float = 0.0) -> None:
         self.seen: list[tuple[str, str, str | None]] = []
+        self.answered = threading.Event()
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 peer.seen.append(("POST", self.path, self.headers.get("Authorization")))
+                peer.answered.wait(answer_after)  # a member too slow to answer: set to release
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -98,13 +101,16 @@ def test_the_live_members_that_say_where_are_woken_without_a_token(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock, records = FakeClock(), FakeDesiredStates()
-    alive, dead, refusing = Peer(), Peer(), Peer(status=404)
+    alive, dead, refusing, itself = Peer(), Peer(), Peer(status=404), Peer()
+    slow = Peer(answer_after=30.0)
     gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    me = Member("a", "a-inc", "1.0", url="http://127.0.0.1:1")
-    with alive.running(), dead.running(), refusing.running():
+    me = Member("a", "a-inc", "1.0", url=itself.url)
+    with alive.running(), dead.running(), refusing.running(), itself.running(), slow.running():
         records.heartbeats.update(
             {
                 "a": replace(beat("a", clock), url=me.url),  # this member itself
+                "a-old": replace(beat("a-old", clock), url=me.url),  # its address, another name
+                "s": replace(beat("s", clock), url=slow.url),
                 "b": replace(beat("b", clock), url=alive.url),
                 "c": replace(beat("c", clock), url=gone),
                 "d": replace(beat("d", clock), url=refusing.url),
@@ -113,13 +119,20 @@ def test_the_live_members_that_say_where_are_woken_without_a_token(
             }
         )
         with caplog.at_level(logging.WARNING):
+            started = time.monotonic()
             asyncio.run(publish_and_settle(tmp_path, records, clock, me))
+            took = time.monotonic() - started
+        slow.answered.set()
 
     assert records.read("m") is not None
     assert alive.seen == [("POST", "/v1/fleet/wake", None)]
     assert refusing.seen == [("POST", "/v1/fleet/wake", None)]
     assert dead.seen == []
+    assert itself.seen == []  # never its own address, under whatever name
+    assert slow.seen == [("POST", "/v1/fleet/wake", None)]
+    assert took < 10  # the slow one was given up on (1 s), not waited for
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(gone in w and "next poll" in w for w in warnings), warnings
     assert any(refusing.url in w and "HTTP 404" in w for w in warnings), warnings
+    assert any(slow.url in w and "no answer within 1 s" in w for w in warnings), warnings
     assert not any(alive.url in w for w in warnings), warnings

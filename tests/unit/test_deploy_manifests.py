@@ -418,6 +418,9 @@ def test_the_sidecar_is_locked_down_and_writes_only_to_volumes(objects: list[Obj
         assert not mount.get("readOnly"), f"{path} is on a read-only mount"
 
 
+FIELD_SAMPLES = {"metadata.name": "triton-7d9f8b6c4-x2k8p", "status.podIP": "10.42.0.17"}
+
+
 def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
     objects: list[Obj], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -439,19 +442,24 @@ def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
     for name in list(os.environ):
         if name.startswith(ENV_PREFIX):
             monkeypatch.delenv(name)
+    given: dict[str, str] = {}  # as the kubelet sets them, $(NAME) expanded from earlier ones
     for name, var in env(sidecar).items():
+        field_path = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        sample = FIELD_SAMPLES.get(field_path, "from-a-secret")
+        given[name] = re.sub(
+            r"\$\((\w+)\)", lambda m: given.get(m[1], m[0]), var.get("value", sample)
+        )
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV:
             continue
         if name.startswith(FLEET_ENV_PREFIX) and "fleet" not in Settings.model_fields:
             continue
         assert known_setting(name), f"{name} names no setting: the daemon would ignore it"
-        source = var.get("valueFrom", {})
-        value = "triton-7d9f8b6c4-x2k8p" if "fieldRef" in source else "from-a-secret"
-        monkeypatch.setenv(name, var.get("value", value))
+        monkeypatch.setenv(name, given[name])
     settings = load_settings(config_file)
     assert str(settings.repository.path) == "/models/repository"
     assert settings.api.host == "0.0.0.0"
     assert settings.api.token is not None
+    assert settings.fleet_url == f"http://10.42.0.17:{settings.api.port}"  # the others wake it
 
 
 def known_setting(variable: str) -> bool:

@@ -587,6 +587,14 @@ def test_the_first_write_is_generation_one_and_each_change_one_more() -> None:
         "http://10.0.0.7:8080?x=1",
         "http://10.0.0.7 :8080",
         "http://",
+        "http://fd00::1:8080",  # IPv6 without brackets
+        "http://[fd00::1",
+        "http://h:80:90",
+        "http://h:99999",
+        "http://h:0",
+        "http://host:notaport",
+        "http://host:",
+        "http://-host:8080",
         42,
         "http://" + "a" * 300,
     ],
@@ -607,3 +615,18 @@ def test_a_heartbeat_without_an_address_is_read_as_one_that_cannot_be_woken() ->
 
 def heartbeat_with_url(url: str | None) -> MemberBeat:
     return MemberBeat(member="a", incarnation="i", at=T0, interval=5.0, version="1", url=url)
+
+
+@pytest.mark.parametrize(
+    ("url", "taken"),
+    [
+        ("http://10.0.0.7:8080/", "http://10.0.0.7:8080"),
+        ("https://controlplane-0.triton.ns.svc:8443", "https://controlplane-0.triton.ns.svc:8443"),
+        ("http://[fd00::7]:8080", "http://[fd00::7]:8080"),
+        ("http://[fd00::7]", "http://[fd00::7]"),
+    ],
+)
+def test_a_plain_api_address_is_taken_as_written(url: str, taken: str) -> None:
+    stored = json.loads(json.dumps(beat_for_storage(heartbeat_with_url(None))))
+    stored["url"] = url
+    assert beat_from_storage(stored).url == taken

@@ -137,3 +137,20 @@ def test_a_member_alone_under_its_name_sees_no_conflict_across_a_restart(tmp_pat
         return seen
 
     assert asyncio.run(scenario()) == [None, None, None]
+
+
+def test_a_look_at_the_name_that_fails_does_not_cost_the_heartbeat(tmp_path: Path) -> None:
+    class Unlookable(Records):
+        def beat_of(self, member: str) -> MemberBeat | None:
+            raise StoreUnavailable("the read timed out")
+
+    async def scenario() -> list[MemberBeat]:
+        records = Unlookable(tmp_path)
+        heart = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        for second in range(3):
+            await heart.write(_beat(second))
+        assert heart.name_conflict is None
+        assert heart.last_error is None
+        return records.written
+
+    assert [(b.at - START).seconds for b in asyncio.run(scenario())] == [0, 1, 2]

@@ -477,6 +477,7 @@ def test_a_member_advertises_the_address_it_binds_unless_told_another(
         "http://user:pw@host:8080",
         "http://host:8080/api",
         "http://",
+        "http://fd00::7:8080",  # IPv6 needs brackets
     ],
 )
 def test_an_advertised_address_that_is_not_one_is_refused_with_the_form_it_needs(
