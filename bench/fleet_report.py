@@ -313,7 +313,8 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
 - The target against the design: a rollout is the receiving member's deploy, then the
   followers' wait to hear of it, then their own deploys, since followers start only once the
   release serves on the first member (so a bad release stops there). With the wake the wait is
-  milliseconds, so a rollout is about two deploys whatever the poll interval: within the
+  a fraction of a second (the wake, then the follower's read of the store and the start of its
+  operation), so a rollout is about two deploys whatever the poll interval: within the
   target when one deploy is shorter than the poll interval + 1 s (10 s: always here; 1 s: a
   deploy here takes 2-3 s, so it cannot hold without loading the release on the followers
   before it served anywhere, which is what the design refuses). Without the wake the wait was
