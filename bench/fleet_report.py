@@ -208,11 +208,12 @@ def cost_split(idle: IdleCounts) -> str:
         for purpose, c in sorted(cost.items(), key=lambda x: -x[1])
     )
     polls = idle.s3.get(("desired", "LIST"), 0.0)  # one per pass: passes per minute
-    per_model = monthly(polls, "GET") + monthly(polls, "LIST")
+    per_model = monthly(polls, "LIST")
     return (
-        f"{split}; each further model adds one desired-state GET and one release listing per "
-        f"pass ({polls:.1f} passes a minute), ${per_model:,.2f} a month for {FLEET} members "
-        "(derived from the passes counted here, not measured with several models)"
+        f"{split}; each further model adds one release listing per pass ({polls:.1f} passes a "
+        f"minute; its desired-state record is read again only when its ETag changes), "
+        f"${per_model:,.2f} a month for {FLEET} members (derived from the passes counted here, "
+        "not measured with several models)"
     )
 
 
