@@ -216,7 +216,8 @@ class FleetSync:
         self.last_read = report.at
         records = {record.name: record for record in await self._serving.all()}
         if not self._seeded:
-            await seed(self._records, self.member.name, self._clock, records, desired)
+            if await seed(self._records, self.member.name, self._clock, records, desired):
+                self._ledger.tell_peers()  # the others follow the records it wrote now
             self._seeded = True
         report.desired = desired
         for model, wanted in sorted(desired.items()):

@@ -25,10 +25,11 @@ async def seed(
     clock: Clock,
     here: dict[str, ModelRecord],
     desired: dict[str, DesiredModel],
-) -> None:
+) -> bool:
     """Models that serve here and that the fleet has no record of (a member upgraded from a
     version without a fleet) become the fleet's, so that the others know what already serves.
-    ``desired`` gets each record written."""
+    ``desired`` gets each record written; whether any was."""
+    wrote = False
     for model, record in sorted(here.items()):
         if model in desired or record.active_release is None:
             continue
@@ -49,11 +50,13 @@ async def seed(
             log.warning("%s: could not record it in the fleet's desired state: %s", model, exc)
             continue
         desired[model] = new
+        wrote = True
         log.info(
             "%s: recorded %s in the fleet's desired state (it served here already)",
             model,
             record.active_release,
         )
+    return wrote
 
 
 async def advance_rollouts(

@@ -1,13 +1,15 @@
-"""The fleet's upkeep: members gone for good are forgotten, the living and this one are not."""
+"""The fleet's upkeep: members gone for good are forgotten, the living and this one are not;
+what serves on a member the fleet has no record of becomes the fleet's."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from controlplane.domain.fleet import MemberBeat
-from controlplane.services.fleet_upkeep import DEPARTED_AFTER, forget_departed
-from tests.support.fakes import FakeDesiredStates
+from controlplane.domain.fleet import MemberBeat, first_generation
+from controlplane.ports import ModelRecord
+from controlplane.services.fleet_upkeep import DEPARTED_AFTER, forget_departed, seed
+from tests.support.fakes import FakeClock, FakeDesiredStates
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -34,3 +36,31 @@ def test_members_not_seen_for_an_hour_are_forgotten_but_not_the_living_or_itself
 
     assert asyncio.run(forget_departed(records, "me", NOW)) == ["gone"]
     assert sorted(records.beats()) == ["alive", "dead-a-while", "me"]
+
+
+def test_what_serves_here_without_a_fleet_record_becomes_the_fleet_s_and_says_so() -> None:
+    """A member upgraded from a version without a fleet: what it serves is written as the
+    fleet's desired state (so its sync wakes the others), and nothing the fleet has is touched."""
+    records, clock = FakeDesiredStates(), FakeClock()
+    here = {
+        "served": ModelRecord("served", "r2", "r1", NOW),
+        "unloaded": ModelRecord("unloaded", None, "r1", NOW),
+        "known": ModelRecord("known", "r9", None, NOW),
+    }
+    known = first_generation("known", by="other", at=NOW, trigger="api", reason="")
+    records.desired["known"] = known
+    desired = {"known": known}
+
+    wrote = asyncio.run(seed(records, "me", clock, here, desired))
+
+    assert wrote is True
+    assert sorted(desired) == ["known", "served"]
+    written = records.desired["served"]
+    assert (written.release, written.previous, written.set_by, written.trigger) == (
+        "r2",
+        "r1",
+        "me",
+        "seed",
+    )
+    assert records.desired["known"] == known
+    assert asyncio.run(seed(records, "me", clock, here, dict(records.desired))) is False
