@@ -217,7 +217,17 @@ def create_app(settings: Settings) -> FastAPI:
     async def healthz(c: Reader) -> dict[str, Any]:
         """Liveness: the process answers. Also says which background job is down, and why
         (a job that fails is restarted; restarting the process would not help it)."""
-        return {"status": "ok", "jobs": [job_json(s) for s in c.supervisor.statuses()]}
+        body: dict[str, Any] = {
+            "status": "ok",
+            "jobs": [job_json(s) for s in c.supervisor.statuses()],
+        }
+        if c.fleet is not None:  # what this member knows of itself, with no store read
+            body["fleet"] = {
+                "member": c.fleet.member.name,
+                "stale": c.fleet.stale,
+                "name_conflict": c.fleet.name_conflict,
+            }
+        return body
 
     @app.get(
         "/readyz",

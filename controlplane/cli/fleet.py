@@ -28,6 +28,11 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         lines.append(f"the store cannot be read ({data['store_error']}): as last read")
     if data.get("name_conflict"):
         lines.append(f"NAME CONFLICT: {data['name_conflict']}")
+    for member in members:
+        if member.get("name_conflict") and member["member"] == data.get("member"):
+            continue  # said above, from this member itself
+        if member.get("name_conflict") and member.get("alive"):
+            lines.append(f"NAME CONFLICT on {member['member']}: {member['name_conflict']}")
     for broken in data.get("unreadable_records", []):
         lines.append(f"UNREADABLE RECORD (no member acts on it): {broken['error']}")
     lines.append("")
@@ -43,7 +48,11 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         if degraded:
             lines.append(f"{'':<24} degraded: {degraded}")
     if not models:
-        lines.append("(no model has a desired state yet)")
+        lines.append(
+            "(no readable desired state: see the unreadable records above)"
+            if data.get("unreadable_records")
+            else "(no model has a desired state yet)"
+        )
     lines.append("")
     lines.append(f"{'MEMBER':<24} {'ALIVE':<6} {'LAST SEEN':<21} {'GPU':<9} MODELS")
     for member in members:

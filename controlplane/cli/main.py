@@ -155,7 +155,11 @@ def status(
         typer.echo("no models managed here or in the store")
     for view in models:
         _print_model(view)
-    for job in _call(lambda: client.get("/healthz")).get("jobs", []):
+    health = _call(lambda: client.get("/healthz"))
+    conflict = (health.get("fleet") or {}).get("name_conflict")
+    if conflict and not model:  # one model's view says it under that model
+        typer.echo(f"fleet: NAME CONFLICT: {conflict}", err=True)
+    for job in health.get("jobs", []):
         if job["state"] != "running":
             typer.echo(
                 f"job {job['name']}: {job['state']} after {job['restarts']} restart(s): "

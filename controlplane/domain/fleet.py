@@ -166,6 +166,7 @@ class MemberBeat:
     overload: str | None = None  # the overload verdict: healthy, breach, unknown; None: off
     stale: bool = False  # it could not read the desired state at its last try
     url: str | None = None  # where the other members can wake it (its API); None: they cannot
+    name_conflict: str | None = None  # another daemon writes heartbeats under its name
 
     def alive(self, now: datetime) -> bool:
         return now - self.at <= timedelta(seconds=3 * self.interval)
@@ -294,6 +295,7 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
         "overload": beat.overload,
         "stale": beat.stale,
         "url": beat.url,
+        "name_conflict": beat.name_conflict,
         "models": {
             name: {
                 "release": m.release,
@@ -318,6 +320,7 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
         overload=data.get("overload"),
         stale=bool(data.get("stale", False)),
         url=peer_url(data.get("url")),
+        name_conflict=_text(data.get("name_conflict")),
         models={
             str(name): _member_model(_object(m, f"models.{name}"))
             for name, m in _object(data.get("models") or {}, "models").items()
@@ -357,6 +360,10 @@ def peer_url(value: object) -> str | None:
 
 
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def _text(value: object, limit: int = 1000) -> str | None:
+    return value[:limit] if isinstance(value, str) and value else None
 
 
 def _member_model(m: Mapping[str, Any]) -> MemberModel:

@@ -179,6 +179,7 @@ def member_json(beat: MemberBeat, now: datetime) -> dict[str, object]:
         "stale": beat.stale,
         "overload": beat.overload,
         "url": beat.url,
+        "name_conflict": beat.name_conflict,
         "models": {name: _state_json(state) for name, state in sorted(beat.models.items())},
     }
 

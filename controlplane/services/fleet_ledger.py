@@ -322,20 +322,23 @@ class FleetLedger:
     async def _tell_peers(self, peers: FleetPeers) -> None:
         now = self._clock.now()
         beats = await asyncio.to_thread(self.records.beats)
-        urls = sorted(
-            {
-                beat.url
-                for beat in beats.values()
-                if beat.url is not None
+        members: dict[str, list[str]] = {}  # url -> the live members that give it
+        for beat in beats.values():
+            if (
+                beat.url is not None
                 and beat.member != self.member.name
                 and beat.url != self.member.url
                 and beat.alive(now)
-            }
-        )
+            ):
+                members.setdefault(beat.url, []).append(beat.member)
+        urls = sorted(members)
         for url, error in (await peers.wake(urls)).items():
             if error is not None:
                 log.warning(
-                    "could not wake the member at %s (%s); it follows at its next poll", url, error
+                    "could not wake %s at %s (%s); it follows at its next poll",
+                    ", ".join(sorted(members[url])),
+                    url,
+                    error,
                 )
         log.debug("woke %d other members", len(urls))
 

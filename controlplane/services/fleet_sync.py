@@ -381,6 +381,7 @@ class FleetSync:
             overload=self._overload(),
             stale=self.stale,
             url=self.member.url,
+            name_conflict=self.name_conflict,
         )
 
     async def beat(self) -> None:

@@ -99,4 +99,11 @@ class HeartbeatWriter:
 
 def _said(beat: MemberBeat) -> tuple[object, ...]:
     """What a heartbeat tells the fleet, its time apart."""
-    return (beat.incarnation, beat.version, dict(beat.models), beat.overload, beat.stale)
+    return (
+        beat.incarnation,
+        beat.version,
+        dict(beat.models),
+        beat.overload,
+        beat.stale,
+        beat.name_conflict,
+    )

@@ -139,22 +139,25 @@ def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_th
 def test_two_daemons_given_one_member_name_are_told_so_until_one_goes(fleet: Fleet) -> None:
     first = fleet.add("twin")
     second = fleet.add("twin")
-
-    def conflict(member: Member) -> str | None:
-        found: str | None = fleet.fleet(via=member)["name_conflict"]
-        return found
+    bystander = fleet.add("m3")
 
     for member in (first, second):
         eventually(partial(_conflicted, fleet, member), 60, "the name conflict is seen")
-        said = conflict(member)
-        assert said is not None
+        said = fleet.fleet(via=member)["name_conflict"]
         assert "CONTROLPLANE_FLEET__MEMBER" in said, said
         assert "controlplane_fleet_member_name_conflict 1.0" in member.api.get("/metrics").text
+        status = cli(member.api.url, "status")  # no model named: said all the same
+        assert "NAME CONFLICT: another daemon writes heartbeats as twin" in status.stderr
     assert "another daemon writes heartbeats as twin" in first.api.log()
+    # Any member tells it: behind a Service an operator reaches any pod.
+    eventually(partial(_sees_twin_conflict, fleet, bystander), 30, "m3 sees the conflict")
+    table = cli(bystander.api.url, "fleet")
+    assert "NAME CONFLICT on twin: another daemon writes heartbeats as twin" in table.stdout
 
     second.api.stop()
-    eventually(lambda: conflict(first) is None, 60, "the conflict ends with the other daemon")
+    eventually(lambda: not _conflicted(fleet, first), 60, "the conflict ends with the other")
     assert "controlplane_fleet_member_name_conflict 0.0" in first.api.get("/metrics").text
+    eventually(lambda: not _sees_twin_conflict(fleet, bystander), 30, "and m3 sees it end")
 
 
 def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: Path) -> None:
@@ -178,6 +181,11 @@ def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: 
 
 def _conflicted(fleet: Fleet, member: Member) -> bool:
     return fleet.fleet(via=member)["name_conflict"] is not None
+
+
+def _sees_twin_conflict(fleet: Fleet, member: Member) -> bool:
+    twins = [m for m in fleet.fleet(via=member)["members"] if m["member"] == "twin"]
+    return bool(twins) and twins[0]["name_conflict"] is not None
 
 
 def _degraded_is(member: Member, releases: list[str]) -> bool:

@@ -132,7 +132,7 @@ def test_the_live_members_that_say_where_are_woken_without_a_token(
     assert slow.seen == [("POST", "/v1/fleet/wake", None)]
     assert took < 10  # the slow one was given up on (1 s), not waited for
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(gone in w and "next poll" in w for w in warnings), warnings
+    assert any(f"could not wake c at {gone}" in w and "next poll" in w for w in warnings), warnings
     assert any(refusing.url in w and "HTTP 404" in w for w in warnings), warnings
     assert any(slow.url in w and "no answer within 1 s" in w for w in warnings), warnings
     assert not any(alive.url in w for w in warnings), warnings

@@ -612,3 +612,29 @@ def test_encoded_records_are_json_a_person_can_read() -> None:
 
     assert json.loads(data)["release"] == "r1"
     assert data.endswith(b"\n")
+
+
+def test_member_records_that_cannot_be_used_are_listed_and_logged_once(
+    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad heartbeat hides one member: it is shown with the desired-state records that
+    cannot be read, and logged once, not at every read (anyone who may read GET /v1/fleet
+    would otherwise write warnings at will)."""
+    records.beat(heartbeat("good"))
+    members = root / "_controlplane" / "members"
+    (members / "garbled.json").write_bytes(b"{nope")
+    (members / "copied.json").write_bytes((members / "good.json").read_bytes())
+    caplog.set_level(logging.WARNING)
+
+    for _ in range(5):
+        assert list(records.beats()) == ["good"]
+    unreadable = records.unreadable()
+    assert sorted(unreadable) == [str(members / "copied.json"), str(members / "garbled.json")]
+    assert "cannot be read" in unreadable[str(members / "garbled.json")]
+    assert "holds the record of 'good'" in unreadable[str(members / "copied.json")]
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+
+    (members / "garbled.json").unlink()
+    (members / "copied.json").unlink()
+    records.beats()
+    assert records.unreadable() == {}

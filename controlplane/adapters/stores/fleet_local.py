@@ -29,6 +29,7 @@ from controlplane.adapters.stores.fleet_records import (
     MAX_RECORD_BYTES,
     MEMBERS_DIR,
     SUFFIX,
+    BadBeats,
     conflict,
     decode_beat,
     decode_desired,
@@ -54,6 +55,7 @@ class LocalDesiredStates:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
+        self._bad_beats = BadBeats()
         # path -> (inode, size, mtime), and the record there or why it cannot be read
         self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
 
@@ -95,7 +97,8 @@ class LocalDesiredStates:
         return found
 
     def unreadable(self) -> dict[str, str]:
-        return {str(path): why for path, (_, why) in self._seen.items() if isinstance(why, str)}
+        desired = {str(path): why for path, (_, why) in self._seen.items() if isinstance(why, str)}
+        return {**desired, **self._bad_beats.found}
 
     def _decode(self, path: Path) -> DesiredModel | str | None:
         """The record in ``path``, or why it is not a readable record of its name (logged);
@@ -132,18 +135,22 @@ class LocalDesiredStates:
 
     def beats(self) -> dict[str, MemberBeat]:
         found: dict[str, MemberBeat] = {}
+        bad: dict[str, str] = {}
         for path in _records(self._members):
             data = _read(path)
-            beat = None if data is None else decode_beat(data, str(path))
-            if beat is not None and named_as(str(path), path.name, beat.member):
+            beat = None if data is None else decode_beat(data, str(path), path.name)
+            if isinstance(beat, MemberBeat):
                 found[beat.member] = beat
+            elif beat is not None:
+                bad[str(path)] = beat
+        self._bad_beats.listing(bad)
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:
         path = self._members / f"{validate_member_name(member)}{SUFFIX}"
         data = _read(path)
-        beat = None if data is None else decode_beat(data, str(path))
-        return beat if beat is not None and named_as(str(path), path.name, beat.member) else None
+        beat = None if data is None else decode_beat(data, str(path), path.name)
+        return beat if isinstance(beat, MemberBeat) else None
 
     def forget(self, member: str) -> None:
         path = self._members / f"{validate_member_name(member)}{SUFFIX}"

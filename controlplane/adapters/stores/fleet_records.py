@@ -54,13 +54,33 @@ def decode_desired(data: bytes, where: str) -> DesiredModel:
         ) from None
 
 
-def decode_beat(data: bytes, where: str) -> MemberBeat | None:
-    """The heartbeat, or None (logged) when it is not one: a bad beat hides one member."""
+def decode_beat(data: bytes, where: str, name: str) -> MemberBeat | str:
+    """The heartbeat in the file ``name`` at ``where``, or why it is not one (a bad beat hides
+    one member; see :class:`BadBeats`)."""
     try:
-        return beat_from_storage(_decode(data))
+        beat = beat_from_storage(_decode(data))
     except (ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring the member record %s: %s: %s", where, type(exc).__name__, exc)
-        return None
+        return (
+            f"the member record {where} cannot be read ({type(exc).__name__}: {exc}); that "
+            "member is not seen until it writes its next heartbeat, or delete the record"
+        )
+    if name != f"{beat.member}{SUFFIX}":
+        return misnamed(where, beat.member)
+    return beat
+
+
+class BadBeats:
+    """The member records the last listing could not use, each logged once (not at every read:
+    anyone who may read ``GET /v1/fleet`` would otherwise write warnings at will)."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}
+
+    def listing(self, found: dict[str, str]) -> None:
+        for where, why in found.items():
+            if self.found.get(where) != why:
+                log.warning("ignoring a member record: %s", why)
+        self.found = found
 
 
 def _decode(data: bytes) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from controlplane.adapters.stores.fleet_records import (
     DESIRED_DIR,
     MEMBERS_DIR,
     SUFFIX,
+    BadBeats,
     conflict,
     decode_beat,
     decode_desired,
@@ -72,6 +73,7 @@ class S3DesiredStates:
         self._enforced = False  # the store was seen to enforce conditional writes
         # key -> (ETag, the record there or why it cannot be read)
         self._seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
+        self._bad_beats = BadBeats()  # member records the last listing could not use
 
     @property
     def where(self) -> str:
@@ -104,7 +106,8 @@ class S3DesiredStates:
         return records
 
     def unreadable(self) -> dict[str, str]:
-        return {self._url(key): why for key, (_, why) in self._seen.items() if isinstance(why, str)}
+        desired = {self._url(k): why for k, (_, why) in self._seen.items() if isinstance(why, str)}
+        return {**desired, **self._bad_beats.found}
 
     def _read_record(self, key: str) -> DesiredModel | str | None:
         """The record at ``key``, or why it is not a readable record of its name (logged);
@@ -147,20 +150,22 @@ class S3DesiredStates:
 
     def beats(self) -> dict[str, MemberBeat]:
         found: dict[str, MemberBeat] = {}
+        bad: dict[str, str] = {}
         for key in self._keys(self._members):
             data = self._bytes(key)
-            beat = None if data is None else decode_beat(data, self._url(key))
-            if beat is not None and named_as(self._url(key), _name(key), beat.member):
+            beat = None if data is None else decode_beat(data, self._url(key), _name(key))
+            if isinstance(beat, MemberBeat):
                 found[beat.member] = beat
+            elif beat is not None:
+                bad[self._url(key)] = beat
+        self._bad_beats.listing(bad)
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
         data = self._bytes(key)
-        beat = None if data is None else decode_beat(data, self._url(key))
-        if beat is None or not named_as(self._url(key), _name(key), beat.member):
-            return None
-        return beat
+        beat = None if data is None else decode_beat(data, self._url(key), _name(key))
+        return beat if isinstance(beat, MemberBeat) else None
 
     def forget(self, member: str) -> None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
