@@ -465,12 +465,15 @@ class FleetSettings(_Group):
     @field_validator("advertise_url")
     @classmethod
     def _advertise_url(cls, url: str | None) -> str | None:
-        if url is not None and peer_url(url) is None:
+        if url is None:
+            return None
+        taken = peer_url(url)
+        if taken is None:
             raise ValueError(
                 f"{url!r} is not a member's address: give http://host:port or "
                 "https://host:port, with no path, query or credentials"
             )
-        return peer_url(url) if url is not None else None
+        return taken
 
     @field_validator("member")
     @classmethod

@@ -384,10 +384,6 @@ class FleetSync:
             name_conflict=self.name_conflict,
         )
 
-    async def beat(self) -> None:
-        """Write this member's heartbeat now."""
-        await self._heart.write(self.heartbeat())
-
     async def _states_when_stale(self) -> dict[str, MemberModel]:
         """The last known states, kept while the store cannot be read (at start-up: what
         serves here, as recorded)."""
