@@ -24,7 +24,7 @@ from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
-from controlplane.ports import DesiredStates, ModelStore, Telemetry, UtilizationSource
+from controlplane.ports import DesiredStates, ModelRecord, ModelStore, Telemetry, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.catalog import StoreCatalog
@@ -217,6 +217,11 @@ def build(settings: Settings) -> Container:
         fleet=ledger,
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
+
+    def previous_of(record: ModelRecord) -> str | None:
+        # Late-bound: the fleet sync is built below, from the deploy service.
+        return fleet.previous_of(record) if fleet is not None else record.previous_release
+
     rollback = AutoRollback(
         deploy=deploy,
         serving=repos.serving,
@@ -232,10 +237,7 @@ def build(settings: Settings) -> Container:
         enabled=lambda model: settings.policy(model).auto_rollback,
         telemetry=telemetry,
         fleet=ledger if settings.rollback.scope == "fleet" else None,
-        # Late-bound: the fleet sync is built below, from the deploy service.
-        fleet_previous=lambda model, active: (
-            fleet.fleet_previous(model, active) if fleet is not None else None
-        ),
+        previous_of=previous_of,
     )
     utilization = build_utilization_source(settings, metrics_at)
     overload = (
@@ -275,6 +277,7 @@ def build(settings: Settings) -> Container:
         traffic=settings.traffic,
         overload=(lambda: overload.view) if overload is not None else None,
         fallback=rollback.fallback_of,
+        previous_of=previous_of,
         cooldown_until=rollback.cooldown_after,
         drift=drift,
         catalog=catalog,

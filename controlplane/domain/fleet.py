@@ -99,6 +99,16 @@ class DesiredModel:
     def is_degraded(self, release: str | None) -> bool:
         return release is not None and any(d.release == release for d in self.degraded)
 
+    def previous_for(self, active: str | None, own: str | None) -> str | None:
+        """The one meaning of "previous" for a member that serves ``active`` and whose own
+        journal says ``own``: the fleet's previous release while the member serves the fleet's
+        release, its own otherwise. A member killed before it published, one that lost a race
+        or lost its journal, went through releases the fleet never had (or forgot them); the
+        model view, the rollback and the fallback must all name the same release."""
+        if active is not None and active == self.release and self.previous:
+            return self.previous
+        return own
+
     def changed(
         self, *, by: str, at: datetime, trigger: str, reason: str, **fields: Any
     ) -> DesiredModel:

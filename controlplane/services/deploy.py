@@ -188,9 +188,8 @@ class DeployService:
             if record is None or record.active_release is None:
                 raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
             previous = record.previous_release
-            fleet = base.record if base is not None else None
-            if fleet is not None and fleet.release == record.active_release and fleet.previous:
-                previous = fleet.previous  # the fleet's, not a release only this member had
+            if base is not None and base.record is not None:  # the fleet's, as just read
+                previous = base.record.previous_for(record.active_release, previous)
             if previous is None:
                 raise NoPreviousRelease(
                     f"model {model!r} has no previous release to roll back to; name one with 'to'"

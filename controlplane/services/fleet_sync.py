@@ -349,13 +349,13 @@ class FleetSync:
                 await self._rollbacks.unlatch(model, release)
                 log.info("%s %s is no longer degraded: the fleet let it go", model, release)
 
-    def fleet_previous(self, model: str, active: str | None) -> str | None:
-        """The fleet's previous release of ``model`` while this member serves the fleet's
-        release (as last read); None otherwise."""
-        wanted = self.last.desired.get(model) if self.last is not None else None
-        if wanted is None or wanted.release != active:
-            return None
-        return wanted.previous
+    def previous_of(self, record: ModelRecord) -> str | None:
+        """What "previous" means for ``record`` here, from the desired state as last read
+        (:meth:`DesiredModel.previous_for`)."""
+        wanted = self.last.desired.get(record.name) if self.last is not None else None
+        if wanted is None:
+            return record.previous_release
+        return wanted.previous_for(record.active_release, record.previous_release)
 
     async def _held(self, model: str, target: str | None, wanted: DesiredModel) -> bool:
         """``target`` was latched degraded here after the fleet set it (a member-scope

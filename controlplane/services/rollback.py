@@ -90,7 +90,7 @@ class AutoRollback:
         enabled: Callable[[str], bool],
         telemetry: Telemetry = NO_TELEMETRY,
         fleet: FleetLedger | None = None,
-        fleet_previous: Callable[[str, str | None], str | None] = lambda _model, _active: None,
+        previous_of: Callable[[ModelRecord], str | None] = lambda record: record.previous_release,
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
@@ -104,7 +104,7 @@ class AutoRollback:
         self._fleet = fleet  # rollback.scope: fleet
         # In a fleet, what served before is the fleet's previous release, not this member's
         # (a member that lost a race, or joined late, went through releases the fleet never had).
-        self._fleet_previous = fleet_previous
+        self._previous_of = previous_of
 
     @property
     def cooldown(self) -> float:
@@ -121,8 +121,7 @@ class AutoRollback:
         return choose_fallback(
             configured=self._configured_fallback(record.name),
             active=record.active_release,
-            previous=self._fleet_previous(record.name, record.active_release)
-            or record.previous_release,
+            previous=self._previous_of(record),
             degraded={d.release for d in degraded},
         )
 

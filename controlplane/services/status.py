@@ -122,6 +122,7 @@ class StatusService:
         traffic: Callable[[str], TrafficPolicy] | None = None,
         overload: Callable[[], OverloadView | None] | None = None,
         fallback: Callable[[ModelRecord, Sequence[DegradedRelease]], str | None] | None = None,
+        previous_of: Callable[[ModelRecord], str | None] | None = None,
         cooldown_until: Callable[[RollbackRecord | None], datetime | None] | None = None,
         drift: Callable[[str], str | None] | None = None,
         catalog: StoreCatalog | None = None,
@@ -129,6 +130,7 @@ class StatusService:
         self._catalog = catalog
         self._overload = overload or (lambda: None)
         self._fallback = fallback or (lambda _record, _degraded: None)
+        self._previous_of = previous_of or (lambda record: record.previous_release)
         self._cooldown = cooldown_until or (lambda _last: None)
         self._drift = drift or (lambda _model: None)
         self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
@@ -325,7 +327,7 @@ class StatusService:
             alias_target=active if policy.strategy is Strategy.BLUE_GREEN else None,
             name=model,
             active_release=record.active_release if record else None,
-            previous_release=record.previous_release if record else None,
+            previous_release=self._previous_of(record) if record else None,
             slots=slots,
             triton_state=triton_state,
             triton_reason=reason,

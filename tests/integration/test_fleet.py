@@ -518,6 +518,20 @@ def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
     assert {a for log in load.logs for a in log.answers} == {2.0}
     assert fleet.fleet()["models"][MODEL]["converged"] is True
 
+    # What served before is the fleet's, which the journal's loss did not take: the view says
+    # so, and a rollback "to previous" goes exactly where the view said.
+    idle = partial(_idle, member)
+    eventually(idle, 30, "the member's catch-up operation ending")
+    assert member.api.get(f"/v1/models/{MODEL}").json()["previous_release"] == "r1"
+    rolled = member.api.post(f"/v1/models/{MODEL}/rollback", {"to": "previous", "wait": True})
+    assert rolled.status_code == 200, rolled.text
+    assert rolled.json()["operation"]["release"] == "r1"
+    assert member.answer(MODEL) == 1.0
+
+
+def _idle(member: Member) -> bool:
+    return member.api.get(f"/v1/models/{MODEL}").json()["running_operation"] is None
+
 
 def _serves_r2(member: Member) -> bool:
     found: object = member.api.get(f"/v1/models/{MODEL}").json().get("active_release")

@@ -133,6 +133,19 @@ def test_stable_release_is_what_serves_everywhere_now() -> None:
 # --- converged -------------------------------------------------------------------------------
 
 
+def test_previous_is_the_fleets_while_the_member_serves_the_fleets_release() -> None:
+    # r3 served here only (a deploy killed before it published): the fleet's r1 is previous.
+    assert desired("r2").previous_for("r2", own="r3") == "r1"
+    assert desired("r2").previous_for("r2", own=None) == "r1"  # a journal lost
+
+
+def test_previous_is_the_members_own_where_the_fleet_says_nothing_of_what_serves() -> None:
+    assert desired("r2").previous_for("r4", own="r3") == "r3"  # not (yet) the fleet's release
+    assert desired("r2").previous_for(None, own="r3") == "r3"
+    first = dataclasses.replace(desired("r2"), previous=None)  # the fleet's first release
+    assert first.previous_for("r2", own="r0") == "r0"
+
+
 def test_converged_when_every_live_member_serves_its_target() -> None:
     wanted = desired(rollout=canary("a"))
     fleet = beats(beat("a", serving("r2")), beat("b", serving("r1")))
