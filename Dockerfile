@@ -15,7 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY controlplane ./controlplane
 # One wheel for the project and one for each runtime dependency, so the runtime stage installs
 # from /wheels alone, with no index and no build tools.

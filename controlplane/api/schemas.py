@@ -352,7 +352,7 @@ class StepAnswer(_Answer):
 
 
 class ErrorDetail(_Answer):
-    code: str = Field(description="Machine-readable error code; see the table in the README.")
+    code: str = Field(description="Machine-readable error code; see the table in docs/api.md.")
     message: str = Field(description="What is wrong and what to do about it.")
 
 

@@ -126,7 +126,7 @@ class MemoryWatch:
             if trend.flagged and trend.kind not in self._flagged:
                 log.warning(
                     "Triton's %s memory grew by %d bytes over the last %d swaps (threshold %d): "
-                    "a leak is likely; see the README on allocators (LD_PRELOAD tcmalloc)",
+                    "a leak is likely; see docs/memory.md on allocators (LD_PRELOAD tcmalloc)",
                     trend.kind,
                     trend.growth,
                     trend.samples,

@@ -1,12 +1,13 @@
-"""Every command block in README.md runs for real in `make test`, so a pasted recipe works.
+"""Every command block of the documentation (README.md and docs/*.md) runs for real in
+`make test`, so a pasted recipe works.
 
-The blocks are read from README.md when the tests run (tests/support/readme.py), so a block
-added later is covered without a change here:
+The blocks are read from the documents when the tests run (tests/support/readme.py lists them,
+in running order), so a block added later is covered without a change here:
 
 - Shell blocks (sh, bash, shell, console) run. One that starts a server (`make run`,
-  `tritonserver`, `controlplane serve`) runs with the other server blocks of its README section:
-  each server is started, checked ready and stopped at the section's end the way the README
-  says. Every other shell block runs in bash (`set -euo pipefail`), in README order, against one
+  `tritonserver`, `controlplane serve`) runs with the other server blocks of its section: each
+  server is started, checked ready and stopped at the section's end the way the document says.
+  Every other shell block runs in bash (`set -euo pipefail`), in document order, against one
   daemon, one Triton and one store (the `world` below); `# -> TEXT` after a command says what it
   must print. After each block, every release it published must deploy with the real daemon.
 - CI jobs in YAML (GitHub Actions, GitLab CI) run their scripts in that same order, with the
@@ -43,10 +44,11 @@ from tests.support.models import SHA256SUMS, write_scale_release
 from tests.support.readme import (
     CI_JOBS,
     COMMANDS,
+    DOCUMENTS,
     SERVERS,
     Block,
     kind_of,
-    read_blocks,
+    read_documents,
     stray_markers,
 )
 from tests.support.readme_servers import VENV_BIN, exports, is_server, servers
@@ -55,8 +57,7 @@ from tests.support.s3 import aws_env, moto_server, s3_client
 pytestmark = pytest.mark.triton
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = read_blocks(README)
+BLOCKS = read_documents(REPO_ROOT)
 TOKEN = "readme-token"
 RELEASE = "2026-11-29.1"  # the release the README's publisher snippets publish
 FALLBACK = "2026-11-01.1"  # the README's fallback_release: resnet serves it first
@@ -66,13 +67,22 @@ AWS_CLI = Path(sys.prefix) / "awscli" / "bin" / "aws"  # make install puts it th
 
 IN_ORDER = [b for b in BLOCKS if b.marker is None and kind_of(b) in (COMMANDS, *CI_JOBS)]
 SERVER_SECTIONS = list(
-    dict.fromkeys(b.section for b in BLOCKS if b.marker is None and kind_of(b) == SERVERS)
+    dict.fromkeys((b.path, b.section) for b in BLOCKS if b.marker is None and kind_of(b) == SERVERS)
 )
+
+
+def test_every_document_is_listed() -> None:
+    """A page under docs/ that the list leaves out would go untested."""
+    found = {f"docs/{p.name}" for p in (REPO_ROOT / "docs").glob("*.md")}
+    assert found - set(DOCUMENTS) == set(), "add these to DOCUMENTS in tests/support/readme.py"
+    assert [p for p in DOCUMENTS if not (REPO_ROOT / p).is_file()] == []
 
 
 def test_every_block_is_run_or_marked_with_a_reason() -> None:
     problems = [
-        f"README.md:{line}: a marker that no fence follows" for line in stray_markers(README)
+        f"{path}:{line}: a marker that no fence follows"
+        for path in DOCUMENTS
+        for line in stray_markers((REPO_ROOT / path).read_text(encoding="utf-8"))
     ]
     for block in BLOCKS:
         if block.marker == "":
@@ -85,7 +95,7 @@ def test_every_block_is_run_or_marked_with_a_reason() -> None:
             for command in block.commands():
                 if not is_server(command.text) and not command.text.startswith("export "):
                     problems.append(
-                        f"README.md:{command.line}: a block that starts a server may only "
+                        f"{block.at(command.line)}: a block that starts a server may only "
                         f"export variables besides; move {command.text!r} to a block of its own"
                     )
     assert problems == []
@@ -234,7 +244,7 @@ def _block_env(root: Path, store: Path, daemon: Daemon, aws: dict[str, str]) -> 
     return env
 
 
-# --- command blocks and CI jobs, in README order ------------------------------------------
+# --- command blocks and CI jobs, in document order ----------------------------------------
 
 
 def run_bash(script: str, world: World, env: dict[str, str], where: str) -> str:
@@ -259,7 +269,7 @@ def run_commands(block: Block, world: World) -> None:
     """The block's commands in one bash; each `# -> TEXT` must be in its command's output."""
     table = world_addresses(world)
     commands = block.commands()
-    marks = [f"@@readme-{block.line}-{i}@@" for i in range(len(commands))]
+    marks = [f"@@readme-{block.id}-{i}@@" for i in range(len(commands))]
     script = "\n".join(
         substitute(c.text, table) + (f"\nprintf '\\n%s\\n' {mark}" if c.expect else "")
         for c, mark in zip(commands, marks, strict=True)
@@ -270,7 +280,7 @@ def run_commands(block: Block, world: World) -> None:
             printed, _, out = out.partition(mark)
             for expected in command.expect:
                 assert expected in printed, (
-                    f"README.md:{command.line}: {command.text!r} should print {expected!r}; "
+                    f"{block.at(command.line)}: {command.text!r} should print {expected!r}; "
                     f"it printed:\n{printed}"
                 )
 
@@ -310,7 +320,7 @@ def run_gitlab_ci(block: Block, world: World) -> None:
         run_bash(script, world, env, f"{block.where}, job {name!r}")
 
 
-@pytest.mark.parametrize("block", IN_ORDER, ids=[f"README.md:{b.line}" for b in IN_ORDER])
+@pytest.mark.parametrize("block", IN_ORDER, ids=[b.id for b in IN_ORDER])
 def test_the_readme_commands_run_as_written(block: Block, world: World) -> None:
     published_before = world.complete_releases()
 
@@ -345,11 +355,11 @@ def server_addresses(scratch: Path, triton: RunningTriton | None) -> dict[str, s
     return table
 
 
-@pytest.mark.parametrize("section", SERVER_SECTIONS)
+@pytest.mark.parametrize("section", SERVER_SECTIONS, ids=[f"{p}#{s}" for p, s in SERVER_SECTIONS])
 def test_the_readme_servers_start_and_stop_as_described(
-    section: str, triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    section: tuple[str, str], triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    blocks = [b for b in BLOCKS if b.section == section and b.marker is None]
+    blocks = [b for b in BLOCKS if (b.path, b.section) == section and b.marker is None]
     (tmp_path / "model-store").mkdir()
     with servers(tmp_path, triton_cache, monkeypatch) as running:
         for block in (b for b in blocks if kind_of(b) == SERVERS):

@@ -1,8 +1,8 @@
-"""The README's configuration blocks are what the tools that read them accept.
+"""The documentation's configuration blocks are what the tools that read them accept.
 
-Each block is read from README.md when the tests run and checked by the program it is written
-for: settings by the daemon's own `load_settings` (every value the block shows must come back,
-and a typo fails), Alertmanager config by `amtool check-config`, alert rules by
+Each block is read from README.md and docs/*.md when the tests run and checked by the program
+it is written for: settings by the daemon's own `load_settings` (every value the block shows
+must come back, and a typo fails), Alertmanager config by `amtool check-config`, alert rules by
 `promtool check rules`, a kustomize patch by `kubectl kustomize` (the venv's kubectl 1.32, with
 no warning) over the shipped overlay, and JSON by a JSON parser (a smoke sample by the daemon's
 own parser). test_readme.py's coverage test fails on a YAML block that none of these takes.
@@ -22,10 +22,10 @@ import yaml
 from controlplane.domain.smoke import parse_smoke
 from controlplane.settings import Settings, SettingsError, load_settings
 from tests.support.kubectl import kustomize
-from tests.support.readme import Block, kind_of, read_blocks
+from tests.support.readme import Block, kind_of, read_documents
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BLOCKS = read_blocks((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+BLOCKS = read_documents(REPO_ROOT)
 
 
 def blocks_of(kind: str) -> list[Block]:
@@ -33,7 +33,7 @@ def blocks_of(kind: str) -> list[Block]:
 
 
 def ids(blocks: list[Block]) -> list[str]:
-    return [f"README.md:{b.line}" for b in blocks]
+    return [b.id for b in blocks]
 
 
 def leaves(data: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:

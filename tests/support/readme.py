@@ -1,4 +1,7 @@
-"""README.md's fenced code blocks as tests read them: language, section, marker, commands.
+"""The documentation's fenced code blocks as tests read them: language, section, marker,
+commands. The documentation is README.md and the files under docs/, in the order of
+:data:`DOCUMENTS`: command blocks run in that order, so a recipe that publishes a release comes
+before one that deploys it.
 
 A block is a fence (```` ```lang ````) and its lines. A block that tests cannot run says why in
 an HTML comment on the last non-blank line before its fence::
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -27,25 +31,53 @@ _HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*not run by tests(?P<rest>.*?)-->\s*$")
 _EXPECT = "# -> "
 
+# Every document whose blocks the tests take, in the order they run; a file under docs/ that is
+# not listed fails test_every_document_is_listed.
+DOCUMENTS = (
+    "README.md",
+    "docs/store.md",
+    "docs/deploys.md",
+    "docs/rollback.md",
+    "docs/fleet.md",
+    "docs/kubernetes.md",
+    "docs/ci.md",
+    "docs/configuration.md",
+    "docs/api.md",
+    "docs/cli.md",
+    "docs/metrics.md",
+    "docs/memory.md",
+    "docs/troubleshooting.md",
+    "docs/development.md",
+)
+
 
 @dataclass(frozen=True)
 class Command:
     text: str  # one command, continuation lines joined with their backslashes
-    line: int  # where it starts in README.md
+    line: int  # where it starts in its document
     expect: tuple[str, ...] = ()  # what its output must contain
 
 
 @dataclass(frozen=True)
 class Block:
-    line: int  # the opening fence's line in README.md, 1-based
+    line: int  # the opening fence's line in its document, 1-based
     lang: str  # the fence's language, '' when it names none
     text: str
     section: str  # the heading the block sits under
     marker: str | None  # the marker's reason ('' when it gives none); None without a marker
+    path: str = "README.md"  # the document, relative to the repository
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'}, in '{self.section}')"
+        return f"{self.id} ({self.lang or 'no language'}, in '{self.section}')"
+
+    def at(self, line: int) -> str:
+        """A line of this block's document, as a test names it."""
+        return f"{self.path}:{line}"
 
     @property
     def lines(self) -> list[str]:
@@ -88,8 +120,18 @@ def _console_commands(block: Block) -> list[Command]:
     return commands
 
 
-def read_blocks(markdown: str) -> list[Block]:
-    """Every fenced block, in order. Raises on a fence that is never closed."""
+def read_documents(root: Path) -> list[Block]:
+    """Every block of every document of :data:`DOCUMENTS` under ``root``, in running order."""
+    return [
+        block
+        for path in DOCUMENTS
+        for block in read_blocks((root / path).read_text(encoding="utf-8"), path)
+    ]
+
+
+def read_blocks(markdown: str, path: str = "README.md") -> list[Block]:
+    """Every fenced block of the document ``path``, in order. Raises on a fence that is never
+    closed."""
     blocks: list[Block] = []
     section = "(top)"
     previous = ""  # the last non-blank line outside a block
@@ -111,7 +153,7 @@ def read_blocks(markdown: str) -> list[Block]:
         while index < len(lines) and not lines[index].lstrip().startswith("```"):
             index += 1
         if index == len(lines):
-            raise ValueError(f"README.md:{start + 1}: this fence is never closed")
+            raise ValueError(f"{path}:{start + 1}: this fence is never closed")
         marker = _MARKER.match(previous)
         blocks.append(
             Block(
@@ -120,6 +162,7 @@ def read_blocks(markdown: str) -> list[Block]:
                 text="\n".join(lines[start + 1 : index]),
                 section=section,
                 marker=_reason(marker.group("rest")) if marker else None,
+                path=path,
             )
         )
         previous = ""

@@ -22,7 +22,7 @@ What is seen as a change, and what is not:
   :data:`RACY_SECONDS`, a clock stepped back that far, or a filesystem that does not move
   mtime or ctime on a write (some FUSE mounts of object stores). There a same-size rewrite in
   place can go unseen until the marker's stat changes for another reason; publishing by
-  rename, as the README says, is seen everywhere.
+  rename, as docs/store.md says, is seen everywhere.
 """
 
 from __future__ import annotations
