@@ -16,6 +16,7 @@ the one `make install` puts in the venv (tests/support/helm.py); without it the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -556,20 +557,24 @@ def test_a_chart_upgrade_alone_rolls_no_pod() -> None:
     ("values", "message"),
     [
         ("apiToken: {existingSecret: ''}", "apiToken.existingSecret is empty"),
-        ("store: {type: nfs}", 'store.type is "nfs"'),
+        ("store: {type: nfs}", 'store.type must be one of the following: "directory", "s3"'),
         ("store: {type: s3}", "store.s3.bucket is empty"),
         (
             "store: {type: s3, s3: {bucket: b, credentials: {existingSecret: keys},"
-            " irsaRoleArn: 'arn:aws:iam::1:role/r'}}",
+            " irsaRoleArn: 'arn:aws:iam::111122223333:role/r'}}",
             "both set",
         ),
         (
-            "store: {type: s3, s3: {bucket: b, irsaRoleArn: 'arn:aws:iam::1:role/r'}}\n"
+            "store: {type: s3, s3: {bucket: b, irsaRoleArn: 'arn:aws:iam::111122223333:role/r'}}\n"
             "serviceAccount: {create: false}",
             "annotate it with eks.amazonaws.com/role-arn yourself",
         ),
         # Without pod labels, a client would let its whole namespace in.
-        ("networkPolicy: {apiClients: [{namespace: ci}]}", "needs a namespace and podLabels"),
+        ("networkPolicy: {apiClients: [{namespace: ci}]}", "apiClients.0: podLabels is required"),
+        # values.schema.json: a misspelt value fails instead of being ignored...
+        ("store: {s3: {bucekt: models}}", "Additional property bucekt is not allowed"),
+        # ... and there is no place for a token.
+        ("apiToken: {token: s3cr3t}", "Additional property token is not allowed"),
         (
             "autoscaling: {enabled: true, maxReplicas: 1}",
             "autoscaling.maxReplicas (1) is below autoscaling.minReplicas (2)",
@@ -582,6 +587,33 @@ def test_values_that_cannot_work_are_refused_with_what_to_set(
     path = tmp_path / "values.yaml"
     path.write_text(values)
     assert message in refused(path)
+
+
+def schema_paths(schema: Obj, prefix: str = "") -> set[str]:
+    """Every value the schema names, down to the open objects (resources, config...)."""
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        paths.add(prefix + key)
+        if sub.get("additionalProperties") is False:
+            paths |= schema_paths(sub, f"{prefix}{key}.")
+    return paths
+
+
+def value_paths(values: Obj, schema: Obj, prefix: str = "") -> set[str]:
+    paths = set()
+    for key, value in values.items():
+        paths.add(prefix + key)
+        sub = schema.get("properties", {}).get(key, {})
+        if isinstance(value, dict) and sub.get("additionalProperties") is False:
+            paths |= value_paths(value, sub, f"{prefix}{key}.")
+    return paths
+
+
+def test_the_schema_knows_every_value_and_no_other() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # "global" is Helm's, for charts used as subcharts.
+    assert value_paths(values, schema) == schema_paths(schema) - {"global"}
 
 
 # --- values.yaml, NOTES.txt, docs/helm.md ---------------------------------------------------------
