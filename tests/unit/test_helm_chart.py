@@ -4,7 +4,9 @@ what values.yaml says.
 Two ways to install one fleet must not drift apart: the chart's directory-store example is
 compared with overlays/local-store, and its S3 example with overlays/s3, container by container
 (image repository, command and args, env names and value sources, ports, probes, lifecycle,
-security contexts, mounts, resources) and at the pod level. Then every promise that
+security contexts, mounts, resources) and at the pod level, and the objects around the pod
+(Service, NetworkPolicy, budget, ServiceMonitor, Alertmanager route, autoscaler) by their specs,
+names and selectors aside. Then every promise that
 tests/unit/test_deploy_manifests.py checks on an overlay is checked on each documented values
 file, with the same functions. Last, each value that turns an object on or off, or that points
 at something (a claim, a Secret, a role, an image), is rendered both ways.
@@ -198,6 +200,68 @@ def test_the_chart_runs_the_overlays_pod(pair: tuple[list[Obj], list[Obj]]) -> N
     expected, actual = pod_view(kustomized), pod_view(charted)
     for field, value in expected.items():
         assert actual[field] == value, f"the pod's {field} differs from the overlay"
+
+
+def around_the_pod(objects: list[Obj]) -> Obj:
+    """The objects around the pod, with what each installer names its own way made equal."""
+    labels = pod_labels(objects)
+    deployment = one(objects, "Deployment")["metadata"]["name"]
+    service = one(objects, "Service")["metadata"]
+
+    def fleet(selector: Obj) -> Obj | str:
+        return "<the fleet's pods>" if selects(selector, labels) else selector
+
+    policy = one(objects, "NetworkPolicy")["spec"]
+    ingress = [
+        {
+            **rule,
+            "from": [
+                {**peer, "podSelector": fleet(peer["podSelector"]["matchLabels"])}
+                if set(peer) == {"podSelector"}
+                else peer
+                for peer in rule["from"]
+            ],
+        }
+        if "from" in rule
+        else rule
+        for rule in policy["ingress"]
+    ]
+    webhook_url = f"http://{service['name']}.{service['namespace']}.svc:8080/v1/alerts"
+    config = one(objects, "AlertmanagerConfig")["spec"]
+    hpa = one(objects, "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"]["name"] == deployment
+    return {
+        "Service": {k: v for k, v in one(objects, "Service")["spec"].items() if k != "selector"},
+        "NetworkPolicy": {
+            **policy,
+            "podSelector": fleet(policy["podSelector"]["matchLabels"]),
+            "ingress": ingress,
+        },
+        "PodDisruptionBudget": {
+            **one(objects, "PodDisruptionBudget")["spec"],
+            "selector": fleet(
+                one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+            ),
+        },
+        "ServiceMonitor": one(objects, "ServiceMonitor")["spec"]["endpoints"],
+        "AlertmanagerConfig": json.loads(json.dumps(config).replace(webhook_url, "<the webhook>")),
+        "HorizontalPodAutoscaler": {**hpa, "scaleTargetRef": {**hpa["scaleTargetRef"], "name": ""}},
+    }
+
+
+def test_the_chart_renders_the_objects_around_the_pod_as_the_overlays_do(tmp_path: Path) -> None:
+    kustomized = render(manifests.with_component("s3", "hpa", tmp_path))
+    charted = chart(
+        "s3-keys",
+        **{
+            "autoscaling.enabled": "true",
+            "monitoring.serviceMonitor.enabled": "true",
+            "monitoring.alertmanagerConfig.enabled": "true",
+        },
+    )
+    expected, actual = around_the_pod(kustomized), around_the_pod(charted)
+    for kind, spec in expected.items():
+        assert actual[kind] == spec, f"the chart's {kind} differs from the overlay's"
 
 
 def test_the_chart_and_the_overlays_run_one_image_at_one_version() -> None:
