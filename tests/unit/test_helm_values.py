@@ -4,25 +4,22 @@ that cannot work, saying what to set.
 The store (a claim the chart creates and keeps, an existing claim, a bucket with keys or with an
 IRSA role), GPUs and GPU nodes, both images, the settings file's rollout, and the checks on the
 values themselves: values.schema.json knows every value and no other, every value has a
-comment, NOTES.txt names what was installed and what to run next, and docs/helm.md's blocks run.
+comment, and NOTES.txt names what was installed and what to run next (docs/helm.md's blocks
+run with every other page's, in tests/integration/test_readme.py).
 test_helm_chart.py compares the chart with the kustomize overlays.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.helm import CHART, NAMESPACE, helm_template
-from tests.support.readme import read_blocks
+from tests.support.helm import CHART, helm_template
 from tests.unit import test_deploy_manifests as manifests
 from tests.unit.test_deploy_manifests import Obj, container, env, of_kind, one, pod, volume
 from tests.unit.test_helm_chart import (
@@ -115,7 +112,7 @@ def test_an_s3_compatible_endpoint_is_given_as_a_value_or_by_the_secret() -> Non
     assert variable == {"name": "AWS_ENDPOINT_URL_S3", "value": "https://minio.example:9000"}
 
 
-# --- GPUs, images, settings ----------------------------------------------------------------------
+# --- GPUs, images, settings ---------------------------------------------------------------------
 
 
 def test_gpus_and_gpu_nodes_come_from_the_values() -> None:
@@ -237,7 +234,7 @@ def test_the_schema_knows_every_value_and_no_other() -> None:
     assert value_paths(values, schema) == schema_paths(schema) - {"global"}
 
 
-# --- values.yaml, NOTES.txt, docs/helm.md ---------------------------------------------------------
+# --- values.yaml, NOTES.txt ----------------------------------------------------------------------
 
 _KEY = re.compile(r"^(?P<indent>\s*)(?:- )?(?P<key>[\w./-]+):")
 
@@ -305,27 +302,3 @@ def test_the_notes_name_the_store_the_secret_and_the_next_commands(tmp_path: Pat
     monitored = notes(values_files("gpu-hpa-monitoring"), tmp_path / "monitored")
     assert "ServiceMonitor, PrometheusRule, AlertmanagerConfig" in monitored
     assert "2 to 8 pods (autoscaled)" in monitored
-
-
-def test_the_docs_helm_template_blocks_run() -> None:
-    text = DOCS.read_text()
-    blocks = [b for b in read_blocks(text) if b.marker is None and b.lang in ("sh", "bash")]
-    assert blocks, f"{DOCS.name} has no block that runs"
-    path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
-    for block in blocks:
-        for command in block.commands():
-            done = subprocess.run(
-                ["bash", "-euo", "pipefail", "-c", command.text],
-                cwd=ROOT,
-                env={**os.environ, "PATH": path},
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            where = f"docs/helm.md:{command.line}"
-            assert done.returncode == 0, f"{where}: {command.text}\n{done.stderr}"
-            assert done.stderr == "", f"{where} warns:\n{done.stderr}"
-            for expected in command.expect:
-                assert expected in done.stdout, f"{where}: no {expected!r} in\n{done.stdout}"
-    assert NAMESPACE in text
