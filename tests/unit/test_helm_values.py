@@ -163,9 +163,23 @@ def test_a_settings_change_rolls_the_pods() -> None:
     assert checksum(chart(**{"service.type": "NodePort"})) == checksum(chart())
 
 
-def test_a_chart_upgrade_alone_rolls_no_pod() -> None:
-    labels = one(chart(), "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert not {"helm.sh/chart", "app.kubernetes.io/version"} & labels.keys()
+def test_a_new_chart_version_alone_rolls_no_pod(tmp_path: Path) -> None:
+    # A chart release that changes nothing in the pod (same image, same settings) must leave the
+    # pod template as it was, or every `helm upgrade` would restart the whole fleet.
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    chart_yaml = copy / "Chart.yaml"
+    chart_yaml.write_text(re.sub(r"(?m)^version: .*$", "version: 9.9.9", chart_yaml.read_text()))
+    done = helm_template(chart=copy)
+    assert done.returncode == 0, done.stderr
+    upgraded = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+    def template(objects: list[Obj]) -> Obj:
+        spec: Obj = one(objects, "Deployment")["spec"]["template"]
+        return spec
+
+    assert one(upgraded, "Deployment")["metadata"]["labels"]["helm.sh/chart"].endswith("9.9.9")
+    assert template(upgraded) == template(chart())
 
 
 # --- values the chart refuses, with what to set ---------------------------------------------------
