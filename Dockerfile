@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The controlplane daemon and CLI: the sidecar beside tritonserver (deploy/k8s/).
 #
-#   docker build -t ghcr.io/example-org/controlplane:0.1.0 --build-arg VERSION=0.1.0 .
-#   docker run ghcr.io/example-org/controlplane:0.1.0                  # controlplane serve
-#   docker run ghcr.io/example-org/controlplane:0.1.0 deploy resnet r2 --wait --url ... --token ...
+#   docker build -t ghcr.io/controlplane-project/controlplane:0.1.0 --build-arg VERSION=0.1.0 .
+#   docker run ghcr.io/controlplane-project/controlplane:0.1.0                  # controlplane serve
+#   docker run ghcr.io/controlplane-project/controlplane:0.1.0 deploy resnet r2 --wait --url ... --token ...
 #
 # Runtime dependencies only, at the versions constraints.txt pins: no `triton` extra (the bundled
 # nvidia-pytriton server is for development and tests; in a pod, Triton is its own container).
@@ -25,7 +25,7 @@ FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="controlplane" \
       org.opencontainers.image.description="Safe, fast model updates for NVIDIA Triton Inference Server: a sidecar that verifies, places and loads releases with no failed inference" \
-      org.opencontainers.image.source="https://github.com/example-org/controlplane" \
+      org.opencontainers.image.source="https://github.com/controlplane-project/controlplane" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 ENV PYTHONDONTWRITEBYTECODE=1 \

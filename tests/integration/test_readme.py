@@ -138,6 +138,8 @@ def world_addresses(world: World) -> dict[str, str]:
         "http://cp:8080": daemon,  # the runbook's daemon
         "http://triton.triton.svc:8080": daemon,  # the Service in the cluster (CI)
         ".venv/bin/controlplane": str(VENV_BIN / "controlplane"),
+        # docs/helm.md renders the chart from a clone's root; blocks run in a workspace.
+        "deploy/helm/": f"{REPO_ROOT / 'deploy' / 'helm'}/",
         "CONTROLPLANE_TOKEN=...": f"CONTROLPLANE_TOKEN={TOKEN}",  # "from the CI's secrets"
     }
 

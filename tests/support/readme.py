@@ -40,6 +40,7 @@ DOCUMENTS = (
     "docs/rollback.md",
     "docs/fleet.md",
     "docs/kubernetes.md",
+    "docs/helm.md",
     "docs/ci.md",
     "docs/configuration.md",
     "docs/api.md",
