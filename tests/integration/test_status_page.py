@@ -16,7 +16,15 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from tests.integration.conftest import DaemonFactory
-from tests.support.browser import WINDOW, chromium, loaded_from, remote, screenshot, viewport
+from tests.support.browser import (
+    WINDOW,
+    chromium,
+    console_errors,
+    loaded_from,
+    remote,
+    screenshot,
+    viewport,
+)
 from tests.support.daemon import Daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.models import write_scale_release
@@ -90,6 +98,8 @@ def test_the_page_shows_releases_and_the_gpu_plot_and_follows_a_rollback_and_a_d
         member = browser.find_element(By.CSS_SELECTOR, f"{section} [data-field=member-serving]")
         assert member.text == "r2"
         assert browser.find_element(By.CSS_SELECTOR, f"{section} svg.gpu-plot line.threshold")
+        header = browser.find_element(By.TAG_NAME, "header")
+        assert header.value_of_css_property("background-color") == "rgba(38, 50, 56, 1)"
         browser.execute_script("window.notReloaded = true;")
         eventually(
             lambda: _plot(browser, model_name, "data-samples") >= 3,
@@ -129,6 +139,7 @@ def test_the_page_shows_releases_and_the_gpu_plot_and_follows_a_rollback_and_a_d
             every=0.2,
         )
         assert browser.execute_script("return window.notReloaded === true;")
+        assert console_errors(browser) == []  # nothing refused by the page's policy
         assert {url.split("?")[0] for url in loaded_from(browser)} <= {
             f"{site}/ui/refresh.js",
             f"{site}/ui/status",
@@ -156,6 +167,7 @@ def test_docs_render_offline_with_the_apis_operations(
     summaries = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary")]
     assert any(deploy["summary"] in text for text in summaries), summaries
     assert all(url.startswith(f"{site}/") for url in loaded_from(browser))
+    assert console_errors(browser) == []
     size, colours = screenshot(browser, tmp_path / "docs.png")
     assert size == viewport(browser)
     assert colours >= MIN_COLOURS

@@ -56,6 +56,7 @@ def chromium(profile: Path) -> Iterator[webdriver.Chrome]:
         options.add_argument(flag)
     profile.mkdir(parents=True, exist_ok=True)
     options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for console_errors
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         driver.set_page_load_timeout(60)
@@ -75,6 +76,13 @@ def loaded_from(driver: webdriver.Chrome) -> list[str]:
         "return performance.getEntriesByType('resource').map(function (e) { return e.name; })"
     )
     return names
+
+
+def console_errors(driver: webdriver.Chrome) -> list[str]:
+    """What the page logged as errors since the last call: failed loads, refused content (a
+    Content-Security-Policy violation), script errors."""
+    entries: list[dict[str, str]] = driver.get_log("browser")
+    return [e["message"] for e in entries if e.get("level") == "SEVERE"]
 
 
 def viewport(driver: webdriver.Chrome) -> tuple[int, int]:

@@ -45,6 +45,7 @@ DOCUMENTS = (
     "docs/api.md",
     "docs/cli.md",
     "docs/metrics.md",
+    "docs/status-page.md",
     "docs/memory.md",
     "docs/troubleshooting.md",
     "docs/development.md",
