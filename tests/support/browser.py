@@ -19,6 +19,7 @@ from pathlib import Path
 from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.command import Command
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -81,7 +82,7 @@ def loaded_from(driver: webdriver.Chrome) -> list[str]:
 def console_errors(driver: webdriver.Chrome) -> list[str]:
     """What the page logged as errors since the last call: failed loads, refused content (a
     Content-Security-Policy violation), script errors."""
-    entries: list[dict[str, str]] = driver.get_log("browser")
+    entries: list[dict[str, str]] = driver.execute(Command.GET_LOG, {"type": "browser"})["value"]
     return [e["message"] for e in entries if e.get("level") == "SEVERE"]
 
 
