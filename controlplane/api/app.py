@@ -10,6 +10,9 @@ background task on shutdown.
 Requests pass three ASGI gates before any route, in this order: the token (401, from the
 headers alone), the media type (415), the body's size (413). Each route names the error codes
 it can answer (``api/answers.py``); the OpenAPI document derives its statuses from them.
+Pages for people live beside the API, out of its document: the status page at ``/``
+(``api/page``) and Swagger UI at ``/docs`` from files that ship with the daemon
+(``api/docs.py``).
 """
 
 from __future__ import annotations
