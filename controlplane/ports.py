@@ -545,6 +545,11 @@ class RollbackBook(Protocol):
         """:meth:`latched` of each of ``models`` that has any, in one read."""
         ...
 
+    async def since(self, at: datetime, limit: int = 500) -> list[RollbackRecord]:
+        """Every model's rollbacks recorded at or after ``at``, oldest first; the newest
+        ``limit`` of them when there are more."""
+        ...
+
 
 class AlertBook(Protocol):
     async def record(self, alert: Alert, at: datetime) -> Receipt:

@@ -36,6 +36,7 @@ from controlplane.services.fleet_sync import FleetSync
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
+from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from controlplane.services.runner import OperationRunner
@@ -67,6 +68,7 @@ class Container:
     telemetry: PrometheusTelemetry
     supervisor: Supervisor
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
+    overview: OverviewService  # the status page's data
     fleet: FleetSync | None = None  # None: fleet.enabled is false
     fleet_view: FleetService | None = None
 
@@ -336,6 +338,11 @@ def build(settings: Settings) -> Container:
     closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
     if utilization is not None and utilization not in closers:
         closers.append(utilization)  # a Prometheus query has its own client
+    fleet_view = (
+        FleetService(records=ledger.records, sync=fleet, clock=clock)
+        if ledger is not None and fleet is not None
+        else None
+    )
     return Container(
         settings=settings,
         deploy=deploy,
@@ -362,12 +369,17 @@ def build(settings: Settings) -> Container:
         memory=memory_watch,
         supervisor=supervisor,
         readers=closers,
-        fleet=fleet,
-        fleet_view=(
-            FleetService(records=ledger.records, sync=fleet, clock=clock)
-            if ledger is not None and fleet is not None
-            else None
+        overview=OverviewService(
+            status=status,
+            journal=repos.operations,
+            rollbacks=repos.rollbacks,
+            clock=clock,
+            overload=overload,
+            fleet=fleet_view,
+            source=settings.rollback.source,
         ),
+        fleet=fleet,
+        fleet_view=fleet_view,
     )
 
 

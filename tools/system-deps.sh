@@ -5,6 +5,10 @@
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
 #   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
 #                            tritonserver (tests/integration/test_readme.py runs it)
+#   chromium                 /usr/bin/chromium, the headless browser that renders the status
+#                            page and /docs in the tests (tests/support/browser.py)
+#   chromium-driver          /usr/bin/chromedriver, through which selenium drives it (given
+#                            by path: Selenium Manager never downloads a browser or a driver)
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -18,6 +22,8 @@ NEEDED=(
     prometheus:prometheus
     promtool:prometheus
     prometheus-alertmanager:prometheus-alertmanager
+    chromium:chromium
+    chromedriver:chromium-driver
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.

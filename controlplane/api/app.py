@@ -10,6 +10,9 @@ background task on shutdown.
 Requests pass three ASGI gates before any route, in this order: the token (401, from the
 headers alone), the media type (415), the body's size (413). Each route names the error codes
 it can answer (``api/answers.py``); the OpenAPI document derives its statuses from them.
+Pages for people live beside the API, out of its document: the status page at ``/``
+(``api/page``) and Swagger UI at ``/docs`` from files that ship with the daemon
+(``api/docs.py``).
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ from controlplane.api.answers import (
     WRITE_REFUSALS,
     answers,
 )
+from controlplane.api.docs import install_docs
 from controlplane.api.errors import error_body, install_handlers, status_for
 from controlplane.api.limits import BodyLimit
 from controlplane.api.media import JsonBodies
 from controlplane.api.model_pages import ModelPages
 from controlplane.api.openapi import DocumentedAPI
+from controlplane.api.page.routes import install_page
 from controlplane.api.schemas import (
     MODEL_NAME_SCHEMA,
     AlertmanagerNotification,
@@ -160,8 +165,12 @@ def create_app(settings: Settings) -> FastAPI:
         description="Safe, fast model updates for NVIDIA Triton Inference Server.",
         lifespan=lifespan,
         strict_content_type=False,  # a JSON body without Content-Type is read as JSON
+        docs_url=None,  # FastAPI's docs pages load from a CDN: api/docs.py serves them offline
+        redoc_url=None,
     )
     install_handlers(app)
+    install_docs(app)
+    install_page(app)  # the status page at /
     pages = ModelPages()  # each model's JSON, kept while its view is unchanged
     writes = (*(("unauthorized",) if token else ()), *WRITE_REFUSALS)
 

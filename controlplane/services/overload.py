@@ -5,6 +5,11 @@ GPUs into one value and keeps the samples of the last window. A breach hands eve
 has a fallback to :class:`AutoRollback` (the cooldown there stops repeats); ``unknown`` holds
 and is reported, never acted on. The latest evaluation is what ``GET /v1/models/{name}``
 shows.
+
+Besides the window it decides on, it keeps a longer history for people (the status page's
+plot): the combined value of every sample of the last :data:`HISTORY_SECONDS`, stamped with
+the wall clock (rollback records are), in memory only and never more than
+:data:`HISTORY_POINTS` of them whatever the interval.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from controlplane.domain.evaluator import (
     Aggregate,
@@ -31,6 +36,17 @@ from controlplane.services.rollback import AutoRollback
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)
+HISTORY_SECONDS = 300.0
+HISTORY_POINTS = 1200  # 4 a second over the history: a short interval cannot grow it further
+
+
+@dataclass(frozen=True)
+class GpuPoint:
+    """One sample as a person sees it: when (wall clock) and the combined utilisation, None
+    when the source could not be read or reports no GPU."""
+
+    at: datetime
+    value: float | None
 
 
 @dataclass(frozen=True)
@@ -68,11 +84,27 @@ class OverloadWatcher:
         self._aggregate = aggregate
         self._scale = scale
         self._samples: deque[Sample] = deque()
+        self._history: deque[GpuPoint] = deque(maxlen=HISTORY_POINTS)
         self._view: OverloadView | None = None
 
     @property
     def view(self) -> OverloadView | None:
         return self._view
+
+    @property
+    def threshold(self) -> float:
+        """The threshold samples are compared with, in the unit of :meth:`history` (a ratio)."""
+        return self._config.threshold
+
+    def history(self) -> tuple[GpuPoint, ...]:
+        """The samples of the last :data:`HISTORY_SECONDS`, oldest first."""
+        self._forget_old(self._clock.now())
+        return tuple(self._history)
+
+    def _forget_old(self, now: datetime) -> None:
+        horizon = now - timedelta(seconds=HISTORY_SECONDS)
+        while self._history and self._history[0].at < horizon:
+            self._history.popleft()
 
     async def run(self) -> None:
         """Sample on a fixed beat until cancelled (shutdown)."""
@@ -99,7 +131,10 @@ class OverloadWatcher:
             self._samples.popleft()
         evaluation = evaluate(self._samples, now, self._config)
         previous = self._view.evaluation.verdict if self._view else None
-        self._view = OverloadView(self._source_name, evaluation, self._clock.now(), value, note)
+        stamp = self._clock.now()
+        self._history.append(GpuPoint(stamp, value))
+        self._forget_old(stamp)
+        self._view = OverloadView(self._source_name, evaluation, stamp, value, note)
         self._telemetry.overload_evaluated(evaluation.verdict.value, value)
         if evaluation.verdict is not previous:
             level = logging.WARNING if evaluation.verdict is Verdict.BREACH else logging.INFO

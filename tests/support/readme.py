@@ -46,6 +46,7 @@ DOCUMENTS = (
     "docs/api.md",
     "docs/cli.md",
     "docs/metrics.md",
+    "docs/status-page.md",
     "docs/memory.md",
     "docs/troubleshooting.md",
     "docs/development.md",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from controlplane.adapters.persistence.database import Database, Job, T, chunks
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus, Receipt
@@ -127,6 +127,16 @@ class SqliteRollbackBook:
                 for row in rows:
                     found.setdefault(row["model"], []).append(_degraded_from_row(row))
             return found
+
+        return await self._db.read(job)
+
+    async def since(self, at: datetime, limit: int = 500) -> list[RollbackRecord]:
+        def job(db: sqlite3.Connection) -> list[RollbackRecord]:
+            rows = db.execute(
+                "SELECT * FROM rollbacks WHERE at >= ? ORDER BY at DESC, rowid DESC LIMIT ?",
+                (at.astimezone(UTC).isoformat(), limit),
+            ).fetchall()
+            return [_rollback_from_row(row) for row in reversed(rows)]
 
         return await self._db.read(job)
 
