@@ -70,6 +70,12 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
         ("r2", "fleet", "succeeded"),
         ("r1", "fleet", "succeeded"),
     ]
+    # Who and why: the member that ran it, and the one that set the desired state it followed.
+    assert [(o["member"], o["set_by"]) for o in operations][:2] == [("m3", "m2"), ("m3", "m1")]
+    assert ": deploy of r2 by api through m2 (operation " in operations[0]["reason"]
+    history = cli(third.api.url, "history", MODEL)
+    assert history.returncode == 0, history.stderr
+    assert "fleet (set by m2)" in history.stdout.splitlines()[1]
 
     # The CLI: the fleet as a table, and a rollback through one member that waits for all.
     table = cli(third.api.url, "fleet")
