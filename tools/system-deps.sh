@@ -5,6 +5,8 @@
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
 #   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
 #                            tritonserver (tests/integration/test_readme.py runs it)
+#   jq                       /usr/bin/jq, which the docs' scripts read `controlplane -o json` with
+#                            (tests/integration/test_readme.py runs them)
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -18,6 +20,7 @@ NEEDED=(
     prometheus:prometheus
     promtool:prometheus
     prometheus-alertmanager:prometheus-alertmanager
+    jq:jq
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.

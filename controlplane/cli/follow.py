@@ -43,7 +43,7 @@ def follow(
                 operation=operation,
             )
         time.sleep(POLL)
-        operation = _poll(out, client, operation["id"])
+        operation = fetch(out, client, operation["id"])
     if operation["status"] == "succeeded":
         out.say(f"succeeded in {operation['duration_seconds']:.2f} s")
         return operation
@@ -71,7 +71,9 @@ def say_how_to_follow(out: Out, client: Client, operation_id: str) -> None:
     out.say(f"  (or GET {client.url.rstrip('/')}/v1/operations/{operation_id})")
 
 
-def _poll(out: Out, client: Client, operation_id: str) -> dict[str, Any]:
+def fetch(out: Out, client: Client, operation_id: str) -> dict[str, Any]:
+    """The operation as the daemon has it now; unknown there, say why that may be and exit 1."""
+
     def get() -> dict[str, Any]:
         try:
             found: dict[str, Any] = client.get(f"/v1/operations/{operation_id}")["operation"]

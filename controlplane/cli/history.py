@@ -25,7 +25,7 @@ LimitOption = Annotated[
 def operations(
     operation_id: Annotated[
         str | None,
-        typer.Argument(metavar="[OPERATION]", help="One operation, with its steps."),
+        typer.Argument(metavar="OPERATION", help="One operation, with its steps."),
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="Only this model's.")] = None,
     limit: LimitOption = 20,

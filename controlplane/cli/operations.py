@@ -17,7 +17,7 @@ import typer
 
 from controlplane.cli.client import Client
 from controlplane.cli.fleet import follow_fleet
-from controlplane.cli.follow import follow, say_how_to_follow
+from controlplane.cli.follow import fetch, follow, say_how_to_follow
 from controlplane.cli.options import (
     DEFAULT_URL,
     FleetOption,
@@ -97,7 +97,7 @@ def wait(
     """Follow OPERATION to its end, as --wait does, and exit with its outcome."""
     out, client = Out(output), Client(url, token)
     deadline = time.monotonic() + timeout
-    operation = out.call(lambda: client.get(f"/v1/operations/{operation_id}"))["operation"]
+    operation = fetch(out, client, operation_id)
     out.say(_started_line(operation))
     out.document({"operation": follow(out, client, operation, deadline, timeout)})
 

@@ -298,6 +298,9 @@ def test_giving_up_waiting_exits_4_and_the_operation_goes_on(
     assert done.returncode == 0, done.stderr
     assert document(done)["operation"]["status"] == "succeeded"
     assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "slow"
+    unknown = cli(daemon.url, "wait", "0123456789abcdef")
+    assert unknown.returncode == EXIT_FAILED
+    assert "operation_not_found" in unknown.stderr
 
 
 def test_without_wait_the_printed_command_follows_the_operation(
