@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The Debian packages `make test` needs besides the Python ones in .venv:
 #
+#   jq                       /usr/bin/jq, with which the docs' scripts read `controlplane -o json`
+#                            (tests/integration/test_readme.py runs them)
 #   prometheus               /usr/bin/prometheus and promtool (rules checks, the alert tests)
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
 #   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
 #                            tritonserver (tests/integration/test_readme.py runs it)
-#   jq                       /usr/bin/jq, which the docs' scripts read `controlplane -o json` with
-#                            (tests/integration/test_readme.py runs them)
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -17,10 +17,10 @@ set -euo pipefail
 
 # command:package pairs, in the order they are checked.
 NEEDED=(
+    jq:jq
     prometheus:prometheus
     promtool:prometheus
     prometheus-alertmanager:prometheus-alertmanager
-    jq:jq
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.
