@@ -4,7 +4,6 @@ script parses, on success and on failure alike."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -12,10 +11,9 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -24,7 +22,7 @@ from controlplane.adapters.triton.launcher import RunningTriton, free_port
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
 from tests.support.models import corrupt_file, write_scale_release
-from tests.support.polling import eventually
+from tests.support.watching import blocks, watching
 
 pytestmark = pytest.mark.triton
 TOKEN = "cli-token"
@@ -348,62 +346,6 @@ def test_without_wait_the_printed_command_follows_the_operation(
     daemon.wait_operation(document(quiet)["operation"]["id"])
 
 
-class Lines:
-    """A process's stdout read by a thread, so that a test waits for a line with a deadline."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self._lines: list[str] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            with self._lock:
-                self._lines.append(line.rstrip("\n"))
-
-    def now(self) -> list[str]:
-        with self._lock:
-            return list(self._lines)
-
-    def wait_for(self, check: Callable[[list[str]], bool], what: str) -> list[str]:
-        eventually(lambda: check(self.now()), 60, what)
-        return self.now()
-
-    def join(self) -> None:
-        self._thread.join(timeout=10)
-
-
-@contextlib.contextmanager
-def watching(daemon_url: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], Lines]]:
-    """`controlplane status --watch ...` with stdout a pipe, as a script or a test sees it;
-    killed at the end if it still runs."""
-    command = [sys.executable, "-m", "controlplane", "status", "--watch", *args]
-    with subprocess.Popen(
-        command, env=cli_env(daemon_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as process:
-        assert process.stdout is not None
-        lines = Lines(process.stdout)
-        try:
-            yield process, lines
-        finally:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            lines.join()
-
-
-def blocks(lines: list[str]) -> list[list[str]]:
-    """The views `status --watch` printed into a pipe: each one under its `--- <time>` line."""
-    found: list[list[str]] = []
-    for line in lines:
-        if line.startswith("--- "):
-            found.append([])
-        elif found:
-            found[-1].append(line)
-    return found
-
-
 def test_status_watch_prints_each_change_and_stops_on_ctrl_c(
     daemon: Daemon, store: Path, model_name: str
 ) -> None:
@@ -412,8 +354,8 @@ def test_status_watch_prints_each_change_and_stops_on_ctrl_c(
     assert daemon.deploy(model_name, "r1").status_code == 200
     every = ("--interval", "0.2")
     with (
-        watching(daemon.url, model_name, *every) as (table_watch, table),
-        watching(daemon.url, model_name, *every, "-o", "json") as (json_watch, as_json),
+        watching(cli_env(daemon.url), model_name, *every) as (table_watch, table),
+        watching(cli_env(daemon.url), model_name, *every, "-o", "json") as (json_watch, as_json),
     ):
         table.wait_for(lambda lines: "  active:    r1" in lines, "the first view")
         as_json.wait_for(lambda lines: len(lines) >= 1, "the first document")
