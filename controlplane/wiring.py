@@ -217,6 +217,7 @@ def build(settings: Settings) -> Container:
         ),
         telemetry=telemetry,
         fleet=ledger,
+        member=settings.member_name,
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages `make test` needs besides the Python ones in .venv:
 #
+#   jq                       /usr/bin/jq, with which the docs' scripts read `controlplane -o json`
+#                            (tests/integration/test_readme.py runs them)
 #   prometheus               /usr/bin/prometheus and promtool (rules checks, the alert tests)
 #   prometheus-alertmanager  /usr/bin/prometheus-alertmanager (the webhook end to end)
 #   libgoogle-perftools4     libtcmalloc.so.4, which the README's tcmalloc recipe preloads into
@@ -19,6 +21,7 @@ set -euo pipefail
 
 # command:package pairs, in the order they are checked.
 NEEDED=(
+    jq:jq
     prometheus:prometheus
     promtool:prometheus
     prometheus-alertmanager:prometheus-alertmanager

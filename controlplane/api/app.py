@@ -74,7 +74,7 @@ from controlplane.domain.errors import (
     OperationNotFound,
     TransientError,
 )
-from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
 from controlplane.services.deploy import Unchanged
 from controlplane.services.fleet import FleetService, fleet_json, fleet_json_model
 from controlplane.settings import Settings
@@ -394,7 +394,11 @@ def create_app(settings: Settings) -> FastAPI:
         """Serve ``release`` of model ``name``."""
         fleet_request(c, body)
         operation = await c.deploy.deploy(
-            name, body.release, trigger=trigger_of(request), force=body.force
+            name,
+            body.release,
+            trigger=trigger_of(request),
+            force=body.force,
+            cause=Cause(reason=body.reason),
         )
         return await answer(c, operation, body)
 
@@ -413,7 +417,9 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Serve the previous release again (or the one named in ``to``)."""
         fleet_request(c, body)
-        operation = await c.deploy.rollback(name, to=body.to, trigger=trigger_of(request))
+        operation = await c.deploy.rollback(
+            name, to=body.to, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+        )
         return await answer(c, operation, body)
 
     @app.post(
@@ -431,7 +437,9 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
         fleet_request(c, body)
-        operation = await c.deploy.unload(name, trigger=trigger_of(request))
+        operation = await c.deploy.unload(
+            name, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+        )
         return await answer(c, operation, body)
 
     @app.get(

@@ -84,6 +84,12 @@ class DeployRequest(_Body):
         le=86400,
         description="With fleet: how long to wait for the other members (fleet_timeout after).",
     )
+    reason: Text | None = Field(
+        None,
+        max_length=500,
+        description="Why, in words (a ticket, the CI pipeline's address): recorded on the "
+        "operation, and shown by GET /v1/operations and controlplane history.",
+    )
 
 
 class RollbackRequest(_Body):
@@ -102,6 +108,12 @@ class RollbackRequest(_Body):
         le=86400,
         description="With fleet: how long to wait for the other members (fleet_timeout after).",
     )
+    reason: Text | None = Field(
+        None,
+        max_length=500,
+        description="Why, in words (a ticket, the CI pipeline's address): recorded on the "
+        "operation, and shown by GET /v1/operations and controlplane history.",
+    )
 
 
 class UnloadRequest(_Body):
@@ -116,6 +128,12 @@ class UnloadRequest(_Body):
         gt=0,
         le=86400,
         description="With fleet: how long to wait for the other members (fleet_timeout after).",
+    )
+    reason: Text | None = Field(
+        None,
+        max_length=500,
+        description="Why, in words (a ticket, the CI pipeline's address): recorded on the "
+        "operation, and shown by GET /v1/operations and controlplane history.",
     )
 
 
@@ -194,6 +212,9 @@ def operation_json(op: Operation) -> dict[str, Any]:
         ],
         "error": None if op.error is None else {"code": op.error.code, "message": op.error.message},
         "detail": dict(op.detail),
+        "member": op.member,
+        "reason": op.cause.reason,
+        "set_by": op.cause.set_by,
     }
 
 
@@ -370,6 +391,16 @@ class OperationAnswer(_Answer):
     steps: list[StepAnswer]
     error: ErrorDetail | None
     detail: dict[str, Any]
+    member: str | None = Field(
+        description="The daemon that ran it (fleet.member); each member knows only its own."
+    )
+    reason: str | None = Field(
+        description="Why, when there is more to say than the trigger: the reason a person gave, "
+        "a rollback's reason, what a repair found, or the fleet's desired state it followed."
+    )
+    set_by: str | None = Field(
+        description="Trigger fleet: the member that set the desired state this one followed."
+    )
 
 
 class OperationEnvelope(_Answer):

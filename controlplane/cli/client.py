@@ -3,17 +3,22 @@
 One command keeps one connection open for all its calls. Behind a Kubernetes Service with
 several pods, each new connection may reach another pod, and an operation is known only to the
 pod that runs it: a kept connection makes ``--wait``'s polls reach the pod that started it.
+
+httpx is imported on the first call, not with the command: shell completion runs the command
+at every Tab, and it never calls the daemon.
 """
 
 from __future__ import annotations
 
 import atexit
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 CLIENT_HEADER = "X-Controlplane-Client"
+API_VERSION = "v1"  # the paths this client calls: /v1/...
 
 
 class ApiError(Exception):
@@ -39,6 +44,8 @@ class Client:
     _http: httpx.Client | None = field(default=None, repr=False)
 
     def _client(self) -> httpx.Client:
+        import httpx
+
         if self._http is None:
             headers = {CLIENT_HEADER: "cli"}
             if self.token:
@@ -64,6 +71,8 @@ class Client:
         return self._call("POST", path, body)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        import httpx
+
         try:
             response = self._client().request(method, path, json=body)
         except httpx.HTTPError as exc:

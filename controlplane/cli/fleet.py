@@ -10,14 +10,22 @@ elsewhere (failure); or the time is up.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
-import typer
-
 from controlplane.cli.client import Client
+from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption
+from controlplane.cli.output import EXIT_FAILED, EXIT_GAVE_UP, Format, Out
 
 POLL = 0.5
+
+
+def fleet(
+    output: OutputOption = Format.TABLE, url: UrlOption = DEFAULT_URL, token: TokenOption = None
+) -> None:
+    """The fleet: each member (alive or not, what it serves) and each model's desired state."""
+    out = Out(output)
+    data = out.call(lambda: Client(url, token).get("/v1/fleet"))
+    out.show(data, fleet_table(data))
 
 
 def fleet_table(data: dict[str, Any]) -> list[str]:
@@ -69,20 +77,44 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def model_across(data: dict[str, Any], model: str) -> dict[str, Any]:
+    """One model across the fleet, from ``GET /v1/fleet``: its desired state and each member's
+    state of it (the shape of the API's ``fleet`` answer to a deploy with ``"fleet": true``)."""
+    wanted = data.get("models", {}).get(model)
+    return {
+        "model": model,
+        **(wanted if wanted is not None else {"desired": None}),
+        "members": [
+            {
+                "member": member["member"],
+                "alive": member["alive"],
+                **(member.get("models", {}).get(model) or NO_REPORT),
+            }
+            for member in data.get("members", [])
+        ],
+    }
+
+
+NO_REPORT = {"release": None, "state": None, "target": None, "error": None}
+
+
 def follow_fleet(
+    out: Out,
     client: Client,
     model: str,
     release: str | None,
     deadline: float,
     timeout: float,
-    call: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
-) -> int:
+    answer: dict[str, Any],
+) -> dict[str, Any]:
     """Print each member's state of ``model`` as it changes until every live member serves
-    ``release``; 0 on success, 1 when a member cannot or the fleet moved elsewhere, 4 when
-    ``timeout`` ran out first."""
+    ``release``; the model across the fleet then. Exits 1 when a member cannot or the fleet
+    moved elsewhere, 4 when ``timeout`` ran out first, each with ``answer`` (the operation)
+    and the fleet as last seen."""
     shown: dict[str, tuple[Any, ...]] = {}
     while True:
-        data = call(lambda: client.get("/v1/fleet"))
+        data = out.call(lambda: client.get("/v1/fleet"))
+        across = model_across(data, model)
         wanted = data.get("models", {}).get(model)
         for member in data.get("members", []):
             state = member.get("models", {}).get(model) or {}
@@ -91,18 +123,20 @@ def follow_fleet(
                 shown[member["member"]] = line
                 mark = "" if member["alive"] else " (not alive)"
                 error = f": {state['error']}" if state.get("error") else ""
-                typer.echo(
+                out.say(
                     f"  member {member['member']}{mark}: {state.get('release') or '-'} "
                     f"({state.get('state') or 'no report'}){error}"
                 )
         if wanted is None or wanted.get("desired") != release:
             now = "no desired state" if wanted is None else f"{wanted.get('desired')}"
             note = f" ({wanted['rollout_note']})" if wanted and wanted.get("rollout_note") else ""
-            code = "member_failed" if note else "desired_state_conflict"
-            typer.echo(
-                f"error: {code}: the fleet's desired state of {model} is {now} now{note}", err=True
+            raise out.fail(
+                EXIT_FAILED,
+                "member_failed" if note else "desired_state_conflict",
+                f"the fleet's desired state of {model} is {now} now{note}",
+                **answer,
+                fleet=across,
             )
-            return 1
         failed = [
             f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"
             for m in data.get("members", [])
@@ -112,16 +146,18 @@ def follow_fleet(
             and m["models"][model].get("state") in ("failed", "held")
         ]
         if failed:
-            typer.echo(f"error: member_failed: {'; '.join(failed)}", err=True)
-            return 1
+            raise out.fail(EXIT_FAILED, "member_failed", "; ".join(failed), **answer, fleet=across)
         if wanted.get("converged") and wanted.get("phase") == "complete":
-            typer.echo(f"fleet: every live member serves {model} {release or '(unloaded)'}")
-            return 0
+            out.say(f"fleet: every live member serves {model} {release or '(unloaded)'}")
+            return across
         if time.monotonic() >= deadline:
-            typer.echo(
-                f"gave up waiting for the fleet after {timeout:.0f} s (phase "
-                f"{wanted.get('phase')}); the members go on converging",
-                err=True,
+            raise out.fail(
+                EXIT_GAVE_UP,
+                "gave_up_waiting",
+                f"gave up waiting for the fleet after {timeout:g} s (phase "
+                f"{wanted.get('phase')}); the members go on converging: watch them with "
+                "controlplane fleet",
+                **answer,
+                fleet=across,
             )
-            return 4
         time.sleep(POLL)

@@ -102,7 +102,23 @@ class OperationError:
 
 
 @dataclass(frozen=True)
+class Cause:
+    """Why an operation started, beyond its trigger (what ``controlplane history`` shows):
+    ``reason`` in words (a rollback's reason, the repair's finding, what a person wrote), and,
+    for trigger ``fleet``, ``set_by``: the member that moved the fleet's desired state."""
+
+    reason: str | None = None
+    set_by: str | None = None
+
+
+NO_CAUSE = Cause()
+
+
+@dataclass(frozen=True)
 class Operation:
+    """``member`` is the daemon that ran it (``fleet.member``); each member's journal holds
+    only its own operations."""
+
     id: str
     kind: OperationKind
     model: str
@@ -115,6 +131,8 @@ class Operation:
     steps: tuple[Step, ...] = ()
     error: OperationError | None = None
     detail: Mapping[str, object] = field(default_factory=dict)
+    member: str | None = None
+    cause: Cause = NO_CAUSE
 
     @property
     def duration_seconds(self) -> float | None:

@@ -79,9 +79,15 @@ def assemble(
     limits: Limits,
     telemetry: Telemetry = NO_TELEMETRY,
     fleet: FleetLedger | None = None,
+    member: str | None = None,
 ) -> Pipelines:
     runner = OperationRunner(
-        journal=journal, staging=staging, clock=clock, locks=ModelLocks(), telemetry=telemetry
+        journal=journal,
+        staging=staging,
+        clock=clock,
+        locks=ModelLocks(),
+        telemetry=telemetry,
+        member=member,
     )
     slots = SlotBook(serving, clock)
     load_slots = LoadSlots(limits.concurrent_loads)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress, TritonTimeout
-from controlplane.domain.operations import OperationKind, Trigger
+from controlplane.domain.operations import Cause, OperationKind, Trigger
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SMOKE_NAME, SmokeSample, parse_smoke
 from controlplane.domain.traffic import Signature, TrafficPolicy, check_aliasable
@@ -334,6 +334,12 @@ class BlueGreen:
                     trigger=Trigger.SCHEDULE,
                     from_release=None,
                     body=lambda run: self.retire(run, slot_name),
+                    cause=Cause(
+                        reason=f"{slot_name} no longer serves: kept warm for {delay:g} s "
+                        "(retire_after), then freed"
+                        if delay
+                        else f"{slot_name} no longer serves: freed"
+                    ),
                 )
             except OperationInProgress:
                 await asyncio.sleep(RETIRE_RETRY)  # another operation first; then retire

@@ -33,7 +33,9 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
+    NO_CAUSE,
     CancelReason,
+    Cause,
     Operation,
     OperationKind,
     Step,
@@ -129,9 +131,10 @@ class DeployService:
         trigger: Trigger,
         kind: OperationKind = OperationKind.DEPLOY,
         force: bool = False,
+        cause: Cause = NO_CAUSE,
     ) -> Operation | Unchanged:
         """Serve ``release``. ``force`` loads it even when it serves already, or when the
-        headroom check finds too little free memory."""
+        headroom check finds too little free memory. ``cause`` is recorded on the operation."""
         validate_model_name(model)
         validate_release_name(release)
         base = await self._fleet_base(model, kind, trigger)
@@ -151,6 +154,7 @@ class DeployService:
                     release,
                     trigger,
                     lambda run: self._publish(run, base, release),
+                    cause=cause,
                 )
         strategy = self.bluegreen if self.blue_green(model) else self._inplace
         info: ReleaseInfo | None = None
@@ -174,10 +178,11 @@ class DeployService:
             check=resolve,
             after=self._after_swap,
             behind_housekeeping=True,
+            cause=cause,
         )
 
     async def rollback(
-        self, model: str, *, to: str | None, trigger: Trigger
+        self, model: str, *, to: str | None, trigger: Trigger, cause: Cause = NO_CAUSE
     ) -> Operation | Unchanged:
         """Serve the previous release again (or ``to``); a re-point when its slot is warm.
         Rolling back to the release that serves, unchanged, does nothing and says so."""
@@ -207,10 +212,13 @@ class DeployService:
                 target,
                 trigger,
                 lambda run: self._publish(run, base, target),
+                cause=cause,
             )
         warm = await self.bluegreen.warm(model, target) if self.blue_green(model) else None
         if warm is None:
-            return await self.deploy(model, target, trigger=trigger, kind=OperationKind.ROLLBACK)
+            return await self.deploy(
+                model, target, trigger=trigger, kind=OperationKind.ROLLBACK, cause=cause
+            )
         slot_name = warm.name  # inside the retire window: a pure re-point
 
         async def body(run: Run) -> None:
@@ -218,10 +226,16 @@ class DeployService:
             await self._publish(run, base, target)
 
         return await self._start(
-            OperationKind.ROLLBACK, model, target, trigger, body, after=self._after_swap
+            OperationKind.ROLLBACK,
+            model,
+            target,
+            trigger,
+            body,
+            after=self._after_swap,
+            cause=cause,
         )
 
-    async def unload(self, model: str, *, trigger: Trigger) -> Operation:
+    async def unload(self, model: str, *, trigger: Trigger, cause: Cause = NO_CAUSE) -> Operation:
         validate_model_name(model)
         base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
         record = await self._slots.record(model)
@@ -234,6 +248,7 @@ class DeployService:
                     None,
                     trigger,
                     lambda run: self._publish(run, base, None),
+                    cause=cause,
                 )
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
         unload = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
@@ -242,9 +257,11 @@ class DeployService:
             await unload(run)
             await self._publish(run, base, None)
 
-        return await self._start(OperationKind.UNLOAD, model, None, trigger, body)
+        return await self._start(OperationKind.UNLOAD, model, None, trigger, body, cause=cause)
 
-    async def serve_on_cpu(self, model: str, *, trigger: Trigger) -> Operation:
+    async def serve_on_cpu(
+        self, model: str, *, trigger: Trigger, cause: Cause = NO_CAUSE
+    ) -> Operation:
         """Reload the serving release with CPU-only instances (the rollback chain's last step)."""
         validate_model_name(model)
         record = await self._slots.record(model)
@@ -264,6 +281,7 @@ class DeployService:
             lambda run: reload_on_cpu(
                 run, triton=self._triton, slots=self._slots, slot_name=slot_name
             ),
+            cause=cause,
         )
 
     async def cancel(self, operation_id: str, reason: CancelReason) -> Operation:
@@ -314,6 +332,7 @@ class DeployService:
         check: Callable[[], Awaitable[Step]] | None = None,
         after: AfterSuccess | None = None,
         behind_housekeeping: bool = False,
+        cause: Cause = NO_CAUSE,
     ) -> Operation:
         """Take the model's lock, make ``check`` (a refusal there is not an operation), then
         record the operation, with the check as its first step, and run ``body``.
@@ -342,6 +361,7 @@ class DeployService:
             body=body,
             done_steps=checked,
             after=after,
+            cause=cause,
         )
 
     async def _resolve(self, model: str, release: str) -> tuple[Step, ReleaseInfo]:

@@ -380,7 +380,8 @@ class FleetLedger:
             at=now,
             trigger=operation.trigger.value,
             reason=f"{operation.kind.value} of {what} by {operation.trigger.value} through "
-            f"{self.member.name} (operation {operation.id})",
+            f"{self.member.name} (operation {operation.id})"
+            + (f": {operation.cause.reason}" if operation.cause.reason else ""),
             release=release,
             previous=base.release if base.release != release else base.previous,
             degraded=degraded,

@@ -42,7 +42,7 @@ from controlplane.domain.fleet import (
     MemberModel,
     MemberState,
 )
-from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService, Unchanged
@@ -292,14 +292,22 @@ class FleetSync:
 
     async def _follow(self, model: str, wanted: DesiredModel, target: str | None) -> None:
         """One operation towards ``target``; a failure is remembered, with its backoff."""
+        cause = Cause(
+            reason=f"the fleet's desired state, generation {wanted.generation}: {wanted.reason}",
+            set_by=wanted.set_by,
+        )
         try:
             started: Operation | Unchanged
             if target is None:
-                started = await self._deploy.unload(model, trigger=Trigger.FLEET)
+                started = await self._deploy.unload(model, trigger=Trigger.FLEET, cause=cause)
             elif await self._deploy.is_warm(model, target):
-                started = await self._deploy.rollback(model, to=target, trigger=Trigger.FLEET)
+                started = await self._deploy.rollback(
+                    model, to=target, trigger=Trigger.FLEET, cause=cause
+                )
             else:
-                started = await self._deploy.deploy(model, target, trigger=Trigger.FLEET)
+                started = await self._deploy.deploy(
+                    model, target, trigger=Trigger.FLEET, cause=cause
+                )
         except OperationInProgress:
             return  # an operation of ours started meanwhile: the next pass looks again
         except ControlPlaneError as exc:

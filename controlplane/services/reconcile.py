@@ -34,6 +34,7 @@ from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.operations import (
     CancelReason,
+    Cause,
     Operation,
     OperationKind,
     OperationStatus,
@@ -402,7 +403,11 @@ class Reconciler:
                     self._runner.release(model, claim)
                 # deploy() takes the lock before its first await: nothing can slip in between.
                 result = await self._deploy.deploy(
-                    model, seen.desired, trigger=Trigger.RECONCILE, kind=OperationKind.REPAIR
+                    model,
+                    seen.desired,
+                    trigger=Trigger.RECONCILE,
+                    kind=OperationKind.REPAIR,
+                    cause=Cause(reason=assessment.why),
                 )
                 if isinstance(result, Unchanged):
                     return
@@ -419,6 +424,7 @@ class Reconciler:
                     trigger=Trigger.RECONCILE,
                     from_release=seen.desired,
                     body=lambda run: self._put_back(run, seen, assessment),
+                    cause=Cause(reason=assessment.why),
                 )
                 report.repairs[model] = done.id
             else:

@@ -31,7 +31,13 @@ from typing import Any
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound, OperationInProgress
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import CancelReason, Operation, OperationStatus, Trigger
+from controlplane.domain.operations import (
+    CancelReason,
+    Cause,
+    Operation,
+    OperationStatus,
+    Trigger,
+)
 from controlplane.domain.rollback import (
     AUTOMATIC,
     DegradedRelease,
@@ -214,7 +220,9 @@ class AutoRollback:
                 ),
             }
             attempt = await self._attempt(
-                lambda: self._deploy.rollback(model, to=fallback, trigger=trigger),
+                lambda: self._deploy.rollback(
+                    model, to=fallback, trigger=trigger, cause=Cause(reason=reason)
+                ),
                 fallback_budget,
                 f"the fallback {fallback}",
             )
@@ -224,7 +232,9 @@ class AutoRollback:
         if not outcome.acted:
             cpu_budget = max(0.0, min(budget.cpu, deadline - loop.time()))
             attempt = await self._attempt(
-                lambda: self._deploy.serve_on_cpu(model, trigger=trigger),
+                lambda: self._deploy.serve_on_cpu(
+                    model, trigger=trigger, cause=Cause(reason=reason)
+                ),
                 cpu_budget,
                 "the CPU-only reload",
             )

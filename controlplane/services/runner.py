@@ -26,7 +26,9 @@ from functools import partial
 
 from controlplane.domain.errors import ControlPlaneError, OperationNotFound
 from controlplane.domain.operations import (
+    NO_CAUSE,
     CancelReason,
+    Cause,
     Operation,
     OperationKind,
     OperationStatus,
@@ -81,8 +83,10 @@ class OperationRunner:
         clock: Clock,
         locks: ModelLocks,
         telemetry: Telemetry = NO_TELEMETRY,
+        member: str | None = None,
     ) -> None:
         self._journal = journal
+        self._member = member  # recorded on every operation: which daemon ran it
         self._staging = staging
         self._clock = clock
         self._locks = locks
@@ -133,6 +137,7 @@ class OperationRunner:
         body: Body,
         done_steps: Sequence[Step] = (),
         after: AfterSuccess | None = None,
+        cause: Cause = NO_CAUSE,
     ) -> Operation:
         """Record the operation (with the checks already made) and run ``body`` in a task.
 
@@ -148,6 +153,8 @@ class OperationRunner:
                     status=OperationStatus.RUNNING,
                     created_at=done_steps[0].started_at if done_steps else self._clock.now(),
                     from_release=from_release,
+                    member=self._member,
+                    cause=cause,
                 ),
                 self._journal,
                 self._clock,
@@ -176,6 +183,7 @@ class OperationRunner:
         trigger: Trigger,
         from_release: str | None,
         body: Body,
+        cause: Cause = NO_CAUSE,
     ) -> Operation:
         """Claim, start and wait: for the daemon's own operations (retire, repair)."""
         operation_id = self.claim(model)
@@ -187,6 +195,7 @@ class OperationRunner:
             trigger=trigger,
             from_release=from_release,
             body=body,
+            cause=cause,
         )
         return await self.wait(operation.id)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ControlPlaneError, InvalidName, ModelNotFound
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import Operation, OperationStatus, Trigger
+from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.ports import (
     ChangeEvents,
@@ -249,7 +249,12 @@ class ReleaseWatcher:
                     self._retry.add(key)
                 return
         try:
-            operation = await self._deploy.deploy(model, newest.name, trigger=Trigger.WATCHER)
+            operation = await self._deploy.deploy(
+                model,
+                newest.name,
+                trigger=Trigger.WATCHER,
+                cause=Cause(reason=f"{newest.name} is the newest complete release in the store"),
+            )
         except ControlPlaneError as exc:
             if exc.retryable:
                 self._retry.add(key)

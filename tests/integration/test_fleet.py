@@ -5,6 +5,7 @@ member that received it reaches none, and members that were down or are new catc
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -70,15 +71,27 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
         ("r2", "fleet", "succeeded"),
         ("r1", "fleet", "succeeded"),
     ]
+    # Who and why: the member that ran it, and the one that set the desired state it followed.
+    assert [(o["member"], o["set_by"]) for o in operations][:2] == [("m3", "m2"), ("m3", "m1")]
+    assert ": deploy of r2 by api through m2 (operation " in operations[0]["reason"]
+    history = cli(third.api.url, "history", MODEL)
+    assert history.returncode == 0, history.stderr
+    assert "fleet (set by m2)" in history.stdout.splitlines()[1]
 
     # The CLI: the fleet as a table, and a rollback through one member that waits for all.
     table = cli(third.api.url, "fleet")
     assert table.returncode == 0, table.stderr
     assert f"{MODEL:<24} r2" in table.stdout
     assert all(f"m{i}" in table.stdout for i in (1, 2, 3))
-    back = cli(first.api.url, "rollback", MODEL, "--wait", "--fleet")
+    back = cli(first.api.url, "rollback", MODEL, "--wait", "--fleet", "-o", "json")
     assert back.returncode == 0, back.stderr
-    assert f"fleet: every live member serves {MODEL} r1" in back.stdout
+    assert f"fleet: every live member serves {MODEL} r1" in back.stderr
+    answer = json.loads(back.stdout)  # as the API's "wait": true, "fleet": true would answer
+    assert (answer["operation"]["kind"], answer["operation"]["release"]) == ("rollback", "r1")
+    assert (answer["fleet"]["desired"], answer["fleet"]["converged"]) == ("r1", True)
+    assert {m["member"]: m["release"] for m in answer["fleet"]["members"]} == {
+        name: "r1" for name in ("m1", "m2", "m3")
+    }
     fleet.wait_serving(MODEL, "r1", 1.0)
     assert [d["release"] for d in fleet.fleet()["models"][MODEL]["degraded"]] == ["r2"]
     # Every member holds the fleet's latch: r2 is nobody's fallback now.

@@ -107,6 +107,9 @@ def test_a_warm_fallback_is_one_re_point_and_the_old_release_is_latched(tmp_path
             )
             assert (last.trigger, last.reason) == (Trigger.WATCHER, OVERLOAD)
             assert await r.operations(last) == [(OperationKind.ROLLBACK, OperationStatus.SUCCEEDED)]
+            operation = await r.parts.repos.operations.get(last.operation_ids[0])
+            assert operation is not None
+            assert operation.cause.reason == OVERLOAD  # what `controlplane history` says why
             assert r.parts.triton.called("load", BLUE) == loads_before  # no load: a re-point
             assert (await record(r.parts)).active_release == "r1"
             assert (await r.degraded()) == ["r2"]

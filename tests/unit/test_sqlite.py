@@ -4,6 +4,7 @@ change, the schema's upgrade path, and the database's own thread."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -23,6 +24,8 @@ import pytest
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.persistence.migrations import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew
 from controlplane.domain.operations import (
+    NO_CAUSE,
+    Cause,
     Operation,
     OperationKind,
     OperationStatus,
@@ -90,6 +93,7 @@ def full_operation() -> Operation:
     )
     op = op.start_step("verify", at(3)).finish_step(at(3.25), ok=False, detail={"why": "x"})
     op = op.with_detail({"store": "file:///s", "nested": {"k": [1, 2.5, None]}})
+    op = dataclasses.replace(op, member="m1", cause=Cause(reason="ticket 42", set_by="m2"))
     return op.fail(at(4), "checksum_mismatch", "1/model.py does not match SHA256SUMS")
 
 
@@ -401,6 +405,12 @@ def test_the_schema_that_shipped_is_upgraded_with_its_rows(db_path: Path) -> Non
             "INSERT INTO releases VALUES ('resnet', 'r2', 1, ?, ?, 'abc')",
             (at(0).isoformat(), at(1).isoformat()),
         )
+        shipped.execute(
+            "INSERT INTO operations VALUES "
+            "('op-4', 'deploy', 'resnet', 'r2', 'r1', 'cli', 'succeeded', ?, ?, NULL, NULL, "
+            "'[]', '{}')",
+            (at(1).isoformat(), at(2).isoformat()),
+        )
         shipped.commit()
 
     repos = SqliteRepos.open(db_path)
@@ -411,6 +421,9 @@ def test_the_schema_that_shipped_is_upgraded_with_its_rows(db_path: Path) -> Non
         assert [(s.name, s.state) for s in record.slots] == [("resnet__green", SlotState.ACTIVE)]
         [seen] = run(lambda: repos.releases.seen("resnet"))
         assert (seen.name, seen.revision) == ("r2", "abc")
+        shipped_op = run(lambda: repos.operations.get("op-4"))
+        assert shipped_op is not None  # from before operations said who ran them and why
+        assert (shipped_op.release, shipped_op.member, shipped_op.cause) == ("r2", None, NO_CAUSE)
     finally:
         repos.close()
     with closing(sqlite3.connect(db_path)) as check:

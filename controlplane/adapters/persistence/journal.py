@@ -15,6 +15,7 @@ from typing import Any
 
 from controlplane.adapters.persistence.database import Database, chunks
 from controlplane.domain.operations import (
+    Cause,
     Operation,
     OperationError,
     OperationKind,
@@ -44,8 +45,10 @@ class SqliteOperationLog:
         def job(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO operations (id, kind, model, release, from_release, trigger, "
-                "status, created_at, finished_at, error_code, error_message, steps, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                "status, created_at, finished_at, error_code, error_message, steps, detail, "
+                "member, reason, set_by) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET "
                 "status = excluded.status, from_release = excluded.from_release, "
                 "finished_at = excluded.finished_at, error_code = excluded.error_code, "
                 "error_message = excluded.error_message, steps = excluded.steps, "
@@ -176,6 +179,9 @@ def _operation_to_row(op: Operation) -> tuple[Any, ...]:
         op.error.message if op.error else None,
         json.dumps(steps),
         json.dumps(dict(op.detail)),
+        op.member,
+        op.cause.reason,
+        op.cause.set_by,
     )
 
 
@@ -208,4 +214,6 @@ def _operation_from_row(row: sqlite3.Row) -> Operation:
         steps=steps,
         error=error,
         detail=json.loads(row["detail"]),
+        member=row["member"],
+        cause=Cause(reason=row["reason"], set_by=row["set_by"]),
     )

@@ -107,6 +107,13 @@ MIGRATIONS: tuple[str, ...] = (
         gpu_bytes INTEGER
     );
     """,
+    # 5: who ran an operation and why (controlplane history): the member, the reason, and for
+    # an operation that followed the fleet, the member that set the desired state.
+    """
+    ALTER TABLE operations ADD COLUMN member TEXT;
+    ALTER TABLE operations ADD COLUMN reason TEXT;
+    ALTER TABLE operations ADD COLUMN set_by TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,163 @@
+"""``controlplane status``: what serves, what Triton says, the last operation; once, or live.
+
+The table is built from ``GET /v1/models`` (or one model's ``GET /v1/models/{name}``), plus
+the daemon's jobs that are down from ``/healthz``; the document of ``-o json|yaml`` is the
+models' answer alone. ``--watch`` looks again every ``--interval`` seconds (see watch.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from controlplane.cli.client import Client
+from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption
+from controlplane.cli.output import Format, Out
+from controlplane.cli.watch import Look, watch
+
+
+def status(
+    model: Annotated[str | None, typer.Argument(help="One model; all when omitted.")] = None,
+    watching: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="Keep looking until Ctrl-C (exit 0): on a terminal, redraw every --interval "
+            "seconds; otherwise print the view again each time it changes.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between looks with --watch.")
+    ] = 2.0,
+    output: OutputOption = Format.TABLE,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """What serves, what Triton says, and the last operation."""
+    out, client = Out(output), Client(url, token)
+
+    def look() -> Look:
+        data = client.get(f"/v1/models/{model}" if model else "/v1/models")
+        health = client.get("/healthz")
+        return Look(data, status_lines(data, model), problems(health, model))
+
+    if watching:
+        title = f"controlplane status{' ' + model if model else ''}"
+        watch(out, look, interval, title)
+    seen = out.call(look)
+    out.show(seen.data, seen.lines)
+    for line in seen.problems:
+        out.warn(line)
+
+
+def status_lines(data: dict[str, Any], model: str | None) -> list[str]:
+    models = [data] if model else data.get("models", [])
+    if not models:
+        return ["no models managed here or in the store"]
+    return [line for view in models for line in model_lines(view)]
+
+
+def problems(health: dict[str, Any], model: str | None) -> list[str]:
+    """What is wrong with the daemon itself: a name conflict in the fleet, jobs that are down."""
+    found = []
+    conflict = (health.get("fleet") or {}).get("name_conflict")
+    if conflict and not model:  # one model's view says it under that model
+        found.append(f"fleet: NAME CONFLICT: {conflict}")
+    for job in health.get("jobs", []):
+        if job["state"] != "running":
+            found.append(
+                f"job {job['name']}: {job['state']} after {job['restarts']} restart(s): "
+                f"{job.get('last_error') or '-'}"
+            )
+    return found
+
+
+def model_lines(view: dict[str, Any]) -> list[str]:
+    triton = view.get("triton") or {}
+    lines = [
+        f"{view['name']}",
+        f"  active:    {view.get('active_release') or '-'}",
+        f"  previous:  {view.get('previous_release') or '-'}",
+        f"  triton:    {triton.get('state', '?')} {triton.get('reason') or ''}".rstrip(),
+    ]
+    for slot in view.get("slots", []):
+        lines.append(
+            f"  slot {slot['name']}: {slot['state']} {slot.get('release') or ''} "
+            f"({slot.get('trigger')}: {slot.get('reason')})"
+        )
+    releases = ", ".join(
+        r["name"] + ("" if r["complete"] else " (incomplete)") for r in view.get("releases", [])
+    )
+    lines.append(f"  releases:  {releases or '-'}")
+    last = view.get("last_operation")
+    if last:
+        outcome = last["status"]
+        if last.get("error"):
+            outcome += f" ({last['error']['code']})"
+        lines.append(
+            f"  last op:   {last['kind']} {last.get('release') or ''} {outcome} [{last['id']}]"
+        )
+    if view.get("running_operation"):
+        lines.append(f"  running:   {view['running_operation']}")
+    lines += _fleet_lines(view.get("fleet"))
+    if view.get("drift"):
+        lines.append(f"  drift:     {view['drift']} (the reconcile loop repairs it)")
+    repair = view.get("last_repair")
+    if repair:
+        why = (repair.get("detail") or {}).get("why", "")
+        lines.append(
+            f"  repaired:  {repair['status']} at {repair['created_at']}: {why} [{repair['id']}]"
+        )
+    return lines + _rollback_lines(view)
+
+
+def _fleet_lines(fleet: dict[str, Any] | None) -> list[str]:
+    if not fleet:
+        return []
+    lines = []
+    if fleet.get("generation") is not None:
+        here = fleet.get("state") or "-"
+        if fleet.get("error"):
+            here += f": {fleet['error']}"
+        lines.append(
+            f"  fleet:     wants {fleet.get('target') or fleet.get('desired') or 'it unloaded'} "
+            f"here (generation {fleet['generation']}); {fleet['member']} is {here}"
+        )
+    if fleet.get("stale"):
+        lines.append(
+            f"  fleet:     STALE since {fleet.get('stale_since')}: the store cannot be read; "
+            "serving what it has"
+        )
+    if fleet.get("name_conflict"):
+        lines.append(f"  fleet:     NAME CONFLICT: {fleet['name_conflict']}")
+    return lines
+
+
+def _rollback_lines(view: dict[str, Any]) -> list[str]:
+    lines = []
+    overload = view.get("overload")
+    if overload:
+        lines.append(
+            f"  overload:  {overload['verdict']} ({overload['reason']}) "
+            f"[{overload['source']}, {overload['covered_seconds']:.1f} s covered]"
+        )
+    rollback = view.get("rollback") or {}
+    lines.append(f"  fallback:  {rollback.get('fallback') or '-'}")
+    last = rollback.get("last")
+    if last:
+        target = last.get("to_release") or "-"
+        lines.append(
+            f"  rollback:  {last['outcome']} {last.get('from_release')} -> {target} "
+            f"by {last['trigger']} at {last['at']}: {last['reason']}"
+        )
+        if last.get("suppressed_in_cooldown"):
+            held = last["suppressed_in_cooldown"]
+            lines.append(f"             {held} later trigger(s) held back")
+    if rollback.get("cooldown_until"):
+        lines.append(f"  cooldown:  until {rollback['cooldown_until']}")
+    degraded = ", ".join(d["release"] for d in rollback.get("degraded", []))
+    if degraded:
+        lines.append(f"  degraded:  {degraded} (not re-promoted automatically)")
+    return lines

@@ -1,0 +1,90 @@
+"""A live view (``status --watch``): look again every interval until Ctrl-C.
+
+On a terminal the screen is cleared and the view redrawn at every look, with the time of the
+look, as ``watch(1)`` does. When stdout is not a terminal (a pipe, a file, a test) a view is
+printed only when it differs from the one before, so the output is the history of the changes:
+a table block under a ``--- <time>`` line, or one document per change (JSON: one line each;
+YAML: a ``---`` stream). What counts as a change is what the table shows, in every format, so
+timestamps that move at each read (``as_of``, the overload samples) do not make a new document.
+
+A daemon that cannot be reached, or an error answer, is shown as the view and looked at again:
+the view outlives a daemon restart. Ctrl-C ends it with exit code 0, as a broken pipe does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import typer
+
+from controlplane.cli.client import ApiError, Unreachable
+from controlplane.cli.output import EXIT_OK, Format, Out, render
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look: the API's data (the document), the table, and problems of the daemon."""
+
+    data: dict[str, Any]
+    lines: Sequence[str]
+    problems: Sequence[str] = ()
+
+
+def watch(out: Out, look: Callable[[], Look], interval: float, title: str) -> NoReturn:
+    terminal = sys.stdout.isatty()
+    shown: str | None = None
+    try:
+        while True:
+            seen = _safely(look)
+            view = "\n".join([*seen.lines, *seen.problems])
+            if terminal:
+                typer.echo(CLEAR + _screen(out, seen, title, interval), nl=False)
+            elif view != shown:
+                typer.echo(_block(out, seen))
+            shown = view
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_OK) from None
+    except BrokenPipeError:  # `... --watch | head`: the reader has seen enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the flush at exit does not fail again
+        raise typer.Exit(EXIT_OK) from None
+
+
+def _safely(look: Callable[[], Look]) -> Look:
+    try:
+        return look()
+    except ApiError as exc:
+        return _error(exc.code, exc.message)
+    except Unreachable as exc:
+        return _error("unreachable", str(exc))
+
+
+def _error(code: str, message: str) -> Look:
+    return Look({"error": {"code": code, "message": message}}, [f"error: {code}: {message}"])
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _screen(out: Out, seen: Look, title: str, interval: float) -> str:
+    header = f"Every {interval:g} s: {title}    {_now()}    (Ctrl-C to stop)"
+    body = render(seen.data, out.format) if out.machine else "\n".join(seen.lines)
+    return "\n".join([header, "", body, *seen.problems]) + "\n"
+
+
+def _block(out: Out, seen: Look) -> str:
+    if out.format is Format.JSON:
+        return render(seen.data, Format.JSON, compact=True)
+    if out.format is Format.YAML:
+        return "---\n" + render(seen.data, Format.YAML)
+    return "\n".join([f"--- {_now()}", *seen.lines, *seen.problems])

@@ -1,0 +1,96 @@
+"""The ``controlplane`` command itself, with no daemon: its version, its shell completion, and
+usage that is refused before any call.
+
+Each case runs the real command in a subprocess, as a shell would."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from controlplane.adapters.triton.launcher import free_port
+
+EXIT_USAGE = 2
+VENV_BIN = Path(sys.executable).parent  # where `make install` put the `controlplane` script
+
+
+def controlplane(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CONTROLPLANE_", "_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_the_version_names_the_package_the_api_and_python(flag: str) -> None:
+    result = controlplane(flag)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"controlplane {version('controlplane')} (API v1, Python {platform.python_version()})\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("shell", "says"),
+    [
+        ("bash", "complete -o default -F _controlplane_completion controlplane"),
+        ("zsh", "#compdef controlplane"),
+        ("fish", "complete --command controlplane"),
+    ],
+)
+def test_show_completion_prints_the_script_of_the_shell_named(shell: str, says: str) -> None:
+    result = controlplane("--show-completion", shell)
+
+    assert result.returncode == 0, result.stderr
+    assert says in result.stdout
+    assert "_CONTROLPLANE_COMPLETE=complete_" + shell in result.stdout
+
+
+def test_bash_completes_commands_and_option_values_with_the_script() -> None:
+    script = """
+        source <(controlplane --show-completion bash)
+        complete_words() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1));
+                           _controlplane_completion controlplane; echo "${COMPREPLY[*]}"; }
+        complete_words controlplane sta
+        complete_words controlplane hi
+        complete_words controlplane status --output ''
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTROLPLANE_", "_"))}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    result = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["status", "history", "table json yaml"]
+
+
+def test_wait_is_a_plain_flag() -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"  # a call would exit 3, not 2
+
+    result = controlplane("deploy", "m", "r1", "--wait=true", "--url", unreachable)
+
+    assert result.returncode == EXIT_USAGE
+    assert "does not take a value" in result.stderr
+
+
+def test_fleet_without_wait_is_refused_before_any_call() -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"
+
+    result = controlplane("deploy", "m", "r1", "--fleet", "--url", unreachable)
+
+    assert result.returncode == EXIT_USAGE
+    assert "use it with --wait" in result.stderr
+    assert result.stdout == ""
