@@ -64,12 +64,14 @@ def exposed(families: Iterable[Metric]) -> list[Exposed]:
         elif kind == "info":
             name += "_info"
             kind = "gauge"
-        main = [s for s in family.samples if not s.name.endswith("_created")]
+        # The registry's counters and histograms carry their _created samples inside.
+        inside = kind in ("counter", "histogram", "summary")
+        created = [s for s in family.samples if inside and s.name.endswith("_created")]
+        main = [s for s in family.samples if s not in created]
         labels = frozenset(k for s in main for k in s.labels if k not in ("le", "quantile"))
         values = tuple(s.value for s in main if s.name == name)
         found.append(Exposed(name, kind, labels, values))
-        created = [s for s in family.samples if s.name.endswith("_created")]
-        if created:  # the registry's counters and histograms carry them inside
+        if created:
             found.append(Exposed(f"{family.name}_created", "gauge", labels, ()))
     return found
 
