@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -250,7 +251,7 @@ def test_a_member_that_cannot_serve_the_release_shows_in_both_members_metrics(
     fleet.wait_serving(MODEL, "r1", 1.0)
     for member in (first, tight):
         eventually(
-            lambda m=member: gauge(m.api, "controlplane_fleet_model_converged", model=MODEL) == 1,
+            partial(shows, member.api, 1, "controlplane_fleet_model_converged", model=MODEL),
             30,
             f"{member.name} seeing {MODEL} converged",
         )
@@ -271,7 +272,7 @@ def test_a_member_that_cannot_serve_the_release_shows_in_both_members_metrics(
     assert gauge(first.api, "controlplane_model_serving_desired_release", model=MODEL) == 1
     for member in (first, tight):
         eventually(
-            lambda m=member: gauge(m.api, "controlplane_fleet_model_converged", model=MODEL) == 0,
+            partial(shows, member.api, 0, "controlplane_fleet_model_converged", model=MODEL),
             30,
             f"{member.name} seeing {MODEL} not converged",
         )
@@ -295,6 +296,10 @@ def test_a_member_that_cannot_serve_the_release_shows_in_both_members_metrics(
         "the first member seen as down",
     )
     assert gauge(tight.api, "controlplane_fleet_members", state="alive") == 1
+
+
+def shows(daemon: Daemon, expected: float, name: str, **labels: str) -> bool:
+    return gauge(daemon, name, **labels) == expected
 
 
 def _verdict(daemon: Daemon) -> str:
