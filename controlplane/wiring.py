@@ -30,6 +30,7 @@ from controlplane.services.assembly import Limits, assemble
 from controlplane.services.catalog import StoreCatalog
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
+from controlplane.services.figures import FigureReader, FleetSources
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_ledger import FleetLedger, Member
 from controlplane.services.fleet_sync import FleetSync
@@ -69,6 +70,7 @@ class Container:
     supervisor: Supervisor
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
     overview: OverviewService  # the status page's data
+    figures: FigureReader  # what /metrics shows of the present
     fleet: FleetSync | None = None  # None: fleet.enabled is false
     fleet_view: FleetService | None = None
 
@@ -336,14 +338,27 @@ def build(settings: Settings) -> Container:
         supervisor.add("overload-watcher", overload.run)
     if events is not None:
         supervisor.add("store-events", events.run)
-    closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
-    if utilization is not None and utilization not in closers:
-        closers.append(utilization)  # a Prometheus query has its own client
     fleet_view = (
         FleetService(records=ledger.records, sync=fleet, clock=clock)
         if ledger is not None and fleet is not None
         else None
     )
+    figures = FigureReader(
+        serving=repos.serving,
+        rollbacks=repos.rollbacks,
+        triton=triton,
+        clock=clock,
+        last_pass=lambda: reconciler.last,
+        jobs=lambda: {status.name: not status.down for status in supervisor.statuses()},
+        fleet=(
+            FleetSources(fleet, fleet_view, every=settings.fleet.heartbeat_seconds)
+            if fleet is not None and fleet_view is not None
+            else None
+        ),
+    )
+    closers: list[TritonMetrics | UtilizationSource] = list(readers.values())
+    if utilization is not None and utilization not in closers:
+        closers.append(utilization)  # a Prometheus query has its own client
     return Container(
         settings=settings,
         deploy=deploy,
@@ -379,6 +394,7 @@ def build(settings: Settings) -> Container:
             fleet=fleet_view,
             source=settings.rollback.source,
         ),
+        figures=figures,
         fleet=fleet,
         fleet_view=fleet_view,
     )

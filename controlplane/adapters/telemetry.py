@@ -3,34 +3,38 @@
 Owns every use of ``prometheus_client`` for export (the Triton metrics reader only parses).
 Events reported by the services (:class:`~controlplane.ports.Telemetry`) update counters,
 histograms and gauges as they happen; what serving looks like now (the active release of each
-model, the state of each slot, which background jobs run) is handed to :meth:`render` at
-scrape time, read from the database then, so it is never stale and survives a restart. The
-registry is this object's own, not the process-wide default, so two daemons in one process
-(tests) do not share series.
+model, the state of each slot, whether each serves what it should, the fleet, which background
+jobs run) is handed to :meth:`render` at scrape time as one
+:class:`~controlplane.domain.figures.Figures` (series: :mod:`.telemetry_figures`), read then, so
+it is never stale and survives a restart. The registry is this object's own, not the
+process-wide default, so two daemons in one process (tests) do not share series.
 
-Names follow Prometheus conventions: a ``controlplane_`` prefix, ``_seconds`` and ``_bytes``
-units, ``_total`` counters. Labels have bounded values only (kinds, outcomes, triggers, step
-names, model and slot names, verdicts, retry causes); free text such as a rollback's reason is
-never a label.
+Names follow Prometheus conventions (docs/metrics.md lists them all, and a test holds every
+exported name to them): a ``controlplane_`` prefix; base units as suffixes (``_seconds``,
+``_bytes``, ``_ratio`` for a fraction of 1); ``_total`` on counters and nothing else; ``_info``
+on gauges of 1 whose labels carry the facts (``controlplane_build_info``). Labels have bounded
+values only (kinds, outcomes, triggers, step names, model, slot and latched release names,
+verdicts, retry causes); free text such as a rollback's reason is never a label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+import importlib.metadata
+import platform
+from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import Collector
 
+from controlplane import __version__
+from controlplane.adapters.telemetry_figures import FiguresCollector
 from controlplane.domain.alerts import Receipt
+from controlplane.domain.figures import Figures
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step, Trigger
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.transfer import RetryCause, retry_cause
-from controlplane.ports import ModelRecord, TritonMemory
+from controlplane.ports import TritonMemory
 
 # From a cached re-point (ms) to a big model's load (minutes).
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -47,10 +51,16 @@ class PrometheusTelemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        Info(
+            "controlplane_build",
+            "The daemon's version, and the Python and tritonclient it runs on (always 1).",
+            registry=r,
+        ).info(build_labels())
         self._operations = Counter(
             "controlplane_operations",
-            "Operations finished, by kind, outcome (succeeded, failed, interrupted) and trigger.",
-            ["kind", "outcome", "trigger"],
+            "Operations finished, by model, kind, outcome (succeeded, failed, interrupted) and "
+            "trigger.",
+            ["model", "kind", "outcome", "trigger"],
             registry=r,
         )
         self._operation_seconds = Histogram(
@@ -99,12 +109,9 @@ class PrometheusTelemetry:
             registry=r,
         )
         self._utilization = Gauge(
-            "controlplane_gpu_utilization",
-            "GPU utilisation the overload watcher last sampled (ratio; NaN when unknown).",
+            "controlplane_gpu_utilization_ratio",
+            "GPU utilisation the overload watcher last sampled, in [0, 1] (NaN when unknown).",
             registry=r,
-        )
-        self._triton_up = Gauge(
-            "controlplane_triton_up", "1 when Triton answered the last liveness check.", registry=r
         )
         self._residue = Counter(
             "controlplane_residue_findings",
@@ -136,38 +143,9 @@ class PrometheusTelemetry:
         self._job_restarts = Counter(
             "controlplane_job_restarts",
             "Background jobs (reconcile, release-watcher, overload-watcher, ...) that failed or "
-            "ended and were started again, by job.",
-            ["job"],
-            registry=r,
-        )
-        self._job_up = Gauge(
-            "controlplane_job_up",
-            "1 while a background job runs, 0 while it backs off after a failure.",
-            ["job"],
-            registry=r,
-        )
-        self._not_serving = Gauge(
-            "controlplane_models_not_serving",
-            "Managed models whose desired release Triton does not serve, as of the last "
-            "reconcile pass (readiness fails while this is above 0).",
-            registry=r,
-        )
-        self._fleet_stale = Gauge(
-            "controlplane_fleet_stale",
-            "1 while this member cannot read the fleet's desired state from the store (it "
-            "keeps serving what it has), else 0 (also when fleet.enabled is false).",
-            registry=r,
-        )
-        self._fleet_name_conflict = Gauge(
-            "controlplane_fleet_member_name_conflict",
-            "1 while another daemon writes heartbeats under this member's name (give each its "
-            "own CONTROLPLANE_FLEET__MEMBER), else 0.",
-            registry=r,
-        )
-        self._fleet_read = Gauge(
-            "controlplane_fleet_last_read_timestamp_seconds",
-            "When this member last read the fleet's desired state (Unix time; 0: never, or "
-            "fleet.enabled is false).",
+            "ended and were started again, by job name (label ``name``: Prometheus keeps ``job`` "
+            "for the scrape job).",
+            ["name"],
             registry=r,
         )
         for action in ("load", "repoint", "redeploy", "remove"):
@@ -188,15 +166,18 @@ class PrometheusTelemetry:
         for verdict in VERDICTS:
             self._verdict.labels(verdict=verdict).set(0)
         self._utilization.set(float("nan"))
-        self._serving = _ServingCollector()
-        r.register(self._serving)
+        self._figures = FiguresCollector()
+        r.register(self._figures)
 
     # --- Telemetry ----------------------------------------------------------------------
 
     def operation_finished(self, operation: Operation) -> None:
         kind = operation.kind.value
         self._operations.labels(
-            kind=kind, outcome=operation.status.value, trigger=operation.trigger.value
+            model=operation.model,
+            kind=kind,
+            outcome=operation.status.value,
+            trigger=operation.trigger.value,
         ).inc()
         if operation.duration_seconds is not None:
             self._operation_seconds.labels(kind=kind).observe(operation.duration_seconds)
@@ -245,66 +226,29 @@ class PrometheusTelemetry:
         self._repairs.labels(action=action).inc()
 
     def job_restarted(self, job: str) -> None:
-        self._job_restarts.labels(job=job).inc()
+        self._job_restarts.labels(name=job).inc()
 
     def store_retried(self, cause: RetryCause) -> None:
         self._store_retries.labels(cause=retry_cause(cause).value).inc()
 
     # --- for the API ----------------------------------------------------------------------
 
-    def render(
-        self,
-        *,
-        models: Sequence[ModelRecord],
-        triton_up: bool,
-        jobs: Mapping[str, bool],
-        not_serving: int,
-        fleet: FleetFigures | None = None,
-    ) -> tuple[bytes, str]:
-        """The exposition text and its content type, with what serves now."""
-        self._triton_up.set(1 if triton_up else 0)
-        if fleet is not None:
-            self._fleet_stale.set(1 if fleet.stale else 0)
-            self._fleet_name_conflict.set(1 if fleet.name_conflict else 0)
-            if fleet.last_read is not None:
-                self._fleet_read.set(fleet.last_read.timestamp())
-        for job, up in jobs.items():
-            self._job_up.labels(job=job).set(1 if up else 0)
-            self._job_restarts.labels(job=job)
-        self._not_serving.set(not_serving)
-        self._serving.models = list(models)
+    def render(self, figures: Figures) -> tuple[bytes, str]:
+        """The exposition text and its content type, with the figures of this scrape."""
+        for job in figures.jobs:
+            self._job_restarts.labels(name=job)  # at 0 from the first scrape: `increase` sees 1
+        self._figures.figures = figures
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-@dataclass(frozen=True)
-class FleetFigures:
-    stale: bool
-    last_read: datetime | None
-    name_conflict: bool = False
-
-
-class _ServingCollector(Collector):
-    """What serves now, as handed to :meth:`PrometheusTelemetry.render` for this scrape."""
-
-    def __init__(self) -> None:
-        self.models: list[ModelRecord] = []
-
-    def collect(self) -> Iterator[Metric]:
-        active = InfoMetricFamily(
-            "controlplane_active_release",
-            "The release each model serves (desired state).",
-            labels=["model"],
-        )
-        slots = GaugeMetricFamily(
-            "controlplane_slot_state",
-            "Each slot's state (ABSENT, LOADING, READY, ACTIVE, RETIRING, ...): 1 on the "
-            "current one.",
-            labels=["model", "slot", "state"],
-        )
-        for record in self.models:
-            if record.active_release is not None:
-                active.add_metric([record.name], {"release": record.active_release})
-            for slot in record.slots:
-                slots.add_metric([record.name, slot.name, slot.state.value], 1)
-        yield active
-        yield slots
+def build_labels() -> dict[str, str]:
+    """``controlplane_build_info``'s labels: this package, Python, and tritonclient."""
+    try:
+        client = importlib.metadata.version("tritonclient")
+    except importlib.metadata.PackageNotFoundError:
+        client = "none"
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "triton_client": client,
+    }

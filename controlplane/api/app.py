@@ -27,7 +27,6 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from controlplane import __version__
-from controlplane.adapters.telemetry import FleetFigures
 from controlplane.api.answers import (
     DEPLOY_REFUSALS,
     DEPLOYED,
@@ -82,7 +81,6 @@ from controlplane.wiring import Container, build
 
 log = logging.getLogger(__name__)
 CLIENT_HEADER = "x-controlplane-client"
-METRICS_LIVENESS_TIMEOUT = 2.0
 DEFAULT_PAGE, MAX_PAGE = 100, 1000  # models per answer of GET /v1/models
 
 
@@ -277,22 +275,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/metrics", tags=["probes"], response_class=PlainTextResponse)
     async def metrics(c: Reader) -> Response:
         """Prometheus metrics: operations, step durations, rollbacks, alerts, what serves."""
-        try:  # a scrape must not hang on a Triton that does not answer
-            live = await asyncio.wait_for(c.triton.is_live(), METRICS_LIVENESS_TIMEOUT)
-        except TimeoutError:
-            live = False
-        last = c.reconciler.last
-        body, content_type = c.telemetry.render(
-            models=await c.repos.serving.all(),
-            triton_up=live,
-            jobs={s.name: not s.down for s in c.supervisor.statuses()},
-            not_serving=len(last.not_serving) if last is not None else 0,
-            fleet=(
-                FleetFigures(c.fleet.stale, c.fleet.last_read, c.fleet.name_conflict is not None)
-                if c.fleet is not None
-                else None
-            ),
-        )
+        body, content_type = c.telemetry.render(await c.figures.gather())
         return Response(content=body, media_type=content_type)
 
     @app.get(

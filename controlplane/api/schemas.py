@@ -323,6 +323,7 @@ def model_json(view: ModelView) -> dict[str, Any]:
     return {
         "name": view.name,
         "active_release": view.active_release,
+        "cpu_only": view.cpu_only,
         "previous_release": view.previous_release,
         "strategy": view.strategy,
         "alias_target": view.alias_target,

@@ -16,6 +16,11 @@ A slot is FAILED when its load failed, was cut short, or timed out and Triton st
 (a load that never ends keeps its name until Triton restarts), and when its unload did not
 finish; the reconcile loop takes such a slot down once Triton lets go of it.
 
+A slot the rollback chain's last step reloaded on CPU-only instances says so in its reason
+(:data:`ON_CPU_ONLY`, read by :func:`on_cpu_only`): Triton keeps that override until it loads the
+slot from its files again, so the mark follows the slot through the moves that keep what Triton
+holds (READY, ACTIVE, RETIRING) and is gone after any other.
+
 Transitions are a table; :func:`transition` refuses anything not in it and returns a new
 frozen value that records why the slot moved (its trigger and reason). :func:`observe` is the
 one escape hatch: reconcile records what Triton and the disk actually show, whatever the table
@@ -62,6 +67,11 @@ TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 }
 
 
+# Moves between these keep the model Triton holds as it is (no load from the slot's files).
+_KEEPS_LOADED = frozenset({S.READY, S.ACTIVE, S.RETIRING})
+ON_CPU_ONLY = "on CPU-only instances"
+
+
 @dataclass(frozen=True)
 class Slot:
     """What the daemon knows about one slot, and why it is in its state."""
@@ -92,6 +102,8 @@ def transition(
         raise InvalidTransition(
             f"slot {slot.name!r} cannot go from {slot.state} to {target} ({trigger}: {reason})"
         )
+    if on_cpu_only(slot) and target in _KEEPS_LOADED and ON_CPU_ONLY not in reason:
+        reason = f"{reason} ({ON_CPU_ONLY})" if reason else ON_CPU_ONLY
     return dataclasses.replace(
         slot,
         state=target,
@@ -100,6 +112,11 @@ def transition(
         reason=reason,
         since=at,
     )
+
+
+def on_cpu_only(slot: Slot) -> bool:
+    """The slot holds its release as the rollback chain's CPU-only reload left it."""
+    return slot.state in _KEEPS_LOADED and ON_CPU_ONLY in slot.reason
 
 
 def observe(

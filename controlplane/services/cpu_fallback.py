@@ -3,14 +3,15 @@
 The serving slot (the model itself under ``inplace``) is reloaded with every instance on CPU,
 which Triton applies in place: the GPU is freed, the model keeps answering, more slowly. One
 inference through the name clients call proves it. The override lives until the slot is next
-loaded from its files (a deploy, or a Triton restart repaired by the daemon).
+loaded from its files (a deploy, or a Triton restart repaired by the daemon); the slot's reason
+carries :data:`~controlplane.domain.slots.ON_CPU_ONLY` as long (status and ``/metrics`` read it).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from controlplane.domain.slots import SlotState
+from controlplane.domain.slots import ON_CPU_ONLY, SlotState
 from controlplane.ports import Triton
 from controlplane.services.runner import Run
 from controlplane.services.slots import SlotBook
@@ -38,9 +39,7 @@ async def reload_on_cpu(run: Run, *, triton: Triton, slots: SlotBook, slot_name:
                 )
             )
             raise
-        await slots.move(
-            model, updating, SlotState.ACTIVE, run.trigger, "serving on CPU-only instances"
-        )
+        await slots.move(model, updating, SlotState.ACTIVE, run.trigger, f"serving {ON_CPU_ONLY}")
         tracker.detail(slot=slot_name, instance_group=groups)
     async with tracker.step("verify"):
         tracker.detail(outputs=await triton.smoke(model, None))

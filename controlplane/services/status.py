@@ -28,7 +28,7 @@ from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
-from controlplane.domain.slots import Slot, SlotState
+from controlplane.domain.slots import Slot, SlotState, on_cpu_only
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
     Clock,
@@ -69,6 +69,7 @@ class ModelView:
     cooldown_until: datetime | None = None
     last_repair: Operation | None = None  # the reconcile loop's last repair of this model
     drift: str | None = None  # what the last reconcile pass found wrong, if anything
+    cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,7 @@ class StatusService:
             cooldown_until=self._cooldown(history.last_rollback),
             last_repair=history.last_repair,
             drift=self._drift(model),
+            cpu_only=any(s.state is SlotState.ACTIVE and on_cpu_only(s) for s in slots),
         )
 
 

@@ -3,7 +3,7 @@ overload watcher, the store's file watch.
 
 Each job runs forever in its own task; one that raises (an ``OSError`` from a full disk, a
 ``sqlite3`` error, a bug) is logged with its traceback, counted
-(``controlplane_job_restarts_total{job}``) and started again after a backoff that doubles up to
+(``controlplane_job_restarts_total{name}``) and started again after a backoff that doubles up to
 a bound and resets once the job has run well for a while. A failing job never stops the others
 (auto-rollback keeps working while the release watcher fails), and health says which job is
 down and why. Shutdown cancels them all and waits.

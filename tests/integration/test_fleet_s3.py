@@ -145,6 +145,9 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     )
     metrics = cut_off.api.get("/metrics").text
     assert "controlplane_fleet_stale 1.0" in metrics
+    # No fleet view rather than an old one: it cannot read the heartbeats.
+    assert "controlplane_fleet_model_converged{" not in metrics
+    assert "controlplane_fleet_members{" not in metrics
     status = cli(cut_off.api.url, "status", MODEL)
     assert "STALE since" in status.stdout, status.stdout
     last_read = cut_off.api.get("/v1/fleet")  # what it read last, said to be stale
@@ -160,12 +163,23 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     # The others see it as not alive (its heartbeats cannot land): converged counts live ones.
     members = {m["member"]: m["alive"] for m in fleet.fleet()["members"]}
     assert members == {"m1": True, "m2": True, "m3": False}
+    seen = first.api.get("/metrics").text
+    assert 'controlplane_fleet_members{state="down"} 1.0' in seen
+    assert 'controlplane_fleet_members{state="alive"} 2.0' in seen
 
     fault_proxy.come_back()
     fleet.wait_serving(MODEL, "r2", 2.0)
     assert cut_off.api.get(f"/v1/models/{MODEL}").json()["fleet"]["stale"] is False
     assert "controlplane_fleet_stale 0.0" in cut_off.api.get("/metrics").text
     eventually(lambda: fleet.fleet()["models"][MODEL]["converged"], 30, "converged")
+    eventually(
+        lambda: (
+            f'controlplane_fleet_model_converged{{model="{MODEL}"}} 1.0'
+            in cut_off.api.get("/metrics").text
+        ),
+        30,
+        "the member back in the store seeing the model converged",
+    )
 
 
 def test_a_new_member_that_cannot_reach_the_store_is_not_ready_and_says_why(

@@ -230,7 +230,8 @@ class Alertmanager(_Server):
 
 
 class Prometheus(_Server):
-    """Prometheus scraping one target (job ``triton``) and alerting to ``alertmanager_url``.
+    """Prometheus scraping one target (job ``job``: ``triton`` unless told) and alerting to
+    ``alertmanager_url``.
 
     ``rules`` is the text of a rule file; it is checked with ``promtool`` before the start, so
     a bad rule fails the test with promtool's words rather than as a server that never fires.
@@ -251,8 +252,10 @@ class Prometheus(_Server):
         rules: str | None = None,
         scrape_interval: str = "1s",
         evaluation_interval: str = "1s",
+        job: str = "triton",
     ) -> None:
         super().__init__(dir)
+        self.job = job
         self.scrape_url = scrape_url
         self.alertmanager_url = alertmanager_url
         self._rules = rules
@@ -269,7 +272,7 @@ class Prometheus(_Server):
             "global": dict(self._intervals),
             "scrape_configs": [
                 {
-                    "job_name": "triton",
+                    "job_name": self.job,
                     "scheme": target.scheme,
                     "metrics_path": target.path or "/metrics",
                     "static_configs": [{"targets": [target.netloc]}],
@@ -318,7 +321,10 @@ class Prometheus(_Server):
     def wait_for_scrape(self, timeout: float = _READY_TIMEOUT) -> float:
         """Wait until the target has been scraped once (up or not); return how long it took."""
         return eventually(
-            lambda: bool(self.query('up{job="triton"}')), timeout, "a first scrape", every=0.2
+            lambda: bool(self.query(f'up{{job="{self.job}"}}')),
+            timeout,
+            "a first scrape",
+            every=0.2,
         )
 
     def query(self, promql: str) -> list[dict[str, Any]]:

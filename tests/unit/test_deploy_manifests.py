@@ -569,6 +569,13 @@ def test_the_service_monitor_scrapes_triton_and_the_daemon(objects: list[Obj]) -
     assert all(e["path"] == "/metrics" for e in endpoints.values())
     # GpuOverload averages nv_gpu_utilization over 10 s: several samples must land in it.
     assert duration_seconds(endpoints["metrics"]["interval"]) <= 5
+    # The daemon's target gets the job that ControlplaneDown and ControlplaneAbsent select.
+    rules = {r.get("alert"): r["expr"] for group in rule_groups() for r in group["rules"]}
+    job = {"action": "replace", "targetLabel": "job", "replacement": "controlplane"}
+    assert job in endpoints["api"]["relabelings"]
+    assert 'up{job="controlplane"}' in rules["ControlplaneDown"]
+    assert 'up{job="controlplane"}' in rules["ControlplaneAbsent"]
+    assert "relabelings" not in endpoints["metrics"]  # Triton's metrics keep their own job
 
 
 def duration_seconds(text: str) -> float:

@@ -28,6 +28,7 @@ MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 
 EXPORTED_BY_CONTROLPLANE = frozenset(
     {
+        "controlplane_build_info",
         "controlplane_operations_total",
         "controlplane_operation_duration_seconds_bucket",
         "controlplane_operation_duration_seconds_sum",
@@ -38,32 +39,66 @@ EXPORTED_BY_CONTROLPLANE = frozenset(
         "controlplane_downloaded_bytes_total",
         "controlplane_active_release_info",
         "controlplane_slot_state",
+        "controlplane_model_serving_desired_release",
+        "controlplane_model_cpu_only",
+        "controlplane_release_degraded",
         "controlplane_rollbacks_total",
         "controlplane_rollback_triggers_suppressed_total",
         "controlplane_overload_verdict",
-        "controlplane_gpu_utilization",
+        "controlplane_gpu_utilization_ratio",
         "controlplane_alerts_received_total",
         "controlplane_triton_up",
         "controlplane_triton_memory_growth_bytes",
         "controlplane_triton_resident_memory_bytes",
         "controlplane_host_memory_total_bytes",
         "controlplane_residue_findings_total",
+        "controlplane_job_restarts_total",
+        "controlplane_fleet_stale",
+        "controlplane_fleet_member_name_conflict",
+        "controlplane_fleet_members",
+        "controlplane_fleet_model_converged",
+        "controlplane_fleet_model_generation",
     }
 )
 # Triton's own, from its metrics endpoint (port 8002).
 EXPORTED_BY_TRITON = frozenset(
     {"nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
 )
-ALLOWED = EXPORTED_BY_CONTROLPLANE | EXPORTED_BY_TRITON
+# Prometheus's own, one per scrape target.
+EXPORTED_BY_PROMETHEUS = frozenset({"up"})
+ALLOWED = EXPORTED_BY_CONTROLPLANE | EXPORTED_BY_TRITON | EXPORTED_BY_PROMETHEUS
 
 ALERTS = frozenset(
     {
         "GpuOverload",
+        "ControlplaneDown",
+        "ControlplaneAbsent",
+        "ControlplaneJobRestarting",
+        "ControlplaneDeployFailed",
+        "ControlplaneModelNotServingDesiredRelease",
+        "ControlplaneModelOnCpuOnly",
+        "ControlplaneFleetNotConverged",
+        "ControlplaneFleetMemberStale",
+        "ControlplaneFleetMemberNameConflict",
         "ControlplaneTritonMemoryGrowth",
         "ControlplaneTritonHighMemory",
         "ControlplaneRollbackFailed",
         "ControlplaneTritonDown",
         "ControlplaneResidueAfterUnload",
+    }
+)
+# Every selector of every panel matches the daemons (and the Tritons beside them) on the hosts
+# the instance variable picked: the variable's values are hosts, the instance label host:port.
+INSTANCE_MATCHER = 'instance=~"${instance}:[0-9]+"'
+# The fleet row: members alive or stale, convergence and generation per model, name conflicts.
+FLEET_ROW_METRICS = frozenset(
+    {
+        "controlplane_fleet_members",
+        "controlplane_fleet_stale",
+        "controlplane_fleet_model_converged",
+        "controlplane_fleet_model_generation",
+        "controlplane_fleet_member_name_conflict",
+        "controlplane_model_serving_desired_release",
     }
 )
 
@@ -126,6 +161,25 @@ def test_metric_names_skip_functions_keywords_labels_and_numbers(
     expr: str, names: set[str]
 ) -> None:
     assert metric_names(expr) == names
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """Each place a metric is selected: its name and its matchers ("" when it has none)."""
+    found = []
+    for name in sorted(metric_names(expr)):
+        # Matchers run to the first "}" that does not close a Grafana ${variable}.
+        selection = rf'(?<![\w"]){re.escape(name)}(?![\w(])(\{{(?:\$\{{[^}}]*\}}|[^}}])*\}})?'
+        for match in re.finditer(selection, expr):
+            found.append((name, (match.group(1) or "")[1:-1]))
+    return found
+
+
+def test_selectors_give_each_selection_with_its_matchers() -> None:
+    assert selectors('sum(rate(a_total{x="1", i=~"${v}:1"}[5m])) / b + a_total') == [
+        ("a_total", 'x="1", i=~"${v}:1"'),
+        ("a_total", ""),
+        ("b", ""),
+    ]
 
 
 # --- what the daemon exports -----------------------------------------------------------------
@@ -209,13 +263,69 @@ def test_the_dashboard_has_the_model_variable_and_no_fixed_datasource() -> None:
     dashboard = load_dashboard()
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     model = variables["model"]
-    assert "label_values(controlplane_active_release_info, model)" in json.dumps(model["query"])
+    assert model["query"]["query"] == (
+        f"label_values(controlplane_active_release_info{{{INSTANCE_MATCHER}}}, model)"
+    )
     assert variables["datasource"]["type"] == "datasource"
     # A uid pasted from one Grafana would leave every panel empty in another.
     for panel in all_panels(dashboard["panels"]):
         for holder in [panel, *panel.get("targets", [])]:
             if "datasource" in holder:
                 assert holder["datasource"]["uid"] == "${datasource}", panel["id"]
+
+
+def test_the_instance_variable_lists_the_daemons_hosts_and_every_query_filters_on_it() -> None:
+    dashboard = load_dashboard()
+    names = [variable["name"] for variable in dashboard["templating"]["list"]]
+    # Before the model variable, whose values it narrows.
+    assert names.index("datasource") < names.index("instance") < names.index("model")
+    instance = dashboard["templating"]["list"][names.index("instance")]
+    assert instance["query"]["query"] == "label_values(controlplane_build_info, instance)"
+    assert (instance["multi"], instance["includeAll"], instance["allValue"]) == (True, True, ".*")
+    # Grafana keeps the regex's first group: the host of host:port.
+    host = re.compile(instance["regex"].strip("/"))
+    assert [host.sub(r"\1", i) for i in ("10.0.0.5:8080", "[::1]:8080")] == ["10.0.0.5", "[::1]"]
+    for panel_id, expr in dashboard_exprs():
+        for name, matchers in selectors(expr):
+            assert INSTANCE_MATCHER in matchers, f"panel {panel_id}: {name} not on $instance"
+
+
+def rows(dashboard: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each row's title and the panels below it, down to the next row."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    current: list[dict[str, Any]] = []
+    for panel in sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"])):
+        if panel["type"] == "row":
+            current = found.setdefault(panel["title"], [])
+            current.extend(panel.get("panels", []))  # a collapsed row holds its own
+        else:
+            current.append(panel)
+    return found
+
+
+def test_the_fleet_row_shows_members_convergence_generation_and_name_conflicts() -> None:
+    fleet = rows(load_dashboard())["Fleet"]
+    shown = {
+        name
+        for panel in fleet
+        for target in panel["targets"]
+        for name in metric_names(target["expr"])
+    }
+    assert shown >= FLEET_ROW_METRICS, f"the Fleet row lacks {sorted(FLEET_ROW_METRICS - shown)}"
+    members = next(p for p in fleet if "controlplane_fleet_members" in json.dumps(p["targets"]))
+    assert "by (state)" in members["targets"][0]["expr"]  # alive, stale, down apart
+    assert all(600 < panel["id"] < 700 for panel in fleet)  # the row's ids: 600, 601, ...
+
+
+def test_no_two_panels_overlap() -> None:
+    taken: dict[tuple[int, int], int] = {}
+    for panel in all_panels(load_dashboard()["panels"]):
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["id"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                other = taken.setdefault((x, y), panel["id"])
+                assert other == panel["id"], f"panels {other} and {panel['id']} overlap at {x},{y}"
 
 
 # --- the rules -------------------------------------------------------------------------------

@@ -10,12 +10,14 @@ import pytest
 
 from controlplane.domain.errors import InvalidTransition
 from controlplane.domain.slots import (
+    ON_CPU_ONLY,
     TRANSITIONS,
     Slot,
     SlotState,
     absent,
     can_transition,
     observe,
+    on_cpu_only,
     transition,
 )
 
@@ -123,3 +125,32 @@ def test_absent_starts_empty() -> None:
     assert absent("m", T0) == Slot(
         name="m", state=SlotState.ABSENT, release=None, trigger="", reason="", since=T0
     )
+
+
+def test_the_cpu_only_mark_follows_a_slot_until_it_is_loaded_again() -> None:
+    """The rollback chain's CPU-only reload lives in Triton until the slot is loaded from its
+    files: re-pointed away and back (blue-green), the slot still serves on CPU."""
+    s = SlotState
+    on_cpu = transition(
+        slot_in(s.UPDATING), s.ACTIVE, trigger="alert", at=T1, reason=f"serving {ON_CPU_ONLY}"
+    )
+    assert on_cpu_only(on_cpu)
+    retiring = transition(on_cpu, s.RETIRING, trigger="api", at=T1, reason="r2 switched in")
+    back = transition(retiring, s.ACTIVE, trigger="api", at=T1, reason="rolled back to r1")
+    assert (on_cpu_only(retiring), on_cpu_only(back)) == (True, True)
+    assert back.reason == f"rolled back to r1 ({ON_CPU_ONLY})"
+    # Reloaded (an in-place deploy), or unloaded: gone.
+    reloaded = transition(
+        transition(back, s.UPDATING, trigger="api", at=T1, reason="updating to r3"),
+        s.ACTIVE,
+        trigger="api",
+        at=T1,
+        reason="r3 serves",
+    )
+    unloading = transition(retiring, s.UNLOADING, trigger="schedule", at=T1, reason="retired")
+    assert (on_cpu_only(reloaded), on_cpu_only(unloading)) == (False, False)
+    # A failed CPU-only reload never marks the slot.
+    failed = transition(
+        slot_in(s.UPDATING), s.ACTIVE, trigger="alert", at=T1, reason="CPU-only reload failed"
+    )
+    assert not on_cpu_only(failed)

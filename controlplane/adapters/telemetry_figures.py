@@ -1,0 +1,150 @@
+"""The present as series: one :class:`~controlplane.domain.figures.Figures`, built for a
+scrape, turned into Prometheus metric families.
+
+Every family is yielded at every scrape, with no sample where there is nothing to say (no
+model, no fleet view), so ``# HELP`` and ``# TYPE`` always document it. Gauges that are a
+yes/no are 1 or 0; a per-model fact exists for every model the member manages or the fleet
+wants, so an alert on ``== 0`` sees a model that stopped being served rather than a series
+that vanished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controlplane.domain.figures import Figures, MemberStanding
+
+
+def _flag(value: bool) -> int:
+    return 1 if value else 0
+
+
+class FiguresCollector(Collector):
+    """Yields the series of the figures handed to it for this scrape."""
+
+    def __init__(self) -> None:
+        self.figures = Figures(models=(), triton_up=False, jobs={}, not_serving=0)
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.figures
+        yield from self._serving(figures)
+        yield from self._health(figures)
+        yield from self._fleet(figures)
+
+    def _serving(self, figures: Figures) -> Iterator[Metric]:
+        active = InfoMetricFamily(
+            "controlplane_active_release",
+            "The release each model serves here (its desired state in this member's database).",
+            labels=["model"],
+        )
+        slots = GaugeMetricFamily(
+            "controlplane_slot_state",
+            "Each slot's state (ABSENT, LOADING, READY, ACTIVE, RETIRING, ...): 1 on the "
+            "current one.",
+            labels=["model", "slot", "state"],
+        )
+        desired = GaugeMetricFamily(
+            "controlplane_model_serving_desired_release",
+            "1 while this member serves what it should of the model (in a fleet the fleet's "
+            "target for this member, else its own desired release) and Triton serves it, as "
+            "of the last reconcile and fleet passes; 0 while it does not (converging, failed, "
+            "held, or Triton lost it).",
+            labels=["model"],
+        )
+        cpu = GaugeMetricFamily(
+            "controlplane_model_cpu_only",
+            "1 while the model serves on CPU-only instances, as the rollback chain's last step "
+            "left it (until it is next loaded from its files: a deploy, a rollback that loads), "
+            "else 0.",
+            labels=["model"],
+        )
+        degraded = GaugeMetricFamily(
+            "controlplane_release_degraded",
+            "1 for each release latched degraded here (rolled back from; never re-promoted "
+            "automatically; deploying it by name clears it).",
+            labels=["model", "release"],
+        )
+        for model in figures.models:
+            if model.active_release is not None:
+                active.add_metric([model.name], {"release": model.active_release})
+            for slot in model.slots:
+                slots.add_metric([model.name, slot.name, slot.state.value], 1)
+            desired.add_metric([model.name], _flag(model.serving_desired))
+            cpu.add_metric([model.name], _flag(model.cpu_only))
+            for release in model.degraded:
+                degraded.add_metric([model.name, release], 1)
+        yield from (active, slots, desired, cpu, degraded)
+
+    def _health(self, figures: Figures) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "controlplane_triton_up",
+            "1 when Triton answered a liveness check during this scrape.",
+            value=_flag(figures.triton_up),
+        )
+        jobs = GaugeMetricFamily(
+            "controlplane_job_up",
+            "1 while a background job runs, 0 while it backs off after a failure, by job name.",
+            labels=["name"],
+        )
+        for job, up in sorted(figures.jobs.items()):
+            jobs.add_metric([job], _flag(up))
+        yield jobs
+        yield GaugeMetricFamily(
+            "controlplane_models_not_serving",
+            "Managed models whose desired release Triton does not serve, as of the last "
+            "reconcile pass (readiness fails while this is above 0).",
+            value=figures.not_serving,
+        )
+
+    def _fleet(self, figures: Figures) -> Iterator[Metric]:
+        fleet = figures.fleet
+        yield GaugeMetricFamily(
+            "controlplane_fleet_stale",
+            "1 while this member cannot read the fleet's desired state from the store (it "
+            "keeps serving what it has), else 0 (also when fleet.enabled is false).",
+            value=_flag(fleet is not None and fleet.stale),
+        )
+        yield GaugeMetricFamily(
+            "controlplane_fleet_member_name_conflict",
+            "1 while another daemon writes heartbeats under this member's name (give each its "
+            "own CONTROLPLANE_FLEET__MEMBER), else 0.",
+            value=_flag(fleet is not None and fleet.name_conflict),
+        )
+        last_read = fleet.last_read if fleet is not None else None
+        yield GaugeMetricFamily(
+            "controlplane_fleet_last_read_timestamp_seconds",
+            "When this member last read the fleet's desired state (Unix time; 0: never, or "
+            "fleet.enabled is false).",
+            value=last_read.timestamp() if last_read is not None else 0,
+        )
+        generation = GaugeMetricFamily(
+            "controlplane_fleet_model_generation",
+            "The generation of each model's desired state, as this member last read it (one "
+            "higher at every change).",
+            labels=["model"],
+        )
+        converged = GaugeMetricFamily(
+            "controlplane_fleet_model_converged",
+            "1 when every live member serves its target of the model, 0 when one does not, as "
+            "this member last read the heartbeats (no sample while it cannot read them).",
+            labels=["model"],
+        )
+        members = GaugeMetricFamily(
+            "controlplane_fleet_members",
+            "Members by standing, from their heartbeats as this member last read them: alive, "
+            "stale (alive, cannot read the store), down (no heartbeat for 3 beats; forgotten "
+            "after an hour). No sample while this member cannot read them.",
+            labels=["state"],
+        )
+        if fleet is not None:
+            for model, number in sorted(fleet.generations.items()):
+                generation.add_metric([model], number)
+            if fleet.view is not None:
+                for model, done in sorted(fleet.view.converged.items()):
+                    converged.add_metric([model], _flag(done))
+                for state in MemberStanding:
+                    members.add_metric([state.value], fleet.view.members.get(state, 0))
+        yield from (generation, converged, members)
