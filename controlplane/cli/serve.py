@@ -37,7 +37,7 @@ def run(config: Path | None) -> int:
     except SettingsError as exc:
         print(f"controlplane: {exc}", file=sys.stderr)
         return 2
-    logs.configure(settings.log.level)
+    logs.configure(settings.log.level, settings.log.format)
     try:
         check_filesystem(settings)
     except ControlPlaneError as exc:

@@ -76,6 +76,7 @@ class PassReport:
     """What one pass saw and did."""
 
     triton_live: bool = True
+    triton_problem: str | None = None  # not live: why, with Triton's URL and what to check
     error: str | None = None  # the pass could not run to its end
     assessments: dict[str, Assessment] = field(default_factory=dict)
     repairs: dict[str, str] = field(default_factory=dict)  # model -> operation id
@@ -142,11 +143,20 @@ class Reconciler:
         self._unload_timeout = unload_timeout
         self._telemetry = telemetry
         self.last: PassReport | None = None
+        # since when a liveness check waits for Triton's answer (None: none waits), so that a
+        # start-up that waits for it can say so before the check times out
+        self._probing_since: float | None = None
         self.wake = asyncio.Event()
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
         self._ready_seen: set[str] = set()  # managed names Triton had READY at the last look
+
+    def waiting_for_triton(self) -> float | None:
+        """How long the liveness check in flight has waited for Triton's answer (None: none
+        is in flight)."""
+        since = self._probing_since
+        return None if since is None else self._clock.monotonic() - since
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -196,7 +206,7 @@ class Reconciler:
                     report = await self.run_pass(wait=not ready.is_set())
                 except ControlPlaneError as exc:  # Triton or the store failed mid-pass
                     log.warning("reconcile pass failed: %s", exc)
-                    report = PassReport(triton_live=False, error=str(exc))
+                    report = PassReport(triton_live=False, triton_problem=str(exc), error=str(exc))
                     self.last = report
                 if report.triton_live:
                     ready.set()
@@ -262,12 +272,20 @@ class Reconciler:
         (a model that takes a minute to load) must not hold back the next beat, nor the
         repair of another model; a model with a repair in flight is left to it."""
         report = PassReport()
-        if not await self._triton.is_live():
+        self._probing_since = self._clock.monotonic()
+        try:
+            problem = await self._triton.liveness()
+        finally:
+            self._probing_since = None
+        if problem is not None:
             report.triton_live = False
-            if self.last is None or self.last.triton_live:
-                log.error("Triton at %s is not live; waiting for it", _url(self._triton))
+            report.triton_problem = problem
+            if self.last is None or self.last.triton_problem != problem:
+                log.error("%s (looking again every %g s)", problem, DOWN_POLL)
             self.last = report
             return report
+        if self.last is not None and not self.last.triton_live:
+            log.info("Triton at %s is live", _url(self._triton))
         index = index_by_name(await self._triton.index())
         placed = await asyncio.to_thread(self._staging.placed)
         repairs: list[asyncio.Task[None]] = []
