@@ -209,18 +209,24 @@ class LocalStore:
             raise self._missing()
 
     def _missing(self) -> StoreUnavailable:
-        what = "is not a directory" if self._root.exists() else "does not exist"
-        return StoreUnavailable(
-            f"the store {self.uri} {what} (store.uri): create it or fix the setting (or "
-            "mount the share it is on); no release can be found until it is there",
-            details={"path": str(self._root)},
-        )
+        return missing_store(self._root)
 
     def _model_dir(self, model: str) -> Path:
         return self._root / validate_model_name(model)
 
     def _release_dir(self, model: str, release: str) -> Path:
         return self._model_dir(model) / validate_release_name(release)
+
+
+def missing_store(root: Path) -> StoreUnavailable:
+    """A store dir that is not there: a typo in store.uri, or a share not mounted (yet), is
+    neither an empty store nor a model that is not in it. Transient: a share can come back."""
+    what = "is not a directory" if root.exists() else "does not exist"
+    return StoreUnavailable(
+        f"the store {root.as_uri()} {what} (store.uri): create it or fix the setting (or "
+        "mount the share it is on)",
+        details={"path": str(root)},
+    )
 
 
 @functools.lru_cache(maxsize=16384)
