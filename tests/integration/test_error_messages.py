@@ -191,7 +191,7 @@ def test_a_wrong_triton_url_is_said_with_the_url_until_triton_comes_up(
         "Start-up waits for Triton: retry once it can be reached"
         in answer.json()["error"]["message"]
     )
-    assert f"triton: {says}" in status.stdout
+    assert f"triton: {says}" in status.stderr  # what is wrong with the daemon itself
     assert deploy.returncode == 1
     assert says in deploy.stderr
     assert says in daemon.log()
