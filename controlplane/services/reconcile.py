@@ -63,6 +63,7 @@ from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
+SAY_AGAIN = 60.0  # while Triton is down: the least time between two log lines of a new cause
 INDEX_LOOK = 1.0  # between beats: how often Triton's index is looked at (one gRPC call)
 # A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
 # first retry is soon, because the commonest cause is a world that changed under the pass
@@ -146,11 +147,24 @@ class Reconciler:
         # since when a liveness check waits for Triton's answer (None: none waits), so that a
         # start-up that waits for it can say so before the check times out
         self._probing_since: float | None = None
+        self._said: str | None = None  # Triton's problem as last logged, and when
+        self._said_at = 0.0
         self.wake = asyncio.Event()
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
         self._ready_seen: set[str] = set()  # managed names Triton had READY at the last look
+
+    def _worth_saying(self, problem: str) -> bool:
+        """Whether to log that Triton cannot be reached: when it could be before (or at the
+        first look), and when the cause changed, at most once a minute (gRPC words one
+        cause in several ways, and the check runs ten times a second)."""
+        now = self._clock.monotonic()
+        fresh = self.last is None or self.last.triton_live
+        if fresh or (problem != self._said and now - self._said_at >= SAY_AGAIN):
+            self._said, self._said_at = problem, now
+            return True
+        return False
 
     def waiting_for_triton(self) -> float | None:
         """How long the liveness check in flight has waited for Triton's answer (None: none
@@ -280,7 +294,7 @@ class Reconciler:
         if problem is not None:
             report.triton_live = False
             report.triton_problem = problem
-            if self.last is None or self.last.triton_problem != problem:
+            if self._worth_saying(problem):
                 log.error("%s (looking again every %g s)", problem, DOWN_POLL)
             self.last = report
             return report

@@ -6,8 +6,10 @@ and the daemon recovers by itself once the cause is gone."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +206,46 @@ def test_a_wrong_triton_url_is_said_with_the_url_until_triton_comes_up(
     assert f"Triton at {url} is live" in daemon.log()
     healthz = daemon.get("/healthz").json()["triton"]
     assert healthz == {"url": url, "live": True, "problem": None}
+
+
+def test_a_triton_url_where_nothing_answers_is_said_within_the_call_timeout(
+    daemons: DaemonFactory, tmp_path: Path
+) -> None:
+    # A server that accepts connections and never answers (a proxy that holds them, a service
+    # that is not Triton): said as such within the call's timeout, not as "reconciling".
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        held: list[socket.socket] = []
+        accepting = threading.Thread(target=_hold, args=(silent, held), daemon=True)
+        accepting.start()
+        url = f"127.0.0.1:{silent.getsockname()[1]}"
+        daemon = daemons(
+            tmp_path / "store",
+            repository=tmp_path / "root" / "repository",
+            wait_ready=False,
+            extra_env={
+                "CONTROLPLANE_TRITON__GRPC_URL": url,
+                "CONTROLPLANE_TRITON__CALL_TIMEOUT_SECONDS": "4",
+            },
+        )
+        says = f"Triton at {url} cannot be reached (triton.grpc_url): "
+        eventually(lambda: says in str(_ready(daemon)), 30, "/readyz saying why", 0.2)
+        problem = daemon.get("/healthz").json()["triton"]["problem"]
+        daemon.stop()
+    for sock in held:
+        sock.close()
+    assert problem.startswith(says)
+    assert "no answer within 4 s (triton.call_timeout_seconds)" in problem or (
+        "no gRPC answer comes" in problem
+    ), problem
+
+
+def _hold(server: socket.socket, held: list[socket.socket]) -> None:
+    """Accept every connection and keep it open, saying nothing, until the server closes."""
+    while True:
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            return
+        held.append(connection)

@@ -10,6 +10,10 @@ answer at all) and what to check. Only the wording is decided here: the driver m
 
 from __future__ import annotations
 
+_SILENT = (
+    "connections are accepted there but no gRPC answer comes (a proxy or a firewall that holds "
+    "them, or a service that is not Triton)"
+)
 # (what gRPC's message contains, the cause in words), most specific first
 _CAUSES = (
     ("Connection refused", "the connection was refused: nothing listens on that port"),
@@ -23,6 +27,9 @@ _CAUSES = (
     ),
     ("No route to host", "there is no route to that address"),
     ("Network is unreachable", "there is no route to that address"),
+    ("before receiving SETTINGS frame", _SILENT),
+    ("handshaker shutdown", _SILENT),
+    ("timed out", "the connection timed out: a firewall drops it, or the address is wrong"),
 )
 CHECK = (
     "check that Triton runs and serves gRPC at that address (tritonserver --grpc-port, 8001 by "
