@@ -299,6 +299,11 @@ class Triton(Protocol):
 
     async def is_live(self) -> bool: ...
 
+    async def liveness(self) -> str | None:
+        """None when Triton answers that it is live; else why not: the address tried, the
+        likely cause and what to check, in words for the user."""
+        ...
+
     async def connection_lost(self) -> None:
         """Wait until a connection to Triton that was up goes down (Triton stopped or
         restarted), without calling Triton; while none is up, connect first."""

@@ -4,7 +4,8 @@ Sources, highest priority first: environment variables (``CONTROLPLANE_`` prefix
 between group and field, e.g. ``CONTROLPLANE_TRITON__GRPC_URL``), then the YAML file given to
 ``controlplane serve --config``, then the defaults below. Every field has a description: it is
 what ``--help`` and ``config/controlplane.yaml`` (``controlplane config --defaults``) show.
-Unknown keys are refused, so a typo is an error rather than a silently ignored setting.
+Unknown keys are refused, so a typo is an error rather than a silently ignored setting, and the
+refusal names the key meant (:mod:`controlplane.setting_names`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
@@ -45,6 +46,7 @@ from controlplane.domain.names import (
 )
 from controlplane.domain.rollout import RolloutPolicy
 from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.setting_names import nearest, suggestion, unknown_env_groups
 
 ENV_PREFIX = "CONTROLPLANE_"
 
@@ -80,6 +82,16 @@ class TritonSettings(_Group):
         "Triton restart included); match Triton's --model-load-thread-count (default 4): more "
         "would only queue inside Triton, where no one sees them wait.",
     )
+
+    @field_validator("grpc_url")
+    @classmethod
+    def _host_port(cls, url: str) -> str:
+        parsed = urlparse(url)
+        if "://" in url and parsed.scheme in ("http", "https", "grpc", "grpcs"):
+            raise ValueError(
+                f"give host:port ({parsed.netloc or 'localhost:8001'}), not a URL: {url!r}"
+            )
+        return url
 
 
 class ReconcileSettings(_Group):
@@ -212,7 +224,16 @@ class ApiSettings(_Group):
     )
     port: int = Field(8080, ge=1, le=65535, description="Port of the REST API.")
     token: SecretStr | None = Field(
-        None, description="Bearer token for every mutating route (constant-time compared)."
+        None,
+        description="The write token: every mutating route needs it as a bearer token "
+        "(constant-time compared, never logged); it also reads.",
+    )
+    read_token: SecretStr | None = Field(
+        None,
+        description="The read token: once set, every read (GET /v1/..., /metrics, /docs, the "
+        "status page) needs it or the write token, as a bearer token or as the password of HTTP "
+        "Basic (any user name); the probes /healthz and /readyz stay open. It cannot write "
+        "(403). Needs api.token. Unset: reads are open.",
     )
     max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond it)."
@@ -488,6 +509,12 @@ class FleetSettings(_Group):
 
 class LogSettings(_Group):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="json: one JSON object per line (for log collectors); text: one short "
+        "line (time, level, message, operation id) for people; auto: text when stderr is a "
+        "terminal, json otherwise.",
+    )
 
 
 class Settings(BaseSettings):
@@ -521,6 +548,21 @@ class Settings(BaseSettings):
             )
         if self.api.token is not None and not self.api.token.get_secret_value().strip():
             raise ValueError("api.token is empty; unset it or give it a value")
+        read = self.api.read_token
+        if read is not None:
+            if not read.get_secret_value().strip():
+                raise ValueError("api.read_token is empty; unset it or give it a value")
+            if self.api.token is None:
+                raise ValueError(
+                    "api.read_token is set but api.token is not: without a write token "
+                    "anyone may write, so a read token would guard nothing. Set "
+                    "CONTROLPLANE_API__TOKEN too, or unset the read token"
+                )
+            if read.get_secret_value() == self.api.token.get_secret_value():
+                raise ValueError(
+                    "api.read_token is the same as api.token: give the read token a value of "
+                    "its own, or it writes as well"
+                )
         return self
 
     @field_validator("models")
@@ -646,12 +688,32 @@ def load_settings(config_file: Path | None = None) -> Settings:
                 sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
             return tuple(sources)
 
+    unknown_groups = _unknown_env_groups(os.environ)
     try:
-        return _WithFile()
+        settings = _WithFile()
     except ValidationError as exc:
-        raise SettingsError(_describe(exc)) from None
+        raise SettingsError(_describe(exc, config_file, unknown_groups)) from None
     except (ValueError, yaml.YAMLError) as exc:  # YAML syntax, not a mapping, and similar
         raise SettingsError(f"cannot read {config_file}: {exc}") from None
+    if unknown_groups:
+        raise SettingsError("\n".join(["invalid settings:", *unknown_groups]))
+    return settings
+
+
+def _unknown_env_groups(environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``CONTROLPLANE_<GROUP>__...`` variable of a group that does not exist
+    (the loader would ignore it), with the group meant when one is near."""
+    lines = []
+    for variable, group in unknown_env_groups(Settings, environ, ENV_PREFIX):
+        meant = nearest(group, Settings.model_fields)
+        line = f"  {variable}: there is no settings group {group!r}"
+        if meant is not None:
+            rest = variable[len(ENV_PREFIX) :].split("__", 1)[1]
+            line += f"; did you mean {meant!r} ({ENV_PREFIX}{meant.upper()}__{rest.upper()})?"
+        else:
+            line += f"; the groups are: {', '.join(name for name, _ in _groups())}, models"
+        lines.append(line)
+    return lines
 
 
 def _require_mapping(config_file: Path) -> None:
@@ -673,11 +735,17 @@ def env_name(*path: str) -> str:
     return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
-def _describe(exc: ValidationError) -> str:
-    lines = ["invalid settings:"]
+def _describe(
+    exc: ValidationError, config_file: Path | None = None, more: Sequence[str] = ()
+) -> str:
+    lines = ["invalid settings:", *more]
+    variables = {name.upper() for name in os.environ}
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and loc:
+            lines.append(_unknown_key(loc, config_file, variables))
+            continue
         group = dict(_groups()).get(loc[0]) if len(loc) == 1 else None
         if error["type"] == "missing" and group is not None:
             # A whole group is missing: name the fields in it that have no default.
@@ -691,6 +759,26 @@ def _describe(exc: ValidationError) -> str:
         else:
             lines.append(f"  {message}")
     return "\n".join(lines)
+
+
+def _unknown_key(loc: Sequence[str], config_file: Path | None, variables: set[str]) -> str:
+    """The line for a key no group has: where it was set, and the key meant when one is near
+    (else every key of its group)."""
+    meant, known = suggestion(Settings, loc)
+    dotted = ".".join(loc)
+    variable = env_name(*loc)
+    if variable in variables:
+        line = f"  {variable}: there is no setting {dotted}"
+        if meant is not None:
+            return line + f"; did you mean {meant!r} ({env_name(*loc[:-1], meant)})?"
+    else:
+        where = f" (in {config_file})" if config_file is not None else ""
+        line = f"  {dotted}{where}: there is no such setting"
+        if meant is not None:
+            return line + f"; did you mean {meant!r}?"
+    if known:
+        return line + f"; {'.'.join(loc[:-1]) or 'the top level'} has: {', '.join(known)}"
+    return line
 
 
 def render_defaults() -> str:

@@ -7,8 +7,8 @@ reconcile and the other background jobs under a supervisor (``/readyz`` answers 
 start-up reconcile is done and while a managed model does not serve), and stops every
 background task on shutdown.
 
-Requests pass three ASGI gates before any route, in this order: the token (401, from the
-headers alone), the media type (415), the body's size (413). Each route names the error codes
+Requests pass three ASGI gates before any route, in this order: the tokens (401 or 403, from
+the headers alone), the media type (415), the body's size (413). Each route names the error codes
 it can answer (``api/answers.py``); the OpenAPI document derives its statuses from them.
 Pages for people live beside the API, out of its document: the status page at ``/``
 (``api/page``) and Swagger UI at ``/docs`` from files that ship with the daemon
@@ -81,6 +81,7 @@ from controlplane.wiring import Container, build
 
 log = logging.getLogger(__name__)
 CLIENT_HEADER = "x-controlplane-client"
+SLOW_ANSWER = 1.0  # a liveness check unanswered this long is said to be waiting for Triton
 DEFAULT_PAGE, MAX_PAGE = 100, 1000  # models per answer of GET /v1/models
 
 
@@ -116,12 +117,19 @@ def fleet_request(c: Container, body: FleetWait) -> None:
 
 
 def _starting(c: Container) -> str:
-    """Why the daemon is not ready yet: start-up reconcile runs, or keeps failing."""
+    """Why the daemon is not ready yet: Triton cannot be reached (or has not answered yet),
+    start-up reconcile runs, or keeps failing."""
     last = c.reconciler.last
+    url = c.settings.triton.grpc_url
     if last is not None and not last.triton_live:
+        problem = last.triton_problem or f"Triton at {url} is not live (triton.grpc_url)"
+        return f"{problem}. Start-up waits for Triton: retry once it can be reached"
+    waited = c.reconciler.waiting_for_triton() or 0.0
+    if last is None and waited >= SLOW_ANSWER:
         return (
-            f"Triton at {c.settings.triton.grpc_url} is not reachable "
-            f"({last.error or 'not live'}); start-up reconcile waits for it (triton.grpc_url)"
+            f"Triton at {url} has not answered for {waited:.0f} s (triton.grpc_url; a call "
+            f"gives up after {c.settings.triton.call_timeout_seconds:g} s, "
+            "triton.call_timeout_seconds); start-up waits for it"
         )
     job = next((s for s in c.supervisor.statuses() if s.name == "reconcile"), None)
     if job is not None and job.last_error is not None:
@@ -156,8 +164,10 @@ def create_app(settings: Settings) -> FastAPI:
             await container.close()
 
     token = settings.api.token.get_secret_value() if settings.api.token else None
+    read_token = settings.api.read_token.get_secret_value() if settings.api.read_token else None
     app = DocumentedAPI(
         bearer=token is not None,
+        reads_guarded=read_token is not None,
         title="controlplane",
         version=__version__,
         description="Safe, fast model updates for NVIDIA Triton Inference Server.",
@@ -170,7 +180,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_docs(app)
     install_page(app)  # the status page at /
     pages = ModelPages()  # each model's JSON, kept while its view is unchanged
-    writes = (*(("unauthorized",) if token else ()), *WRITE_REFUSALS)
+    writes = WRITE_REFUSALS  # the token gate's refusals are documented by DocumentedAPI
 
     def trigger_of(request: Request) -> Trigger:
         return Trigger.CLI if request.headers.get(CLIENT_HEADER) == "cli" else Trigger.API
@@ -228,6 +238,12 @@ def create_app(settings: Settings) -> FastAPI:
             "status": "ok",
             "jobs": [job_json(s) for s in c.supervisor.statuses()],
         }
+        last = c.reconciler.last  # what the reconcile loop last saw of Triton: no call here
+        body["triton"] = {
+            "url": c.settings.triton.grpc_url,
+            "live": None if last is None else last.triton_live,
+            "problem": None if last is None else last.triton_problem,
+        }
         if c.fleet is not None:  # what this member knows of itself, with no store read
             body["fleet"] = {
                 "member": c.fleet.member.name,
@@ -246,13 +262,9 @@ def create_app(settings: Settings) -> FastAPI:
         serves its desired release."""
         if not c.ready.is_set():
             return JSONResponse(error_body("not_ready", _starting(c)), status_code=503)
-        if not await c.triton.is_live():
-            return JSONResponse(
-                error_body(
-                    "triton_unavailable", f"Triton at {c.settings.triton.grpc_url} is not live"
-                ),
-                status_code=503,
-            )
+        problem = await c.triton.liveness()
+        if problem is not None:
+            return JSONResponse(error_body("triton_unavailable", problem), status_code=503)
         try:
             missing = await c.reconciler.not_serving()
         except TransientError as exc:
@@ -518,5 +530,5 @@ def create_app(settings: Settings) -> FastAPI:
     # Added innermost first: the token is checked before the media type, the size after both.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(JsonBodies)
-    app.add_middleware(Authenticate, token=token)
+    app.add_middleware(Authenticate, token=token, read_token=read_token)
     return app

@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 400,
     "invalid_name": 400,
     "unauthorized": 401,
+    "forbidden": 403,
     "not_found": 404,
     "model_not_found": 404,
     "release_not_found": 404,

@@ -41,7 +41,13 @@ class ModelPages:
     def render(self, page: ModelPage) -> bytes:
         overload = encode(overload_json(page.overload))
         models = b",".join(self._model(view, overload) for view in page.models)
-        rest = encode({"next": page.next_after, "as_of": as_of_json(page.as_of)})
+        rest = encode(
+            {
+                "next": page.next_after,
+                "as_of": as_of_json(page.as_of),
+                "store_error": page.store_error,
+            }
+        )
         return b'{"models":[' + models + b"]," + rest[1:]
 
     def _model(self, view: ModelView, overload: bytes) -> bytes:

@@ -1,37 +1,45 @@
 """The OpenAPI document, corrected once when it is built so that it says what the API does.
 
-The routes' ``responses`` come from ``api/answers.py``. Two things FastAPI adds on its own are
-corrected here: its default ``422 Validation Error`` is removed (this API answers validation
-errors with 400 ``invalid_request`` and never sends it), and with ``api.token`` set the
-mutating operations declare the bearer scheme they really need (``api/security.py``).
+The routes' ``responses`` come from ``api/answers.py``. FastAPI's default ``422 Validation
+Error`` is removed (this API answers validation errors with 400 ``invalid_request`` and never
+sends it). What the token gate (``api/security.py``) answers is added here, from the gate's own
+rule (:func:`~controlplane.api.security.access_of`), so no route has to name it and a route
+added later is documented as guarded: with ``api.token`` set, each write declares the bearer
+scheme and its 401 ``unauthorized`` (and, with ``api.read_token`` set, 403 ``forbidden``);
+with ``api.read_token`` set, each read but the probes declares bearer or Basic and its 401.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI
 
-from controlplane.api.security import needs_token
+from controlplane.api.answers import ERROR_CODES_KEY
+from controlplane.api.errors import STATUS_BY_CODE
+from controlplane.api.security import Access, access_of
 
-BEARER = "bearer"
+BEARER, BASIC = "bearer", "basic"
 _FASTAPI_VALIDATION = ("HTTPValidationError", "ValidationError")
+_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
 
 
 class DocumentedAPI(FastAPI):
     """FastAPI whose OpenAPI document says what this API answers (see the module docstring)."""
 
-    def __init__(self, *, bearer: bool, **kwargs: Any) -> None:
+    def __init__(self, *, bearer: bool, reads_guarded: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.bearer = bearer
+        self.reads_guarded = bearer and reads_guarded
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
             document = super().openapi()
             _drop_default_validation_answers(document)
             if self.bearer:
-                _declare_bearer(document)
+                _declare_gate(document, reads_guarded=self.reads_guarded)
         return super().openapi()
 
 
@@ -51,14 +59,44 @@ def _drop_default_validation_answers(document: dict[str, Any]) -> None:
         schemas.pop(name, None)
 
 
-def _declare_bearer(document: dict[str, Any]) -> None:
-    components = document.setdefault("components", {})
-    components.setdefault("securitySchemes", {})[BEARER] = {
+def _declare_gate(document: dict[str, Any], *, reads_guarded: bool) -> None:
+    schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER] = {
         "type": "http",
         "scheme": "bearer",
-        "description": "api.token; every mutating route needs it (but POST /v1/fleet/wake).",
+        "description": "api.token (the write token) on every write but POST /v1/fleet/wake"
+        + ("; api.read_token or api.token on every read but the probes" if reads_guarded else "")
+        + ".",
     }
+    if reads_guarded:
+        schemes[BASIC] = {
+            "type": "http",
+            "scheme": "basic",
+            "description": "Reads only: any user name, api.read_token or api.token as the "
+            "password (for browsers: the status page, /docs).",
+        }
     for path, path_item in document.get("paths", {}).items():
         for method, operation in path_item.items():
-            if needs_token(method, path):
+            access = access_of(method, path)
+            if access is Access.WRITE:
                 operation["security"] = [{BEARER: []}]
+                _refused(operation, ("unauthorized", *(("forbidden",) if reads_guarded else ())))
+            elif access is Access.READ and reads_guarded:
+                operation["security"] = [{BEARER: []}, {BASIC: []}]
+                _refused(operation, ("unauthorized",))
+
+
+def _refused(operation: dict[str, Any], codes: Iterable[str]) -> None:
+    """Document the gate's refusals ``codes`` among the operation's answers."""
+    responses = operation.setdefault("responses", {})
+    for code in codes:
+        status = STATUS_BY_CODE[code]
+        answer = responses.setdefault(
+            str(status),
+            {"description": f"{HTTPStatus(status).phrase}.", ERROR_CODES_KEY: []},
+        )
+        answer.setdefault("content", _ERROR_BODY)
+        named = answer.setdefault(ERROR_CODES_KEY, [])
+        if code not in named:
+            named.insert(0, code)
+            answer["description"] += f" Refused by the token gate: `{code}`."

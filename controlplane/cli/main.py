@@ -93,14 +93,41 @@ def serve(
 @app.command()
 def config(
     defaults: Annotated[bool, typer.Option("--defaults", help="Print every default.")] = False,
+    effective: Annotated[
+        bool,
+        typer.Option(
+            "--effective",
+            help="Print the settings serve would run with (defaults < --config FILE < "
+            "CONTROLPLANE_* variables), secrets masked, each value that is not the default "
+            "with where it came from.",
+        ),
+    ] = False,
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="With --effective: the YAML file serve is given."),
+    ] = None,
 ) -> None:
-    """Print the settings file with every setting, its default and what it does."""
-    from controlplane.settings import render_defaults
+    """Print the settings file with every setting, its default and what it does (--defaults),
+    or the settings in effect (--effective)."""
+    from controlplane.settings import SettingsError, render_defaults
 
-    if not defaults:
-        typer.echo("use --defaults to print the default settings file", err=True)
+    if defaults == effective or (config_file is not None and not effective):
+        typer.echo(
+            "use --defaults to print the default settings file, or --effective [--config "
+            "FILE] to print the settings in effect",
+            err=True,
+        )
         raise typer.Exit(EXIT_USAGE)
-    typer.echo(render_defaults(), nl=False)
+    if defaults:
+        typer.echo(render_defaults(), nl=False)
+        return
+    from controlplane.cli.config_view import render_effective
+
+    try:
+        typer.echo(render_effective(config_file), nl=False)
+    except SettingsError as exc:
+        typer.echo(f"controlplane: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 app.command()(operations.deploy)

@@ -17,7 +17,11 @@ UrlOption = Annotated[
 TokenOption = Annotated[
     str | None,
     typer.Option(
-        "--token", envvar="CONTROLPLANE_TOKEN", help="Bearer token (api.token).", show_default=False
+        "--token",
+        envvar="CONTROLPLANE_TOKEN",
+        help="Bearer token: the write token (api.token), or the read token (api.read_token) "
+        "for commands that only read.",
+        show_default=False,
     ),
 ]
 OutputOption = Annotated[

@@ -37,7 +37,7 @@ def run(config: Path | None) -> int:
     except SettingsError as exc:
         print(f"controlplane: {exc}", file=sys.stderr)
         return 2
-    logs.configure(settings.log.level)
+    logs.configure(settings.log.level, settings.log.format)
     try:
         check_filesystem(settings)
     except ControlPlaneError as exc:
@@ -87,6 +87,7 @@ def _serve(settings: Settings, lock: InstanceLock) -> None:
             "database": str(settings.database_path),
             "api": f"{settings.api.host}:{settings.api.port}",
             "auth": settings.api.token is not None,
+            "read_auth": settings.api.read_token is not None,
             "locks": [str(path) for path in lock.files],
         },
     )

@@ -54,14 +54,21 @@ def status(
 
 def status_lines(data: dict[str, Any], model: str | None) -> list[str]:
     models = [data] if model else data.get("models", [])
+    # Why the store could not be listed, above the models: an empty list is then no news.
+    said = None if model else data.get("store_error")
+    lines = [f"store: {said}"] if said else []
     if not models:
-        return ["no models managed here or in the store"]
-    return [line for view in models for line in model_lines(view)]
+        return [*lines, "no models managed here or in the store"]
+    return lines + [line for view in models for line in model_lines(view, said)]
 
 
 def problems(health: dict[str, Any], model: str | None) -> list[str]:
-    """What is wrong with the daemon itself: a name conflict in the fleet, jobs that are down."""
+    """What is wrong with the daemon itself: Triton cannot be reached (as the reconcile loop
+    last saw it), a name conflict in the fleet, jobs that are down."""
     found = []
+    triton = health.get("triton") or {}
+    if triton.get("problem"):
+        found.append(f"triton: {triton['problem']}")
     conflict = (health.get("fleet") or {}).get("name_conflict")
     if conflict and not model:  # one model's view says it under that model
         found.append(f"fleet: NAME CONFLICT: {conflict}")
@@ -74,7 +81,8 @@ def problems(health: dict[str, Any], model: str | None) -> list[str]:
     return found
 
 
-def model_lines(view: dict[str, Any]) -> list[str]:
+def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
+    """``said``: the store's error as printed already above the models."""
     triton = view.get("triton") or {}
     lines = [
         f"{view['name']}",
@@ -93,6 +101,8 @@ def model_lines(view: dict[str, Any]) -> list[str]:
         r["name"] + ("" if r["complete"] else " (incomplete)") for r in view.get("releases", [])
     )
     lines.append(f"  releases:  {releases or '-'}")
+    if view.get("store_error") and view["store_error"] != said:
+        lines.append(f"  store:     {view['store_error']}")
     last = view.get("last_operation")
     if last:
         outcome = last["status"]

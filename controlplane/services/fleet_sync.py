@@ -182,7 +182,7 @@ class FleetSync:
         while (left := deadline - loop.time()) > 0:
             # asyncio.timeout, not wait_for: see the reconcile loop (Python 3.11 cancellation).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, max(0.0, self._heart.due_at - loop.time()))):
+                async with asyncio.timeout(min(left, max(0.0, self._heart.wake_at - loop.time()))):
                     await self.wake.wait()
             if self.wake.is_set():
                 break

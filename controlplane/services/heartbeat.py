@@ -29,6 +29,7 @@ from controlplane.ports import DesiredStates
 
 log = logging.getLogger(__name__)
 NAME_CHECK_BEATS = 6  # beats between looks at whether another daemon writes under this name
+RETRY_SECONDS = 1.0  # after a write failed: the soonest the sync loop wakes to try again
 
 
 class HeartbeatWriter:
@@ -39,11 +40,20 @@ class HeartbeatWriter:
         self._interval = interval
         self._name_check = NAME_CHECK_BEATS * interval if name_check is None else name_check
         self.due_at = 0.0  # loop time when a heartbeat is due even if nothing changed
+        self._retry_at = 0.0  # loop time before which a failed write is not tried between passes
         self.last_error: str | None = None  # why the last write failed; None: it did not
         self._said: tuple[object, ...] | None = None  # what the last one written said
         self._last_at: datetime | None = None  # the time the last one written carried
         self._check_at = 0.0  # loop time of the next look at who writes under this name
         self.name_conflict: str | None = None  # another daemon writes as this member: who
+
+    @property
+    def wake_at(self) -> float:
+        """Loop time at which the sync loop, between its passes, should wake to write: when
+        the next beat is due, but never sooner than a second after a write failed (a store
+        that refuses every write, a bucket that does not exist, is not asked again and again
+        in a busy loop; the next pass still tries at once)."""
+        return max(self.due_at, self._retry_at)
 
     async def write_if_due(self, beat: MemberBeat) -> None:
         if asyncio.get_running_loop().time() >= self.due_at or _said(beat) != self._said:
@@ -63,7 +73,8 @@ class HeartbeatWriter:
             if self.last_error is None:
                 log.warning("cannot write this member's heartbeat: %s", exc)
             self.last_error = str(exc)
-            return  # not written: due still, so the next look tries again
+            self._retry_at = loop.time() + min(self._interval, RETRY_SECONDS)
+            return  # not written: due still, so the next pass tries again
         self.due_at = loop.time() + self._interval
         self._said = _said(beat)
         self._last_at = beat.at

@@ -63,6 +63,7 @@ from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
+SAY_AGAIN = 60.0  # while Triton is down: the least time between two log lines of a new cause
 INDEX_LOOK = 1.0  # between beats: how often Triton's index is looked at (one gRPC call)
 # A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
 # first retry is soon, because the commonest cause is a world that changed under the pass
@@ -76,6 +77,7 @@ class PassReport:
     """What one pass saw and did."""
 
     triton_live: bool = True
+    triton_problem: str | None = None  # not live: why, with Triton's URL and what to check
     error: str | None = None  # the pass could not run to its end
     assessments: dict[str, Assessment] = field(default_factory=dict)
     repairs: dict[str, str] = field(default_factory=dict)  # model -> operation id
@@ -142,11 +144,33 @@ class Reconciler:
         self._unload_timeout = unload_timeout
         self._telemetry = telemetry
         self.last: PassReport | None = None
+        # since when a liveness check waits for Triton's answer (None: none waits), so that a
+        # start-up that waits for it can say so before the check times out
+        self._probing_since: float | None = None
+        self._said: str | None = None  # Triton's problem as last logged, and when
+        self._said_at = 0.0
         self.wake = asyncio.Event()
         self._started = False
         self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
         self._ready_seen: set[str] = set()  # managed names Triton had READY at the last look
+
+    def _worth_saying(self, problem: str) -> bool:
+        """Whether to log that Triton cannot be reached: when it could be before (or at the
+        first look), and when the cause changed, at most once a minute (gRPC words one
+        cause in several ways, and the check runs ten times a second)."""
+        now = self._clock.monotonic()
+        fresh = self.last is None or self.last.triton_live
+        if fresh or (problem != self._said and now - self._said_at >= SAY_AGAIN):
+            self._said, self._said_at = problem, now
+            return True
+        return False
+
+    def waiting_for_triton(self) -> float | None:
+        """How long the liveness check in flight has waited for Triton's answer (None: none
+        is in flight)."""
+        since = self._probing_since
+        return None if since is None else self._clock.monotonic() - since
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -196,7 +220,7 @@ class Reconciler:
                     report = await self.run_pass(wait=not ready.is_set())
                 except ControlPlaneError as exc:  # Triton or the store failed mid-pass
                     log.warning("reconcile pass failed: %s", exc)
-                    report = PassReport(triton_live=False, error=str(exc))
+                    report = PassReport(triton_live=False, triton_problem=str(exc), error=str(exc))
                     self.last = report
                 if report.triton_live:
                     ready.set()
@@ -262,12 +286,20 @@ class Reconciler:
         (a model that takes a minute to load) must not hold back the next beat, nor the
         repair of another model; a model with a repair in flight is left to it."""
         report = PassReport()
-        if not await self._triton.is_live():
+        self._probing_since = self._clock.monotonic()
+        try:
+            problem = await self._triton.liveness()
+        finally:
+            self._probing_since = None
+        if problem is not None:
             report.triton_live = False
-            if self.last is None or self.last.triton_live:
-                log.error("Triton at %s is not live; waiting for it", _url(self._triton))
+            report.triton_problem = problem
+            if self._worth_saying(problem):
+                log.error("%s (looking again every %g s)", problem, DOWN_POLL)
             self.last = report
             return report
+        if self.last is not None and not self.last.triton_live:
+            log.info("Triton at %s is live", _url(self._triton))
         index = index_by_name(await self._triton.index())
         placed = await asyncio.to_thread(self._staging.placed)
         repairs: list[asyncio.Task[None]] = []

@@ -87,6 +87,7 @@ class ModelPage:
     next_after: str | None  # the name to pass as ``after`` for the next page; None: no more
     overload: OverloadView | None = None  # the overload watcher's verdict, for every model
     as_of: AsOf | None = None
+    store_error: str | None = None  # why the store's models could not be listed (at all)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class StatusService:
             validate_model_name(after)
         seen = await self._recent_index()
         catalog = self._catalog if self._catalog and self._catalog.scanned else None
+        store_error = catalog.error if catalog is not None else None
         records = await self._records()
         if catalog is not None:
             ordered = self._ordered(catalog, records)
@@ -163,6 +165,7 @@ class StatusService:
                 names.update(await asyncio.to_thread(self._store.list_models))
             except ControlPlaneError as exc:
                 log.warning("store unreachable while listing models: %s", exc)
+                store_error = str(exc)
             ordered = sorted(names, key=_order)
         if after is not None:
             ordered = ordered[bisect.bisect_right(ordered, _order(after), key=_order) :]
@@ -177,7 +180,7 @@ class StatusService:
         if catalog is None:
             listings = await asyncio.to_thread(lambda: {n: self._listing(n) for n in page})
             views = await self._views(page, seen.index, records, listings, overload=None)
-            return ModelPage(views, next_after, self._overload(), as_of)
+            return ModelPage(views, next_after, self._overload(), as_of, store_error)
         # Taken before anything is read: a write submitted after it moves it.
         inputs = self._inputs(page, catalog, seen)
         built = self._built
@@ -186,7 +189,7 @@ class StatusService:
             listings = {name: known(name) for name in page}
             views = await self._views(page, seen.index, records, listings, overload=None)
             built = self._built = _Built(inputs, views)
-        return ModelPage(built.views, next_after, self._overload(), as_of)
+        return ModelPage(built.views, next_after, self._overload(), as_of, store_error)
 
     def _inputs(
         self, page: list[str], catalog: StoreCatalog, seen: _SeenIndex
@@ -222,8 +225,10 @@ class StatusService:
             [model], index, records, {model: listing}, overload=self._overload()
         )
         if view.active_release is None and not view.slots and not view.releases:
+            unread = f"; and the store cannot be read: {listing.error}" if listing.error else ""
             raise ModelNotFound(
-                f"model {model!r} is neither managed here nor in the store {self._store.uri}"
+                f"model {model!r} is neither managed here nor in the store "
+                f"{self._store.uri}{unread}"
             )
         return view
 

@@ -106,12 +106,22 @@ class ReleaseWatcher:
         self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
 
     async def run(self) -> None:
-        """Scan forever, every interval or when woken; cancelled on shutdown."""
+        """Scan forever, every interval or when woken; cancelled on shutdown. A scan that fails
+        is logged when its error is new (not on every beat), and the recovery once."""
+        failing: str | None = None
         while True:
             try:
                 await self.scan()
             except ControlPlaneError as exc:
-                log.warning("store scan failed: %s", exc)
+                if str(exc) != failing:
+                    log.warning(
+                        "store scan failed: %s; looking again every %g s", exc, self._interval
+                    )
+                failing = str(exc)
+            else:
+                if failing is not None:
+                    log.info("the store %s can be listed again", self._store.uri)
+                failing = None
             with contextlib.suppress(TimeoutError):  # not wait_for: see Reconciler
                 async with asyncio.timeout(self._interval):
                     await self.wake.wait()

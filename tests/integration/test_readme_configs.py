@@ -84,7 +84,8 @@ def test_a_typo_in_a_settings_block_is_refused(
     key = path[-1]
     typo = block.text.replace(f"{key}:", f"{key[:-1]}:", 1)  # one letter short
 
-    with pytest.raises(SettingsError, match=rf"{key[:-1]}.*Extra inputs are not permitted"):
+    meant = rf"{key[:-1]} \(in .*\): there is no such setting; did you mean '{key}'\?"
+    with pytest.raises(SettingsError, match=meant):
         load_block(typo, tmp_path, monkeypatch)
 
 

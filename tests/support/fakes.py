@@ -195,8 +195,11 @@ class FakeTriton:
     # --- the Triton protocol --------------------------------------------------------------
 
     async def is_live(self) -> bool:
-        self.calls.append(("is_live", ""))
-        return self.live
+        return await self.liveness() is None
+
+    async def liveness(self) -> str | None:
+        self.calls.append(("is_live", ""))  # one liveness check, whichever method asked
+        return None if self.live else "Triton at fake:8001 cannot be reached (the fake is down)"
 
     @property
     def watched(self) -> bool:

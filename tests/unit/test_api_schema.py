@@ -112,11 +112,16 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
 }
 
 
-def _document(tmp_path: Path, token: str | None) -> dict[str, Any]:
+PROBES = ("/healthz", "/readyz")
+TOKENS = [(None, None), ("t0ken", None), ("t0ken", "r3ad")]
+TOKEN_IDS = ["no-token", "token", "read-token"]
+
+
+def _document(tmp_path: Path, token: str | None, read_token: str | None = None) -> dict[str, Any]:
     settings = Settings(
         repository={"path": tmp_path / "repository"},
         store={"uri": (tmp_path / "store").as_uri()},
-        api={"token": token},
+        api={"token": token, "read_token": read_token},
     )
     document: dict[str, Any] = create_app(settings).openapi()
     return document
@@ -148,15 +153,26 @@ def test_every_error_code_of_the_domain_has_a_status() -> None:
     assert missing == [], f"codes with no HTTP status in api/errors.py: {missing}"
 
 
-@pytest.mark.parametrize("token", [None, "t0ken"], ids=["no-token", "token"])
+def _gate_codes(route: tuple[str, str], token: str | None, read_token: str | None) -> set[str]:
+    """What the token gate answers on ``route`` besides the route's own codes."""
+    method, path = route
+    if token is None:
+        return set()
+    if method == "post" and path != "/v1/fleet/wake":
+        return {"unauthorized", *({"forbidden"} if read_token else set())}
+    if method == "get" and path not in PROBES and read_token is not None:
+        return {"unauthorized"}
+    return set()
+
+
+@pytest.mark.parametrize(("token", "read_token"), TOKENS, ids=TOKEN_IDS)
 def test_each_route_documents_exactly_the_statuses_its_codes_are_answered_with(
-    tmp_path: Path, token: str | None
+    tmp_path: Path, token: str | None, read_token: str | None
 ) -> None:
-    operations = _operations(_document(tmp_path, token))
+    operations = _operations(_document(tmp_path, token, read_token))
     assert set(operations) == set(ROUTES)
     for route, (successes, codes) in ROUTES.items():
-        if token is not None and route[0] == "post" and route[1] != "/v1/fleet/wake":
-            codes = {*codes, "unauthorized"}
+        codes = {*codes, *_gate_codes(route, token, read_token)}
         expected: dict[str, set[str]] = {}
         for code in codes:
             expected.setdefault(str(STATUS_BY_CODE[code]), set()).add(code)
@@ -196,17 +212,24 @@ def test_fastapis_default_422_is_not_documented(tmp_path: Path) -> None:
     assert "Validation Error" not in str(document)
 
 
-@pytest.mark.parametrize("token", [None, "t0ken"], ids=["no-token", "token"])
-def test_mutating_routes_declare_the_bearer_token_only_when_one_is_set(
-    tmp_path: Path, token: str | None
+@pytest.mark.parametrize(("token", "read_token"), TOKENS, ids=TOKEN_IDS)
+def test_routes_declare_the_token_they_need_only_when_one_is_set(
+    tmp_path: Path, token: str | None, read_token: str | None
 ) -> None:
-    document = _document(tmp_path, token)
+    document = _document(tmp_path, token, read_token)
     for (method, path), operation in _operations(document).items():
         # The wake changes nothing: another member asks this one to read the store now.
-        needs = token is not None and method == "post" and path != "/v1/fleet/wake"
-        assert ("security" in operation) == needs
+        writes = token is not None and method == "post" and path != "/v1/fleet/wake"
+        reads = read_token is not None and method == "get" and path not in PROBES
+        if writes:
+            assert operation["security"] == [{"bearer": []}], (method, path)
+        elif reads:
+            assert operation["security"] == [{"bearer": []}, {"basic": []}], (method, path)
+        else:
+            assert "security" not in operation, (method, path)
     schemes = document.get("components", {}).get("securitySchemes", {})
-    assert (schemes == {}) == (token is None)
+    expected = {"bearer", "basic"} if read_token else {"bearer"} if token else set()
+    assert set(schemes) == expected
 
 
 NAME_ALPHABET = st.sampled_from("aZ09._-/ é_")

@@ -23,6 +23,7 @@ from controlplane.domain.errors import (
     ModelNotFound,
     ReleaseChanged,
     ReleaseNotFound,
+    StoreUnavailable,
     UnsafeRelease,
 )
 from controlplane.domain.releases import ReleaseInfo
@@ -80,8 +81,20 @@ def store_root(tmp_path: Path) -> Path:
     return root
 
 
-def test_an_absent_root_has_no_models(tmp_path: Path) -> None:
-    assert LocalStore(tmp_path / "nowhere").list_models() == []
+def test_an_absent_root_is_said_to_be_absent_not_empty(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "nowhere")
+    says = (
+        f"the store {(tmp_path / 'nowhere').as_uri()} does not exist (store.uri): create it or "
+        "fix the setting"
+    )
+    for call in (
+        store.list_models,
+        lambda: store.list_releases("m"),
+        lambda: store.describe("m", "r1"),
+    ):
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        assert says in caught.value.message
 
 
 def test_uri_is_a_file_uri(store_root: Path) -> None:

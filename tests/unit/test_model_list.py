@@ -191,6 +191,7 @@ def test_each_model_s_json_is_that_of_the_view_built_for_the_call(tmp_path: Path
                     ],
                     "next": candidate.next_after,
                     "as_of": as_of_json(candidate.as_of),
+                    "store_error": candidate.store_error,
                 }
 
             assert first == expected(page)

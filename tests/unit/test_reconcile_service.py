@@ -36,6 +36,7 @@ from controlplane.services.reconcile import PassReport, Reconciler
 from controlplane.services.supervisor import Supervisor
 from tests.support.fakes import (
     START,
+    FakeClock,
     FakeTriton,
     LoadBlocks,
     LoadFails,
@@ -590,6 +591,65 @@ def test_the_loop_is_not_ready_while_triton_is_down_and_repairs_once_it_is_back(
                     await loop
 
     asyncio.run(scenario())
+
+
+class SlowToAnswer(FakeTriton):
+    """A Triton whose liveness check hangs until :attr:`answer` is set (a host that holds the
+    connection), then says it is down, in words that alternate once :attr:`wavering` is set
+    (as gRPC words one cause in several ways)."""
+
+    WORDS = (
+        "Triton at fake:8001 cannot be reached (no answer)",
+        "Triton at fake:8001 cannot be reached (other words)",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+        self.wavering = False
+        self.problem = self.WORDS[0]
+
+    async def liveness(self) -> str | None:
+        self.calls.append(("is_live", ""))
+        await self.answer.wait()
+        if self.wavering:
+            self.problem = self.WORDS[1] if self.problem == self.WORDS[0] else self.WORDS[0]
+        return self.problem
+
+
+def test_while_triton_is_down_the_loop_says_how_long_a_check_waits_and_logs_the_cause_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> None:
+        triton, clock = SlowToAnswer(), FakeClock()
+        async with deploy_service(tmp_path, triton, clock) as (service, parts):
+            reconciler = make_reconciler(service, parts)
+            assert reconciler.waiting_for_triton() is None
+            loop = asyncio.create_task(reconciler.run(0.01, asyncio.Event()))
+            try:
+                await until(lambda: reconciler.waiting_for_triton() is not None, "a check")
+                clock.advance(3.0)
+                assert reconciler.waiting_for_triton() == 3.0
+                triton.answer.set()  # from now on every check answers at once: down
+                await until(lambda: triton.called("is_live", "") >= 5, "checks again and again")
+                triton.wavering = True
+                await until(lambda: triton.called("is_live", "") >= 10, "checks in new words")
+                clock.advance(61.0)  # new words are said again, at most once a minute
+                await until(lambda: triton.called("is_live", "") >= 15, "checks after a minute")
+            finally:
+                loop.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await loop
+            assert reconciler.last is not None
+            assert reconciler.last.triton_problem in SlowToAnswer.WORDS
+
+    with caplog.at_level(logging.ERROR, logger="controlplane.services.reconcile"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert said == [
+        "Triton at fake:8001 cannot be reached (no answer) (looking again every 0.1 s)",
+        "Triton at fake:8001 cannot be reached (other words) (looking again every 0.1 s)",
+    ]
 
 
 def test_a_failing_pass_does_not_stop_the_loop(tmp_path: Path) -> None:

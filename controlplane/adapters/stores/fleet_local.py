@@ -39,6 +39,7 @@ from controlplane.adapters.stores.fleet_records import (
     named_as,
     require_named,
 )
+from controlplane.adapters.stores.local import missing_store
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
@@ -162,11 +163,7 @@ class LocalDesiredStates:
         nowhere) is an unreachable store, never an empty fleet, and nothing is created in its
         place (it would be written onto the disk under the mount point)."""
         if not self._root.is_dir():
-            raise StoreUnavailable(
-                f"the store {self._root} does not exist or is not a directory (a share not "
-                "mounted?); serving what this member has until it is back",
-                details={"path": str(self._root)},
-            )
+            raise missing_store(self._root)
 
     @contextlib.contextmanager
     def _locked(self, model: str) -> Iterator[None]:

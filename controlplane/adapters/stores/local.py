@@ -41,6 +41,7 @@ from controlplane.domain.errors import (
     ModelNotFound,
     ReleaseChanged,
     ReleaseNotFound,
+    StoreUnavailable,
     UnsafeRelease,
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
@@ -75,7 +76,7 @@ class LocalStore:
             with os.scandir(self._root) as entries:
                 found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
         except (FileNotFoundError, NotADirectoryError):
-            return []
+            raise self._missing() from None
         names = []
         for name in found:
             try:
@@ -98,6 +99,7 @@ class LocalStore:
                 found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
         except (FileNotFoundError, NotADirectoryError):
             self._markers.keep_only(model, ())
+            self._require_root()
             raise ModelNotFound(f"model {model!r} is not in the store {self.uri}") from None
         keyed = []
         for name in found:
@@ -111,6 +113,7 @@ class LocalStore:
     def describe(self, model: str, release: str) -> ReleaseInfo:
         path = self._release_dir(model, release)
         if not path.is_dir() or path.is_symlink():
+            self._require_root()
             raise ReleaseNotFound(
                 f"release {release!r} of model {model!r} is not in the store {self.uri}"
             )
@@ -195,14 +198,35 @@ class LocalStore:
                 "publish plain directories"
             )
         if not source.is_dir():
+            self._require_root()
             raise ReleaseNotFound(f"release {release!r} of model {model!r} is gone from the store")
         return source
+
+    def _require_root(self) -> None:
+        """A release or model that is not found because the store itself is not there says
+        so: a typo in store.uri, or a share not mounted, is not an empty store."""
+        if not self._root.is_dir():
+            raise self._missing()
+
+    def _missing(self) -> StoreUnavailable:
+        return missing_store(self._root)
 
     def _model_dir(self, model: str) -> Path:
         return self._root / validate_model_name(model)
 
     def _release_dir(self, model: str, release: str) -> Path:
         return self._model_dir(model) / validate_release_name(release)
+
+
+def missing_store(root: Path) -> StoreUnavailable:
+    """A store dir that is not there: a typo in store.uri, or a share not mounted (yet), is
+    neither an empty store nor a model that is not in it. Transient: a share can come back."""
+    what = "is not a directory" if root.exists() else "does not exist"
+    return StoreUnavailable(
+        f"the store {root.as_uri()} {what} (store.uri): create it or fix the setting (or "
+        "mount the share it is on)",
+        details={"path": str(root)},
+    )
 
 
 @functools.lru_cache(maxsize=16384)

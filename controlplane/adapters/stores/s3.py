@@ -117,9 +117,11 @@ _LIBRARY = (
 )
 
 
-def _translate(exc: Exception, what: str, *, bucket: str, changed: str | None) -> ControlPlaneError:
+def _translate(
+    exc: Exception, what: str, *, bucket: str, changed: str | None, endpoint: str | None = None
+) -> ControlPlaneError:
     """The project's error for a library error about ``what``; ``changed`` names the release
-    being fetched, when there is one."""
+    being fetched, when there is one; ``endpoint`` is the S3 API's address."""
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -127,7 +129,9 @@ def _translate(exc: Exception, what: str, *, bucket: str, changed: str | None) -
         detail = f"{code or 'HTTP ' + str(status)}: {error.get('Message', '') or exc}"
         if code == "NoSuchBucket":
             return StoreError(
-                f"bucket {bucket!r} does not exist; create it or fix the store URI",
+                f"bucket {bucket!r} does not exist at {endpoint or 'S3'} (store.uri): create "
+                "it or fix the setting (and the endpoint, AWS_ENDPOINT_URL_S3, for an S3 "
+                "API other than AWS's)",
                 details={"bucket": bucket},
             )
         if changed is not None and (
@@ -213,6 +217,7 @@ class S3Store:
             )
             client = boto3.session.Session().client("s3", config=config)
         self._client = client
+        self._endpoint: str | None = getattr(getattr(client, "meta", None), "endpoint_url", None)
 
     @property
     def uri(self) -> str:
@@ -400,7 +405,7 @@ class S3Store:
 
     def _call(self, fn: Callable[[], Any], key: str, retrier: Retrier | None = None) -> Any:
         def once() -> Any:
-            with _mapped(self._bucket, key):
+            with _mapped(self._bucket, key, endpoint=self._endpoint):
                 return fn()
 
         try:
@@ -431,12 +436,16 @@ class S3Store:
 
 
 @contextmanager
-def _mapped(bucket: str, key: str, *, changed: str | None = None) -> Iterator[None]:
+def _mapped(
+    bucket: str, key: str, *, changed: str | None = None, endpoint: str | None = None
+) -> Iterator[None]:
     """Translate the library errors raised inside the block into the project's."""
     try:
         yield
     except _LIBRARY as exc:
-        raise _translate(exc, f"s3://{bucket}/{key}", bucket=bucket, changed=changed) from exc
+        raise _translate(
+            exc, f"s3://{bucket}/{key}", bucket=bucket, changed=changed, endpoint=endpoint
+        ) from exc
 
 
 class _Reader:

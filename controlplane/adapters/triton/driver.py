@@ -40,6 +40,7 @@ from controlplane.adapters.triton.preflight import (
     generated_inputs,
     sample_inputs,
 )
+from controlplane.adapters.triton.reachability import not_live, unreachable
 from controlplane.domain.errors import (
     ControlPlaneError,
     PreflightFailed,
@@ -95,10 +96,17 @@ class TritonDriver:
         return self._url
 
     async def is_live(self) -> bool:
+        return await self.liveness() is None
+
+    async def liveness(self) -> str | None:
+        """None when Triton answers that it is live; else why not, with the URL and what to
+        check (:mod:`.reachability`)."""
         try:
-            return bool(await self._client.is_server_live(client_timeout=self._call_timeout))
-        except InferenceServerException:
-            return False
+            live = await self._client.is_server_live(client_timeout=self._call_timeout)
+        except InferenceServerException as exc:
+            status, message = str(exc.status() or ""), str(exc.message() or exc)
+            return unreachable(self._url, status, message, timeout=self._call_timeout)
+        return None if live else not_live(self._url)
 
     async def connection_lost(self) -> None:
         """Return once a connection to Triton that was up goes down: Triton stopped or
