@@ -3,7 +3,7 @@ clock, and the fleet's records (another member's write landing in the middle of 
 
 Everything else a use case touches (the local store, staging, the config editor, SQLite) is
 fast enough to use for real on ``tmp_path``, so :func:`make_deploy_service` wires the real
-adapters exactly as ``controlplane/wiring.py`` does and swaps in only :class:`FakeTriton` and
+adapters exactly as ``controlplane.wiring`` does and swaps in only :class:`FakeTriton` and
 :class:`FakeClock`. Fakes implement the Protocols in ``controlplane.ports`` and are injected
 through constructors; nothing is patched.
 

@@ -1,21 +1,21 @@
-"""The one place where concrete adapters are built from settings and handed to services."""
+"""The object graph: every adapter built once from the settings and handed to the services.
+
+:func:`build` must run inside the event loop that will serve requests. Pieces that need each
+other both ways are bound late: the rollback asks the fleet sync, built after it from the deploy
+service, for a model's previous release.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.fleet_peers import HttpPeers
 from controlplane.adapters.host import HostAndGpuMemory
-from controlplane.adapters.instance_lock import InstanceLock, places
 from controlplane.adapters.persistence import SqliteRepos
-from controlplane.adapters.staging.fs import StagingArea
-from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
@@ -24,12 +24,11 @@ from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
-from controlplane.ports import DesiredStates, ModelRecord, ModelStore, Telemetry, UtilizationSource
+from controlplane.ports import ModelRecord, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.catalog import StoreCatalog
 from controlplane.services.coordination import TaskOwner
-from controlplane.services.deploy import DeployService
 from controlplane.services.figures import FigureReader, FleetSources
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_ledger import FleetLedger, Member
@@ -38,105 +37,14 @@ from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
-from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
-from controlplane.services.runner import OperationRunner
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
-
-
-@dataclass
-class Container:
-    """Everything the API needs, built once; ``close`` releases it."""
-
-    settings: Settings
-    deploy: DeployService
-    status: StatusService
-    reconciler: Reconciler
-    runner: OperationRunner
-    tasks: TaskOwner
-    triton: TritonDriver
-    repos: SqliteRepos
-    ready: asyncio.Event
-    watcher: ReleaseWatcher
-    store: ModelStore
-    rollback: AutoRollback
-    alerts: AlertReceiver
-    overload: OverloadWatcher | None
-    memory: MemoryWatch
-    telemetry: PrometheusTelemetry
-    supervisor: Supervisor
-    readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
-    overview: OverviewService  # the status page's data
-    figures: FigureReader  # what /metrics shows of the present
-    fleet: FleetSync | None = None  # None: fleet.enabled is false
-    fleet_view: FleetService | None = None
-
-    async def close(self) -> None:
-        await self.runner.close()
-        await self.tasks.close()
-        await self.triton.close()
-        for reader in self.readers:
-            await reader.close()
-        self.store.close()
-        self.repos.close()
-
-
-def check_filesystem(settings: Settings) -> StagingArea:
-    """Start-up check: refuse to run where placement could not be atomic."""
-    staging = StagingArea(
-        settings.repository.path,
-        settings.staging_path,
-        cache_max_bytes=settings.staging.cache_max_bytes,
-        refuse_python_syntax_errors=settings.staging.refuse_python_syntax_errors,
-    )
-    staging.check()
-    return staging
-
-
-def claim_state(settings: Settings) -> InstanceLock:
-    """Lock the repository, staging dir and database for this daemon alone, before anything
-    reads or writes them; raises ``InstanceLockError`` naming the daemon that holds them."""
-    host = settings.api.host
-    address = f"[{host}]" if ":" in host else host
-    return InstanceLock.acquire(
-        places(
-            repository=settings.repository.path,
-            staging=settings.staging_path,
-            database=settings.database_path,
-        ),
-        api=f"http://{address}:{settings.api.port}",
-    )
-
-
-def build_store(settings: Settings, telemetry: Telemetry | None = None) -> ModelStore:
-    """The store the settings name; ``telemetry`` hears about its retries."""
-    store = settings.store
-    if store.scheme == "s3":
-        from controlplane.adapters.stores.s3 import S3Store  # boto3 only when S3 is used
-
-        return S3Store(
-            store.uri,
-            max_concurrency=store.max_concurrency,
-            multipart_threshold=store.multipart_threshold_bytes,
-            part_size=store.part_size_bytes,
-            retry_seconds=store.retry_seconds,
-            telemetry=telemetry,
-        )
-    return LocalStore(store.local_path, telemetry=telemetry)
-
-
-def build_records(settings: Settings, store: ModelStore) -> DesiredStates:
-    """Where the fleet's desired state and heartbeats live: beside the releases."""
-    if settings.store.scheme == "s3":
-        from controlplane.adapters.stores.s3 import S3Store
-        from controlplane.adapters.stores.s3_fleet import S3DesiredStates
-
-        assert isinstance(store, S3Store)
-        return S3DesiredStates(store)
-    return LocalDesiredStates(settings.store.local_path)
+from controlplane.wiring.container import Container
+from controlplane.wiring.sources import build_records, build_store, build_utilization_source
+from controlplane.wiring.startup import check_filesystem
 
 
 def build(settings: Settings) -> Container:
@@ -411,18 +319,3 @@ def overload_verdict(overload: OverloadWatcher | None) -> str | None:
     if view.last_value is None and "no GPU" in view.note:
         return "no_gpu"
     return view.evaluation.verdict.value
-
-
-def build_utilization_source(
-    settings: Settings, metrics_at: Callable[[str | None], TritonMetrics]
-) -> UtilizationSource | None:
-    """The overload watcher's source of GPU utilisation; None when it is off."""
-    rollback = settings.rollback
-    if rollback.source == "triton":
-        return metrics_at(rollback.metrics_url)
-    if rollback.source == "prometheus":
-        from controlplane.adapters.prometheus import PrometheusQuery
-
-        assert rollback.prometheus_url is not None  # checked by the settings
-        return PrometheusQuery(rollback.prometheus_url, rollback.query)
-    return None

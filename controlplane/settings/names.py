@@ -1,5 +1,8 @@
 """The names a setting can have, and the known name nearest to one that is not one.
 
+A setting is ``group.field`` in the YAML file and ``CONTROLPLANE_GROUP__FIELD`` in the
+environment (:data:`ENV_PREFIX`, then ``__`` between the parts: :func:`env_name`).
+
 Settings refuse unknown keys, so a typo stops the daemon instead of being ignored; this module
 makes the refusal say what was meant (``did you mean 'poll_interval_seconds'?``), for a key of
 the YAML file and for a ``CONTROLPLANE_*`` variable alike. It walks the settings' own pydantic
@@ -22,7 +25,13 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
+ENV_PREFIX = "CONTROLPLANE_"
 CUTOFF = 0.6  # difflib's ratio above which a known name is offered as the one meant
+
+
+def env_name(*path: str) -> str:
+    """The environment variable of a setting: ``CONTROLPLANE_TRITON__GRPC_URL``."""
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
 def group_at(root: type[BaseModel], path: Sequence[str]) -> type[BaseModel] | None:

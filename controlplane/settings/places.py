@@ -1,0 +1,130 @@
+"""Where things live: Triton's model repository, staging, the store, the database.
+
+The repository and staging must share a filesystem (placement is one ``rename(2)``); that is
+checked at start-up by the staging adapter, not here, since it needs the directories. Here the
+store's URI is checked for its form (``file:///absolute/path`` or ``s3://bucket/prefix``), so a
+wrong one is refused before anything starts. The defaults of the staging dir and the database
+sit beside the repository; :class:`~controlplane.settings.root.Settings` derives them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pydantic import Field, field_validator
+
+from controlplane.settings.group import Group
+
+
+class RepositorySettings(Group):
+    path: Path = Field(
+        description="Triton's --model-repository; the daemon places model dirs here.",
+    )
+
+
+class StagingSettings(Group):
+    path: Path | None = Field(
+        None,
+        description="Temp dirs for downloads; must share the repository's filesystem. "
+        "Default: 'staging' beside the repository.",
+    )
+    cache_max_bytes: int = Field(
+        10 * 1024**3,
+        ge=0,
+        description="Bound of the content cache of verified files (staging/cas); files no "
+        "placed release uses are evicted beyond it. 0 disables the cache.",
+    )
+    refuse_python_syntax_errors: bool = Field(
+        True,
+        description="Refuse a release whose Python sources do not compile (invalid_release, "
+        "naming the file and line) before anything is placed. They are compiled with the "
+        "daemon's Python: set false if Triton's Python backend runs a newer Python whose "
+        "syntax the daemon's does not know (a warning is logged instead).",
+    )
+
+
+class StoreSettings(Group):
+    uri: str = Field(
+        description="Where releases come from: file:///abs/path or s3://bucket/prefix, with "
+        "<model>/<release>/ below it. S3 uses the standard AWS chain (AWS_ENDPOINT_URL_S3, ...).",
+    )
+    require_checksums: bool = Field(
+        True, description="Refuse releases without SHA256SUMS (the publisher's commit marker)."
+    )
+    poll_interval_seconds: float = Field(
+        10.0, gt=0, description="How often the watcher lists the store for new releases."
+    )
+    full_scan_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Local store: how often the watcher lists every model even though "
+        "filesystem events name the ones that changed (between these, a beat lists only those). "
+        "The safety net for events the kernel drops (an inotify queue overflow): a release "
+        "whose event was missed is seen at the next full scan at the latest, never lost. Where "
+        "events cannot be trusted (a network or FUSE filesystem such as NFS, EFS or SMB, where "
+        "a release published from another host raises no event; inotify unavailable) and for "
+        "S3, every beat is a full scan.",
+    )
+    max_concurrency: int = Field(
+        8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
+    )
+    multipart_threshold_bytes: int = Field(
+        64 * 1024**2,
+        ge=0,
+        description="S3 objects at least this large are fetched in ranged parts, in parallel.",
+    )
+    part_size_bytes: int = Field(
+        16 * 1024**2, ge=64 * 1024, description="Size of each ranged part of a large S3 object."
+    )
+    retry_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="How long one S3 request may keep failing transiently (SlowDown, 5xx, "
+        "dropped connections, bytes corrupted on the way) before the deploy fails with "
+        "store_unavailable; retries back off exponentially with jitter, at most 5 s apart. "
+        "120 s outlasts a SlowDown storm or a MinIO pod restart, so a short outage delays a "
+        "deploy instead of failing it; a store that is really down is reported that much "
+        "later. Scans for new releases retry for at most 5 s (they run again anyway).",
+    )
+    max_release_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Largest release (the sum of the sizes the store lists) a deploy accepts; "
+        "a larger one is refused with release_too_large before anything is fetched. Default "
+        "none: models range from kilobytes to hundreds of gigabytes, so no bound fits all, "
+        "and free space in staging is checked before every fetch anyway; set it to catch a "
+        "publisher's mistake before it costs a download.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, uri: str) -> str:
+        parsed = urlparse(uri)
+        if parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+                raise ValueError(f"use file:///absolute/path, not {uri!r}")
+        elif parsed.scheme == "s3":
+            if not parsed.netloc:
+                raise ValueError(f"name the bucket: s3://bucket/prefix, not {uri!r}")
+        else:
+            raise ValueError(
+                f"unsupported store URI {uri!r}; use file:///absolute/path or s3://bucket/prefix"
+            )
+        return uri
+
+    @property
+    def scheme(self) -> str:
+        return urlparse(self.uri).scheme
+
+    @property
+    def local_path(self) -> Path:
+        return Path(urlparse(self.uri).path)
+
+
+class DatabaseSettings(Group):
+    path: Path | None = Field(
+        None,
+        description="SQLite file with releases, desired state and operations. "
+        "Default: 'controlplane.db' beside the repository.",
+    )

@@ -1,0 +1,169 @@
+"""The whole settings tree, and the rules and values that span its groups.
+
+:class:`Settings` puts each group under its key (``triton``, ``store``, ...), in the order
+``config/controlplane.yaml`` and ``--help`` show them, with ``model_defaults`` and the
+per-model ``models`` last. Rules that need two fields are checked here, once every group is
+valid: a token whenever the API binds beyond loopback, a read token only beside a write token
+and different from it, model names the domain allows. Values derived from several groups
+(staging and the database beside the repository, this member's name and address, a model's
+traffic and rollout policy) are properties, so the rest of the daemon reads them one way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controlplane.domain.errors import InvalidName
+from controlplane.domain.names import validate_member_name, validate_model_name
+from controlplane.domain.rollout import RolloutPolicy
+from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.settings.api import ApiSettings
+from controlplane.settings.fleet import FleetSettings
+from controlplane.settings.log import LogSettings
+from controlplane.settings.memory import MemorySettings
+from controlplane.settings.names import ENV_PREFIX
+from controlplane.settings.places import (
+    DatabaseSettings,
+    RepositorySettings,
+    StagingSettings,
+    StoreSettings,
+)
+from controlplane.settings.policy import ModelPolicy
+from controlplane.settings.rollback import RollbackSettings
+from controlplane.settings.triton import ReconcileSettings, TritonSettings
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    repository: RepositorySettings
+    staging: StagingSettings = Field(default_factory=StagingSettings)
+    store: StoreSettings
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    rollback: RollbackSettings = Field(default_factory=RollbackSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
+    models: dict[str, ModelPolicy] = Field(
+        default_factory=dict,
+        description="Per-model policy, by model name; models not named get model_defaults.",
+    )
+
+    @model_validator(mode="after")
+    def _loopback_without_token(self) -> Settings:
+        if self.api.token is None and not _is_loopback(self.api.host):
+            raise ValueError(
+                f"api.host is {self.api.host!r} but api.token is not set: without a token the "
+                "API binds only to loopback (127.0.0.1, ::1). Set CONTROLPLANE_API__TOKEN"
+            )
+        if self.api.token is not None and not self.api.token.get_secret_value().strip():
+            raise ValueError("api.token is empty; unset it or give it a value")
+        read = self.api.read_token
+        if read is not None:
+            if not read.get_secret_value().strip():
+                raise ValueError("api.read_token is empty; unset it or give it a value")
+            if self.api.token is None:
+                raise ValueError(
+                    "api.read_token is set but api.token is not: without a write token "
+                    "anyone may write, so a read token would guard nothing. Set "
+                    "CONTROLPLANE_API__TOKEN too, or unset the read token"
+                )
+            if read.get_secret_value() == self.api.token.get_secret_value():
+                raise ValueError(
+                    "api.read_token is the same as api.token: give the read token a value of "
+                    "its own, or it writes as well"
+                )
+        return self
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, ModelPolicy]) -> dict[str, ModelPolicy]:
+        for name in models:
+            try:
+                validate_model_name(name)
+            except InvalidName as exc:
+                raise ValueError(exc.message) from None
+        return models
+
+    def policy(self, model: str) -> ModelPolicy:
+        return self.models.get(model, self.model_defaults)
+
+    def traffic(self, model: str) -> TrafficPolicy:
+        policy = self.policy(model)
+        return TrafficPolicy(
+            strategy=Strategy(policy.strategy),
+            retire_after=policy.retire_after_seconds,
+            drain_timeout=policy.drain_timeout_seconds,
+            blue_suffix=policy.slot_suffixes[0],
+            green_suffix=policy.slot_suffixes[1],
+            keep_warm=policy.keep_fallback_warm,
+        )
+
+    def rollout(self, model: str) -> RolloutPolicy:
+        rollout = self.policy(model).rollout
+        return RolloutPolicy(rollout.canary_members, rollout.bake_seconds)
+
+    @property
+    def member_name(self) -> str:
+        return self.fleet.member or _host_name()
+
+    @property
+    def fleet_url(self) -> str | None:
+        """Where other members wake this one: ``fleet.advertise_url``, or the API's address
+        when it binds one (not a wildcard)."""
+        if self.fleet.advertise_url is not None:
+            return self.fleet.advertise_url
+        host = self.api.host
+        try:
+            if ipaddress.ip_address(host).is_unspecified:
+                return None
+        except ValueError:
+            pass  # a name
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.api.port}"
+
+    @property
+    def staging_path(self) -> Path:
+        return self.staging.path or self.repository.path.parent / "staging"
+
+    @property
+    def database_path(self) -> Path:
+        return self.database.path or self.repository.path.parent / "controlplane.db"
+
+
+def _host_name() -> str:
+    """The host name as a member name (a pod's name in Kubernetes)."""
+    name = socket.gethostname().split(".")[0] or "member"
+    try:
+        return validate_member_name(name)
+    except InvalidName:
+        return "member"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def groups() -> list[tuple[str, type[BaseModel]]]:
+    """The settings groups (``triton``, ``store``, ...), in declaration order."""
+    return [
+        (name, field.annotation)
+        for name, field in Settings.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    ]
