@@ -4,9 +4,9 @@
 #   1. hadolint on the Dockerfile;
 #   2. base/prometheusrule.yaml and the Helm chart's files/prometheus-rules.yml are what
 #      deploy/monitoring/rules.yml generates;
-#   3. each overlay, alone and with each component (components/hpa), renders with the kubectl
-#      1.32 that `make install` puts in $BIN, and kustomize prints nothing on stderr: any
-#      warning, a deprecated field included, fails;
+#   3. each overlay, alone and with each component (components/hpa, components/read-token),
+#      renders with the kubectl 1.32 that `make install` puts in $BIN, and kustomize prints
+#      nothing on stderr: any warning, a deprecated field included, fails;
 #   4. the Helm chart (deploy/helm/controlplane) passes `helm lint --strict` and renders with
 #      `helm template`, silently, with its default values and each example values file
 #      (deploy/helm/check.sh);
@@ -32,7 +32,7 @@ BIN=${BIN:-.venv/bin}
 # this and the kubectl on.
 K8S_VERSION=1.32.0
 OVERLAYS=(local-store s3)
-COMPONENTS=(hpa)
+COMPONENTS=(hpa read-token)
 CRD_KINDS=(
     "ServiceMonitor monitoring.coreos.com/v1"
     "PrometheusRule monitoring.coreos.com/v1"

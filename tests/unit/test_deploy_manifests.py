@@ -39,7 +39,7 @@ K8S = ROOT / "deploy" / "k8s"
 RULES = ROOT / "deploy" / "monitoring" / "rules.yml"
 OVERLAYS = ("local-store", "s3")
 # Kustomize Components an overlay may opt into, each rendered over every overlay.
-COMPONENTS = ("hpa",)
+COMPONENTS = ("hpa", "read-token")
 NAMESPACE = "triton"
 
 # Prometheus Operator kinds: no schema in kubernetes-validate, so their shape is checked here.
@@ -50,6 +50,7 @@ CRDS = {
 }
 RBAC = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
+READ_TOKEN = f"{ENV_PREFIX}API__READ_TOKEN"
 # The client side of the CLI reads these; the daemon's settings do not.
 CLI_ENV = {"CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"}
 # The fleet's settings group comes with issue 12's fleet branch. Until this branch's Settings has
@@ -109,6 +110,26 @@ def composed(
     overlay_name, component = request.param
     workdir = tmp_path_factory.mktemp(f"{overlay_name}-{component}")
     return component, render(with_component(overlay_name, component, workdir))
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def autoscaled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, list[Obj]]:
+    """An overlay with components/hpa: ("hpa", rendered objects)."""
+    overlay_name: str = request.param
+    workdir = tmp_path_factory.mktemp(f"{overlay_name}-hpa")
+    return "hpa", render(with_component(overlay_name, "hpa", workdir))
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def read_tokened(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> list[Obj]:
+    """An overlay with components/read-token."""
+    overlay_name: str = request.param
+    workdir = tmp_path_factory.mktemp(f"{overlay_name}-read-token")
+    return render(with_component(overlay_name, "read-token", workdir))
 
 
 @pytest.fixture(scope="module")
@@ -444,8 +465,15 @@ def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
             monkeypatch.delenv(name)
     given: dict[str, str] = {}  # as the kubelet sets them, $(NAME) expanded from earlier ones
     for name, var in env(sidecar).items():
-        field_path = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        sample = FIELD_SAMPLES.get(field_path, "from-a-secret")
+        source = var.get("valueFrom", {})
+        field_path = source.get("fieldRef", {}).get("fieldPath")
+        secret = source.get("secretKeyRef")
+        # One value per key of a Secret: the write and the read token differ, as they must.
+        sample = (
+            f"from-{secret['name']}-{secret['key']}"
+            if secret
+            else FIELD_SAMPLES.get(field_path, "from-a-secret")
+        )
         given[name] = re.sub(
             r"\$\((\w+)\)", lambda m: given.get(m[1], m[0]), var.get("value", sample)
         )
@@ -459,6 +487,7 @@ def test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(
     assert str(settings.repository.path) == "/models/repository"
     assert settings.api.host == "0.0.0.0"
     assert settings.api.token is not None
+    assert (settings.api.read_token is not None) == (READ_TOKEN in given)
     assert settings.fleet_url == f"http://10.42.0.17:{settings.api.port}"  # the others wake it
 
 
@@ -716,9 +745,9 @@ def test_overlays_do_not_autoscale_unless_asked(objects: list[Obj]) -> None:
 
 
 def test_the_autoscaler_scales_the_fleet_on_tritons_queue(
-    composed: tuple[str, list[Obj]],
+    autoscaled: tuple[str, list[Obj]],
 ) -> None:
-    _component, objects = composed
+    _component, objects = autoscaled
     deployment = one(objects, "Deployment")
     hpa = one(objects, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
@@ -750,17 +779,62 @@ def test_the_autoscaler_scales_the_fleet_on_tritons_queue(
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] in (0, "0%")
 
 
-def test_the_autoscaler_validates_against_the_kubernetes_schemas(
+def test_each_component_validates_against_the_kubernetes_schemas(
     composed: tuple[str, list[Obj]],
 ) -> None:
     _component, objects = composed
     for obj in objects:
         if obj["kind"] in CRDS:
-            continue  # no schema; checked above
+            continue  # no schema; the component's own tests check them
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+
+
+# --- the read token (components/read-token) ------------------------------------------------------
+
+
+def read_token_reference(objects: list[Obj]) -> Obj | None:
+    """The Secret key the sidecar's read token comes from, None without one; every ServiceMonitor
+    endpoint of the daemon's must send that same key, and only those endpoints."""
+    variable = env(container(objects, "controlplane")).get(READ_TOKEN)
+    endpoints = [e for m in of_kind(objects, "ServiceMonitor") for e in m["spec"]["endpoints"]]
+    # Other ways Prometheus could authenticate: none is used, so none can drift.
+    assert not [e for e in endpoints if {"basicAuth", "bearerTokenSecret", "oauth2"} & set(e)]
+    if variable is None:
+        assert [e for e in endpoints if "authorization" in e] == []
+        return None
+    assert "value" not in variable, f"{READ_TOKEN} has a literal value"
+    reference: Obj = variable["valueFrom"]["secretKeyRef"]
+    assert set(reference) == {"name", "key"}, "an optional read token could leave reads open"
+    write = env(container(objects, "controlplane"))[f"{ENV_PREFIX}API__TOKEN"]
+    assert reference != write["valueFrom"]["secretKeyRef"], "the daemon refuses equal tokens"
+    for endpoint in endpoints:
+        if endpoint["port"] == "api":
+            # monitoring.coreos.com/v1 Endpoint.authorization: a type and a SecretKeySelector
+            # in the ServiceMonitor's namespace, which the operator reads for the scrape.
+            assert endpoint["authorization"] == {"type": "Bearer", "credentials": reference}
+        else:
+            # Triton's metrics port takes no token.
+            assert "authorization" not in endpoint, endpoint["port"]
+    return reference
+
+
+def test_reads_need_no_token_unless_asked(objects: list[Obj]) -> None:
+    assert read_token_reference(objects) is None
+
+
+def test_the_read_token_component_gives_the_daemon_and_prometheus_the_read_token(
+    read_tokened: list[Obj], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert read_token_reference(read_tokened) == {"name": "controlplane-api", "key": "read-token"}
+    # Alertmanager and the CLI inside the pod write: they keep the write token.
+    test_alertmanager_calls_the_webhook_with_the_api_token(read_tokened)
+    cli = env(container(read_tokened, "controlplane"))["CONTROLPLANE_TOKEN"]
+    assert cli["valueFrom"]["secretKeyRef"] == {"name": "controlplane-api", "key": "token"}
+    test_the_service_monitor_scrapes_triton_and_the_daemon(read_tokened)
+    test_the_settings_the_pod_gives_are_ones_the_daemon_accepts(read_tokened, tmp_path, monkeypatch)
 
 
 # --- the image ---------------------------------------------------------------------------------

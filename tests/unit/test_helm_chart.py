@@ -5,10 +5,11 @@ compared with overlays/local-store, and its S3 example with overlays/s3, contain
 (image repository, command and args, env names and value sources, ports, probes, lifecycle,
 security contexts, mounts, resources) and at the pod level, and the objects around the pod
 (Service, NetworkPolicy, budget, ServiceMonitor, Alertmanager route, autoscaler) by their specs,
-names and selectors aside. Then every promise that
+names and selectors aside; the same again with the read-only token on (apiReadToken against
+components/read-token). Then every promise that
 tests/unit/test_deploy_manifests.py checks on an overlay is checked on each documented values
-file, with the same functions. Last, each toggle is rendered on and off, and the API token is
-never anything but a Secret reference. test_helm_values.py checks what the other values do.
+file, with the same functions. Last, each toggle is rendered on and off, and the API tokens are
+never anything but Secret references. test_helm_values.py checks what the other values do.
 
 `make deploy-check` (deploy/helm/check.sh, called by deploy/k8s/check.sh) lints the chart and
 validates every rendering against the Kubernetes schemas; this file checks what they say. helm is
@@ -256,6 +257,27 @@ def test_the_chart_renders_the_objects_around_the_pod_as_the_overlays_do(tmp_pat
         assert actual[kind] == spec, f"the chart's {kind} differs from the overlay's"
 
 
+def test_the_read_token_renders_as_the_overlays_component_does(tmp_path: Path) -> None:
+    kustomized = render(manifests.with_component("s3", "read-token", tmp_path))
+    charted = chart(
+        "s3-keys",
+        **{
+            "apiReadToken.existingSecret": "controlplane-api",
+            "monitoring.serviceMonitor.enabled": "true",
+        },
+    )
+    reference = {"name": "controlplane-api", "key": "read-token"}
+    assert manifests.read_token_reference(kustomized) == reference
+    assert manifests.read_token_reference(charted) == reference
+    for kind in ("initContainers", "containers"):
+        expected = {c["name"]: container_view(c) for c in pod(kustomized)[kind]}
+        assert {c["name"]: container_view(c) for c in pod(charted)[kind]} == expected, kind
+    assert (
+        one(charted, "ServiceMonitor")["spec"]["endpoints"]
+        == (one(kustomized, "ServiceMonitor")["spec"]["endpoints"])
+    )
+
+
 def test_the_chart_and_the_overlays_run_one_image_at_one_version() -> None:
     chart_yaml = yaml.safe_load((CHART / "Chart.yaml").read_text())
     package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -469,7 +491,6 @@ def test_the_token_is_only_ever_a_secret_reference() -> None:
     for name in RENDERS:
         assert of_kind(chart(name), "Secret") == [], f"{name} renders a Secret"
     # values.yaml has no place for a token, only for where one is.
-    assert set(yaml.safe_load((CHART / "values.yaml").read_text())["apiToken"]) == {
-        "existingSecret",
-        "key",
-    }
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for tokens in ("apiToken", "apiReadToken"):
+        assert set(values[tokens]) == {"existingSecret", "key"}, tokens

@@ -2,7 +2,8 @@
 that cannot work, saying what to set.
 
 The store (a claim the chart creates and keeps, an existing claim, a bucket with keys or with an
-IRSA role), GPUs and GPU nodes, both images, the settings file's rollout, and the checks on the
+IRSA role), GPUs and GPU nodes, both images, the settings file's rollout, the optional read-only
+token (the sidecar's and the ServiceMonitor's, from one Secret key), and the checks on the
 values themselves: values.schema.json knows every value and no other, every value has a
 comment, and NOTES.txt names what was installed and what to run next (docs/helm.md's blocks
 run with every other page's, in tests/integration/test_readme.py).
@@ -21,13 +22,24 @@ import yaml
 
 from tests.support.helm import CHART, helm_template
 from tests.unit import test_deploy_manifests as manifests
-from tests.unit.test_deploy_manifests import Obj, container, env, of_kind, one, pod, volume
+from tests.unit.test_deploy_manifests import (
+    READ_TOKEN,
+    Obj,
+    container,
+    env,
+    of_kind,
+    one,
+    pod,
+    read_token_reference,
+    volume,
+)
 from tests.unit.test_helm_chart import (
     ROOT,
     STORE_MOUNT,
     chart,
     literal_store_uri,
     refused,
+    rendered_text,
     values_files,
 )
 
@@ -182,6 +194,61 @@ def test_a_new_chart_version_alone_rolls_no_pod(tmp_path: Path) -> None:
     assert template(upgraded) == template(chart())
 
 
+# --- the read token ------------------------------------------------------------------------------
+
+MONITORED = {
+    "monitoring.serviceMonitor.enabled": "true",
+    "monitoring.alertmanagerConfig.enabled": "true",
+    "monitoring.prometheusRule.enabled": "true",
+}
+
+
+def test_without_a_read_token_nothing_about_it_renders() -> None:
+    text = rendered_text((), **MONITORED)
+    for word in (READ_TOKEN, "read-token", "read token"):
+        assert word not in text
+    objects = chart(**MONITORED)
+    assert read_token_reference(objects) is None
+    # The ServiceMonitor scrapes the daemon as before, with no credentials at all.
+    (api,) = [e for e in one(objects, "ServiceMonitor")["spec"]["endpoints"] if e["port"] == "api"]
+    assert set(api) == {"port", "path", "interval", "scrapeTimeout", "relabelings"}
+
+
+def test_a_read_token_comes_from_its_secret_and_prometheus_scrapes_with_it() -> None:
+    example = chart("gpu-hpa-monitoring")
+    # The example keeps both tokens in one Secret, under two keys.
+    assert read_token_reference(example) == {"name": "controlplane-api", "key": "read-token"}
+    variables = env(container(example, "controlplane"))
+    assert variables[READ_TOKEN] == {
+        "name": READ_TOKEN,
+        "valueFrom": {"secretKeyRef": {"name": "controlplane-api", "key": "read-token"}},
+    }
+    (api,) = [e for e in one(example, "ServiceMonitor")["spec"]["endpoints"] if e["port"] == "api"]
+    assert api["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "controlplane-api", "key": "read-token"},
+    }
+
+    apart = chart(
+        "gpu-hpa-monitoring",
+        **{"apiReadToken.existingSecret": "prometheus-reader", "apiReadToken.key": "bearer"},
+    )
+    assert read_token_reference(apart) == {"name": "prometheus-reader", "key": "bearer"}
+    # The writers keep the write token: the CLI in the pod, and Alertmanager's webhook.
+    write = {"name": "controlplane-api", "key": "token"}
+    assert env(container(apart, "controlplane"))["CONTROLPLANE_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": write
+    }
+    (receiver,) = one(apart, "AlertmanagerConfig")["spec"]["receivers"]
+    assert receiver["webhookConfigs"][0]["httpConfig"]["authorization"]["credentials"] == write
+    # Nothing else about the pod changes with it.
+    without = chart("gpu-hpa-monitoring", **{"apiReadToken.existingSecret": ""})
+    assert read_token_reference(without) is None
+    assert {k: v for k, v in variables.items() if k != READ_TOKEN} == env(
+        container(without, "controlplane")
+    )
+
+
 # --- values the chart refuses, with what to set ---------------------------------------------------
 
 
@@ -207,6 +274,13 @@ def test_a_new_chart_version_alone_rolls_no_pod(tmp_path: Path) -> None:
         ("store: {s3: {bucekt: models}}", "Additional property bucekt is not allowed"),
         # ... and there is no place for a token.
         ("apiToken: {token: s3cr3t}", "Additional property token is not allowed"),
+        ("apiReadToken: {token: s3cr3t}", "Additional property token is not allowed"),
+        ("apiReadToken: s3cr3t", "apiReadToken: Invalid type. Expected: object, given: string"),
+        (
+            "apiReadToken: {existingSecret: controlplane-api, key: token}",
+            "the read token needs a value of its own",
+        ),
+        ("apiReadToken: {existingSecret: readers, key: ''}", "apiReadToken.key is empty"),
         (
             "autoscaling: {enabled: true, maxReplicas: 1}",
             "autoscaling.maxReplicas (1) is below autoscaling.minReplicas (2)",
@@ -316,3 +390,41 @@ def test_the_notes_name_the_store_the_secret_and_the_next_commands(tmp_path: Pat
     monitored = notes(values_files("gpu-hpa-monitoring"), tmp_path / "monitored")
     assert "ServiceMonitor, PrometheusRule, AlertmanagerConfig" in monitored
     assert "2 to 8 pods (autoscaled)" in monitored
+
+
+def lines_for(text: str, client: str) -> str:
+    (line,) = [line for line in text.splitlines() if line.strip().startswith(client)]
+    return line
+
+
+def test_the_notes_say_which_token_prometheus_alertmanager_and_ci_need(tmp_path: Path) -> None:
+    open_reads = notes((), tmp_path / "default")
+    assert "the write token, key token of the Secret controlplane-api" in lines_for(
+        open_reads, "CI"
+    )
+    assert "the write token" in lines_for(open_reads, "Alertmanager")
+    assert "none, reads are open" in lines_for(open_reads, "Prometheus")
+
+    both = notes(values_files("gpu-hpa-monitoring"), tmp_path / "both")
+    assert "the write token, key token of the Secret controlplane-api" in lines_for(both, "CI")
+    assert "the write token, which the AlertmanagerConfig sends" in lines_for(both, "Alertmanager")
+    assert (
+        "the read token, key read-token of the Secret controlplane-api, which the ServiceMonitor"
+        in lines_for(both, "Prometheus")
+    )
+    # One Secret, both keys, each a value of its own.
+    assert (
+        'create secret generic controlplane-api --from-literal=token="$(openssl rand -hex 32)" \\\n'
+        '    --from-literal=read-token="$(openssl rand -hex 32)"' in both
+    )
+
+    apart = notes(
+        values_files("gpu-hpa-monitoring"),
+        tmp_path / "apart",
+        **{"apiReadToken.existingSecret": "prometheus-reader"},
+    )
+    assert "key read-token of the Secret prometheus-reader" in lines_for(apart, "Prometheus")
+    assert (
+        "create secret generic prometheus-reader "
+        '--from-literal=read-token="$(openssl rand -hex 32)"' in apart
+    )

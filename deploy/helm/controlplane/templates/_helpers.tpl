@@ -89,6 +89,14 @@ Values that cannot work stop the render with what to set. Included once, by the 
 {{- if not .Values.apiToken.key }}
 {{- fail "apiToken.key is empty: name the key of the token in the Secret apiToken.existingSecret (token)" }}
 {{- end }}
+{{- with .Values.apiReadToken }}
+{{- if and .existingSecret (not .key) }}
+{{- fail (printf "apiReadToken.key is empty: name the key of the read token in the Secret %s (read-token)" .existingSecret) }}
+{{- end }}
+{{- if and .existingSecret (eq .existingSecret $.Values.apiToken.existingSecret) (eq .key $.Values.apiToken.key) }}
+{{- fail (printf "apiReadToken and apiToken both name the key %s of the Secret %s: the read token needs a value of its own (the daemon refuses a read token equal to the write token), so put it under another key (read-token)" .key .existingSecret) }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.store.type (list "directory" "s3")) }}
 {{- fail (printf "store.type is %q: use directory (a shared volume) or s3 (a bucket)" .Values.store.type) }}
 {{- end }}
