@@ -56,17 +56,28 @@ def _config(exporter: GpuExporter, model: str) -> str:
     )
 
 
+# The page's script swaps its content every 2 s, so an element found now may be gone a moment
+# later (selenium's StaleElementReferenceException): each read is one script in the page.
+_READ = """
+const found = document.querySelector(arguments[0]);
+if (!found) { return null; }
+return arguments[1] ? found.getAttribute(arguments[1]) : found.textContent.trim();
+"""
+
+
+def _read(driver: webdriver.Chrome, selector: str, attribute: str = "") -> str:
+    """The text (or ``attribute``) of the first element ``selector`` finds; '' without one."""
+    value = driver.execute_script(_READ, selector, attribute)
+    return "" if value is None else str(value)
+
+
 def _field(driver: webdriver.Chrome, model: str, field: str) -> str:
     """The text of one field of the model's section, as the browser shows it now."""
-    found = driver.find_elements(
-        By.CSS_SELECTOR, f'section[data-model="{model}"] [data-field="{field}"]'
-    )
-    return found[0].text if found else ""
+    return _read(driver, f'section[data-model="{model}"] [data-field="{field}"]')
 
 
 def _plot(driver: webdriver.Chrome, model: str, attribute: str) -> int:
-    found = driver.find_elements(By.CSS_SELECTOR, f'section[data-model="{model}"] svg.gpu-plot')
-    return int(found[0].get_attribute(attribute) or 0) if found else 0
+    return int(_read(driver, f'section[data-model="{model}"] svg.gpu-plot', attribute) or 0)
 
 
 def _deployed(daemon: Daemon, model: str, release: str) -> None:
@@ -92,12 +103,11 @@ def test_the_page_shows_releases_and_the_gpu_plot_and_follows_a_rollback_and_a_d
         site = remote(daemon.url)
         browser.get(f"{site}/")
         section = f'section[data-model="{model_name}"]'
-        assert browser.find_element(By.CSS_SELECTOR, f"{section} h2").text.startswith(model_name)
+        assert _read(browser, f"{section} h2").startswith(model_name)
         assert _field(browser, model_name, "desired").startswith("r2")
         assert _field(browser, model_name, "serving") == "r2"
-        member = browser.find_element(By.CSS_SELECTOR, f"{section} [data-field=member-serving]")
-        assert member.text == "r2"
-        assert browser.find_element(By.CSS_SELECTOR, f"{section} svg.gpu-plot line.threshold")
+        assert _field(browser, model_name, "member-serving") == "r2"
+        assert _read(browser, f"{section} svg.gpu-plot line.threshold", "class") == "threshold"
         header = browser.find_element(By.TAG_NAME, "header")
         assert header.value_of_css_property("background-color") == "rgba(38, 50, 56, 1)"
         browser.execute_script("window.notReloaded = true;")
