@@ -156,15 +156,23 @@ def test_the_page_shows_releases_and_the_gpu_plot_and_follows_a_rollback_and_a_d
         }
 
 
+@pytest.mark.parametrize("credentials", ["", "ops:secret@"], ids=["plain", "user-in-address"])
 def test_docs_render_offline_with_the_apis_operations(
-    daemons: DaemonFactory, store: Path, browser: webdriver.Chrome, tmp_path: Path
+    daemons: DaemonFactory,
+    store: Path,
+    browser: webdriver.Chrome,
+    tmp_path: Path,
+    credentials: str,
 ) -> None:
+    """Also from an address that carries HTTP Basic (``http://ops:TOKEN@cp/docs``, as the status
+    page's link is then): the document is fetched without them in its URL, or the browser
+    refuses the fetch and Swagger UI shows no operation."""
     daemon = daemons(store)
     document = daemon.get("/openapi.json").json()
     deploy = document["paths"]["/v1/models/{name}/deploy"]["post"]
 
     site = remote(daemon.url)
-    browser.get(f"{site}/docs")
+    browser.get(site.replace("//", f"//{credentials}", 1) + "/docs")
     eventually(
         lambda: any(
             block.find_element(By.CSS_SELECTOR, ".opblock-summary-path").text
@@ -176,7 +184,8 @@ def test_docs_render_offline_with_the_apis_operations(
     )
     summaries = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary")]
     assert any(deploy["summary"] in text for text in summaries), summaries
-    assert all(url.startswith(f"{site}/") for url in loaded_from(browser))
+    loaded = [url.replace(credentials, "", 1) for url in loaded_from(browser)]
+    assert all(url.startswith(f"{site}/") for url in loaded), loaded
     assert console_errors(browser) == []
     size, colours = screenshot(browser, tmp_path / "docs.png")
     assert size == viewport(browser)
