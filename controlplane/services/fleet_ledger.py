@@ -146,10 +146,10 @@ class FleetLedger:
             new = await self._next(run, publication)
             try:
                 await asyncio.to_thread(self.records.swap, new)
-            except DesiredStateConflict:
+            except DesiredStateConflict as lost:
                 current = await self.read(run.model)
                 if current is None or current.release != publication.release:
-                    raise
+                    raise _lost_here(lost, self.member.name, publication.release, current) from lost
                 run.tracker.detail(generation=current.generation, already=current.set_by)
                 log.info(
                     "%s: the fleet's desired state already says %s (generation %d, set by %s)",
@@ -388,3 +388,18 @@ class FleetLedger:
             rollout=rollout,
             claim=None if base.claim is None or base.claim.release == release else base.claim,
         )
+
+
+def _lost_here(
+    lost: DesiredStateConflict, member: str, release: str | None, current: DesiredModel | None
+) -> DesiredStateConflict:
+    """The race's error as the operation that lost it says it: the store's record is untouched,
+    but this member did serve ``release`` (the steps before ``publish`` ran) and now goes back
+    to what the fleet wants."""
+    wanted = (current.release or "it unloaded") if current is not None else "what it had"
+    served = f"served {release}" if release is not None else "unloaded it"
+    return DesiredStateConflict(
+        f"{lost.message}. This member ({member}) {served} before it "
+        f"lost the race, and now goes back to what the fleet wants ({wanted})",
+        details=lost.details,
+    )

@@ -500,6 +500,10 @@ def test_two_members_racing_to_set_the_desired_state_one_wins_and_the_other_is_t
     error = lost.json()["error"]
     assert error["code"] == "desired_state_conflict"
     assert "set by m1" in error["message"]
+    # It says what happened here: the store's record is untouched, but this member served r3.
+    assert "this request did not change the desired state" in error["message"]
+    assert "This member (m2) served r3 before it lost the race" in error["message"]
+    assert "goes back to what the fleet wants (r2)" in error["message"]
     # Nothing is lost: the loser's operation is on record, and the fleet serves the winner.
     steps = [s["name"] for s in lost.json()["operation"]["steps"]]
     assert steps[-1] == "publish"

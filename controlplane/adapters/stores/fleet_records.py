@@ -129,8 +129,8 @@ def conflict(wanted: DesiredModel, found: DesiredModel | None, where: str) -> De
         }
     return DesiredStateConflict(
         f"the desired state of {wanted.model} changed while this request ran: it expected "
-        f"generation {expected} but {where} holds {now}; nothing was changed by this request. "
-        "Read the fleet (GET /v1/fleet) and try again if it is still wanted",
+        f"generation {expected} but {where} holds {now}; this request did not change the "
+        "desired state. Read the fleet (GET /v1/fleet) and try again if it is still wanted",
         details={"model": wanted.model, "expected_generation": expected, **details},
     )
 
