@@ -10,9 +10,28 @@ from controlplane.cli.output import Format
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
+
+def _api_url(value: str) -> str:
+    """An address the client can call: http(s)://host[:port][/prefix]. Anything else is bad
+    usage (exit 2), not a daemon that cannot be reached."""
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise typer.BadParameter(
+            f"{value!r} is not an address of the API: give http://HOST:PORT "
+            "(e.g. http://127.0.0.1:8080), or set CONTROLPLANE_URL"
+        )
+    return value
+
+
 UrlOption = Annotated[
     str,
-    typer.Option("--url", envvar="CONTROLPLANE_URL", help="The daemon's API.", show_default=True),
+    typer.Option(
+        "--url",
+        envvar="CONTROLPLANE_URL",
+        help="The daemon's API.",
+        show_default=True,
+        callback=_api_url,
+    ),
 ]
 TokenOption = Annotated[
     str | None,

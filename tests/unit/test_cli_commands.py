@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -94,3 +95,25 @@ def test_fleet_without_wait_is_refused_before_any_call() -> None:
     assert result.returncode == EXIT_USAGE
     assert "use it with --wait" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8080", "ftp://cp:8080", "http://"])
+def test_an_address_that_is_not_the_apis_is_bad_usage_not_an_unreachable_daemon(url: str) -> None:
+    for output in ("table", "json"):
+        result = controlplane("status", "-o", output, "--url", url)
+
+        assert result.returncode == EXIT_USAGE, result.stderr
+        assert "is not an address of the API: give http://HOST:PORT" in _said(result.stderr)
+        assert result.stdout == ""
+
+
+def test_an_address_from_the_environment_is_checked_the_same_way() -> None:
+    result = controlplane("status", CONTROLPLANE_URL="cp:8080")
+
+    assert result.returncode == EXIT_USAGE
+    assert "'cp:8080' is not an address of the API" in _said(result.stderr)
+
+
+def _said(stderr: str) -> str:
+    """The words of a usage error, out of the box click draws around it (wrapped to 80)."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", stderr).split())
