@@ -8,12 +8,15 @@ YAML: a ``---`` stream). What counts as a change is what the table shows, in eve
 timestamps that move at each read (``as_of``, the overload samples) do not make a new document.
 
 A daemon that cannot be reached, or an error answer, is shown as the view and looked at again:
-the view outlives a daemon restart. Ctrl-C ends it with exit code 0, as a broken pipe does.
+the view outlives a daemon restart. Ctrl-C ends it with exit code 0, as a broken pipe does;
+a reader that went away (``--watch | head -3``) ends it at the next look, even when nothing
+changed since, rather than at the next change that writes.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +52,8 @@ def watch(out: Out, look: Callable[[], Look], interval: float, title: str) -> No
                 typer.echo(CLEAR + _screen(out, seen, title, interval), nl=False)
             elif view != shown:
                 typer.echo(_block(out, seen))
+            elif _reader_gone():
+                raise BrokenPipeError
             shown = view
             time.sleep(interval)
     except KeyboardInterrupt:
@@ -57,6 +62,17 @@ def watch(out: Out, look: Callable[[], Look], interval: float, title: str) -> No
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the flush at exit does not fail again
         raise typer.Exit(EXIT_OK) from None
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader closed it: Linux reports POLLERR on the writing
+    end then, with nothing written."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLERR)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to tell
+        return False
 
 
 def _safely(look: Callable[[], Look]) -> Look:

@@ -117,3 +117,26 @@ def test_an_address_from_the_environment_is_checked_the_same_way() -> None:
 def _said(stderr: str) -> str:
     """The words of a usage error, out of the box click draws around it (wrapped to 80)."""
     return " ".join(re.sub("[│╭╮╰╯─]", " ", stderr).split())
+
+
+def test_watch_ends_once_its_reader_is_gone_even_when_nothing_changes() -> None:
+    """``status --watch | head -1``: with a view that never changes (an unreachable daemon),
+    nothing more is written, yet the watch ends at its next look."""
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CONTROLPLANE_", "_"))}
+    command = ["status", "--watch", "--interval", "0.2", "--url", unreachable]
+    watching = subprocess.Popen(
+        [sys.executable, "-m", "controlplane", *command],
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert watching.stdout is not None
+        assert watching.stdout.readline().startswith("--- ")
+        watching.stdout.close()  # as head does once it has its line
+        assert watching.wait(timeout=10) == 0
+    finally:
+        watching.kill()
+        watching.wait()
