@@ -128,7 +128,7 @@ class OverviewService:
     async def overview(self) -> Overview:
         now = self._clock.now()
         since = now - timedelta(seconds=HISTORY_SECONDS)
-        page = await self._status.list_models(limit=MAX_MODELS)
+        page = await self._status.list_models(limit=MAX_MODELS, managed_first=True)
         names = tuple(view.name for view in page.models)
         snapshot, problem = await self._fleet_snapshot()
         operations, rollbacks = await asyncio.gather(

@@ -148,11 +148,17 @@ class StatusService:
         self._records_seen: tuple[int, dict[str, ModelRecord]] | None = None
         self._built: _Built | None = None  # the last page of views built
 
-    async def list_models(self, *, limit: int | None = None, after: str | None = None) -> ModelPage:
+    async def list_models(
+        self, *, limit: int | None = None, after: str | None = None, managed_first: bool = False
+    ) -> ModelPage:
         """Models managed here or in the store, in natural order: those after the model named
-        ``after``, at most ``limit`` of them (None: all)."""
+        ``after``, at most ``limit`` of them (None: all). ``managed_first`` (a page for people,
+        never paged with ``after``): the models this member manages come before those only
+        in the store, so a limit never hides what serves behind releases nobody deployed."""
         if after is not None:
             validate_model_name(after)
+            if managed_first:
+                raise ValueError("managed_first orders one page: it cannot follow 'after'")
         seen = await self._recent_index()
         catalog = self._catalog if self._catalog and self._catalog.scanned else None
         store_error = catalog.error if catalog is not None else None
@@ -169,6 +175,10 @@ class StatusService:
             ordered = sorted(names, key=_order)
         if after is not None:
             ordered = ordered[bisect.bisect_right(ordered, _order(after), key=_order) :]
+        if managed_first:
+            ordered = [n for n in ordered if n in records] + [
+                n for n in ordered if n not in records
+            ]
         page = ordered if limit is None else ordered[:limit]
         more = len(page) < len(ordered)
         as_of = AsOf(

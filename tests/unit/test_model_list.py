@@ -201,3 +201,29 @@ def test_each_model_s_json_is_that_of_the_view_built_for_the_call(tmp_path: Path
             assert third == expected(dataclasses.replace(page, models=[page.models[0], changed]))
 
     asyncio.run(scenario())
+
+
+def test_a_page_for_people_puts_what_this_member_manages_before_store_only_models(
+    tmp_path: Path,
+) -> None:
+    """The status page shows a limited number of models: the one that serves must not hide
+    behind models that only have releases in the store."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            for name in ("a1", "a2", "a3", "z9"):
+                write_scale_release(parts.store_path, name, "r1", k=1.0)
+            operation = await started(service, "z9", "r1")
+            await service.wait(operation.id)
+            status = _status(service, parts, (await _scanned(service, parts)).catalog)
+
+            natural = await status.list_models(limit=2)
+            for_people = await status.list_models(limit=2, managed_first=True)
+            everything = await status.list_models(managed_first=True)
+
+            assert [v.name for v in natural.models] == ["a1", "a2"]
+            assert [v.name for v in for_people.models] == ["z9", "a1"]
+            assert for_people.next_after is not None  # there are more
+            assert [v.name for v in everything.models] == ["z9", "a1", "a2", "a3"]
+
+    asyncio.run(scenario())
