@@ -3,9 +3,10 @@
 The settings are loaded as ``serve`` loads them (defaults < the YAML file < ``CONTROLPLANE_*``
 variables), validated the same way, and printed group by group. A value that is not the
 default says where it came from in a comment (the variable, or the file); secrets (every
-``SecretStr``: ``api.token``, ``api.read_token``) are printed as ``'********'`` when set, so
-the output can be pasted into an issue. Scalars are written as JSON, which YAML reads, so the
-output loads back as the same values (the secrets aside).
+``SecretStr``: ``api.token``, ``api.read_token``) are printed as ``'********'`` when set, and so
+is the password of any URL (``http://admin:********@prometheus:9090``), so the output can be
+pasted into an issue. Scalars are written as JSON, which YAML reads, so the output loads back as
+the same values (the secrets aside).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, SecretStr
 
-from controlplane.settings import Settings, env_name, load_settings
-
-MASK = "********"
+from controlplane.settings import MASK, Settings, env_name, load_settings, mask_passwords
 
 
 def render_effective(config_file: Path | None) -> str:
@@ -35,8 +34,8 @@ def render_effective(config_file: Path | None) -> str:
     where = f" < {config_file}" if config_file is not None else ""
     out = [
         "# controlplane: the effective settings (defaults" + where + " < environment).",
-        f"# Secrets are shown as {MASK}; a comment names where each value that is not the "
-        "default came from.",
+        f"# Secrets (tokens, passwords in URLs) are shown as {MASK}; a comment names where "
+        "each value that is not the default came from.",
     ]
     for name, field in Settings.model_fields.items():
         value = getattr(settings, name)
@@ -95,7 +94,7 @@ def _group(
         if source is not None:
             line += f"  # from {source}"
         elif current is None and sources.derived.get(here) is not None:
-            line += f"  # that is: {sources.derived[here]}"
+            line += f"  # that is: {mask_passwords(str(sources.derived[here]))}"
         lines.append(line)
     return lines
 
@@ -130,6 +129,8 @@ def _scalar(value: Any) -> str:
         return json.dumps(MASK)
     if isinstance(value, Path):
         return json.dumps(str(value))
+    if isinstance(value, str):
+        return json.dumps(mask_passwords(value))
     if isinstance(value, tuple):
         return json.dumps(list(value))
     return json.dumps(value)

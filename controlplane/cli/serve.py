@@ -22,7 +22,7 @@ from controlplane.adapters.instance_lock import InstanceLock, InstanceLockError
 from controlplane.api.app import create_app
 from controlplane.cli import logs
 from controlplane.domain.errors import ControlPlaneError
-from controlplane.settings import Settings, SettingsError, load_settings
+from controlplane.settings import Settings, SettingsError, load_settings, mask_passwords
 from controlplane.wiring import check_filesystem, claim_state
 
 log = logging.getLogger("controlplane")
@@ -80,10 +80,10 @@ def _serve(settings: Settings, lock: InstanceLock) -> None:
     log.info(
         "starting",
         extra={
-            "triton": settings.triton.grpc_url,
+            "triton": mask_passwords(settings.triton.grpc_url),
             "repository": str(settings.repository.path),
             "staging": str(settings.staging_path),
-            "store": settings.store.uri,
+            "store": mask_passwords(settings.store.uri),
             "database": str(settings.database_path),
             "api": f"{settings.api.host}:{settings.api.port}",
             "auth": settings.api.token is not None,

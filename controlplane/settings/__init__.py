@@ -5,7 +5,8 @@ between group and field, e.g. ``CONTROLPLANE_TRITON__GRPC_URL``), then the YAML 
 ``controlplane serve --config``, then the defaults. Every field has a description: it is
 what ``--help`` and ``config/controlplane.yaml`` (``controlplane config --defaults``) show.
 Unknown keys are refused, so a typo is an error rather than a silently ignored setting, and the
-refusal names the key meant.
+refusal names the key meant; so is a ``CONTROLPLANE_*`` variable the loader would ignore though
+it names a setting (an unknown group, or ``_`` for ``__``).
 
 One module per thing the package owns, each importing only those below it (``.importlinter``
 checks it)::
@@ -15,7 +16,8 @@ checks it)::
     triton, places, api,     one module per group or family of groups (places: repository,
     log, policy, rollback,   staging, store, database; policy: a model's policy and its
     memory, fleet            rollout)
-    group, names             the groups' base; setting names, variables and typo suggestions
+    group, names, masking    the groups' base; setting names, variables and typo suggestions;
+                             passwords in URLs masked wherever settings are shown
 
 Everything the rest of the project uses is imported from here.
 """
@@ -26,6 +28,7 @@ from controlplane.settings.api import ApiSettings
 from controlplane.settings.fleet import FleetSettings
 from controlplane.settings.loading import SettingsError, load_settings
 from controlplane.settings.log import LogSettings
+from controlplane.settings.masking import MASK, mask_passwords
 from controlplane.settings.memory import MemorySettings
 from controlplane.settings.names import ENV_PREFIX, env_name
 from controlplane.settings.places import (
@@ -42,6 +45,7 @@ from controlplane.settings.triton import ReconcileSettings, TritonSettings
 
 __all__ = [
     "ENV_PREFIX",
+    "MASK",
     "ApiSettings",
     "DatabaseSettings",
     "FleetSettings",
@@ -59,6 +63,7 @@ __all__ = [
     "TritonSettings",
     "env_name",
     "load_settings",
+    "mask_passwords",
     "render_defaults",
     "settings_help",
 ]

@@ -2,9 +2,10 @@
 
 The repository and staging must share a filesystem (placement is one ``rename(2)``); that is
 checked at start-up by the staging adapter, not here, since it needs the directories. Here the
-store's URI is checked for its form (``file:///absolute/path`` or ``s3://bucket/prefix``), so a
-wrong one is refused before anything starts. The defaults of the staging dir and the database
-sit beside the repository; :class:`~controlplane.settings.root.Settings` derives them.
+store's URI is checked for its form (``file:///absolute/path`` or ``s3://bucket/prefix``, with
+no credentials: S3 takes them from the AWS chain), so a wrong one is refused before anything
+starts. The defaults of the staging dir and the database sit beside the repository;
+:class:`~controlplane.settings.root.Settings` derives them.
 """
 
 from __future__ import annotations
@@ -107,6 +108,13 @@ class StoreSettings(Group):
         elif parsed.scheme == "s3":
             if not parsed.netloc:
                 raise ValueError(f"name the bucket: s3://bucket/prefix, not {uri!r}")
+            if "@" in parsed.netloc or ":" in parsed.netloc:
+                # Never echoed: what precedes the bucket would be a key and its secret.
+                raise ValueError(
+                    "an S3 URI names the bucket only (s3://bucket/prefix): give no credentials "
+                    "in it, S3 takes them from the AWS chain (AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, a profile, the pod's role)"
+                )
         else:
             raise ValueError(
                 f"unsupported store URI {uri!r}; use file:///absolute/path or s3://bucket/prefix"

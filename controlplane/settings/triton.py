@@ -1,9 +1,9 @@
 """How the daemon reaches Triton, and how often it checks that Triton serves what it should.
 
-``triton`` holds the gRPC endpoint (host:port: a URL there is refused with the host:port meant),
-the metrics endpoint, the timeout of each kind of call and how many loads run at once;
-``reconcile`` the beat of the loop that repairs what a Triton restart or an unload behind the
-daemon's back changed.
+``triton`` holds the gRPC endpoint (host:port: a URL there is refused with the host:port meant,
+and so is a password, which would be logged with the address), the metrics endpoint, the
+timeout of each kind of call and how many loads run at once; ``reconcile`` the beat of the loop
+that repairs what a Triton restart or an unload behind the daemon's back changed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator
 
 from controlplane.settings.group import Group
+from controlplane.settings.masking import mask_passwords
 
 
 class TritonSettings(Group):
@@ -49,7 +50,13 @@ class TritonSettings(Group):
         parsed = urlparse(url)
         if "://" in url and parsed.scheme in ("http", "https", "grpc", "grpcs"):
             raise ValueError(
-                f"give host:port ({parsed.netloc or 'localhost:8001'}), not a URL: {url!r}"
+                f"give host:port ({parsed.netloc.rpartition('@')[2] or 'localhost:8001'}), "
+                f"not a URL: {mask_passwords(url)!r}"
+            )
+        if (masked := mask_passwords(url)) != url:  # it would be logged as the address
+            raise ValueError(
+                f"give host:port, with no user or password (Triton's gRPC endpoint takes none), "
+                f"not {masked!r}"
             )
         return url
 

@@ -99,6 +99,29 @@ def test_a_daemon_on_a_terminal_writes_one_short_line_per_event(tmp_path: Path) 
     assert " ERROR Triton at 127.0.0.1:" in triton
 
 
+def test_no_password_of_a_url_setting_reaches_the_log(tmp_path: Path) -> None:
+    """Every URL the daemon reads carries a password; none of its start-up lines, nor the
+    Prometheus source's complaint that nothing answers there, repeats it."""
+    nowhere = f"127.0.0.1:{free_port()}"
+    with daemon_on_a_terminal(
+        tmp_path,
+        CONTROLPLANE_LOG__FORMAT="json",
+        CONTROLPLANE_TRITON__METRICS_URL=f"http://scraper:hunter2@{nowhere}/metrics",
+        CONTROLPLANE_MEMORY__GPU_METRICS_URL=f"http://gpu:hunter2@{nowhere}/metrics",
+        CONTROLPLANE_ROLLBACK__SOURCE="prometheus",
+        CONTROLPLANE_ROLLBACK__PROMETHEUS_URL=f"http://admin:hunter2@{nowhere}",
+    ) as lines:
+        eventually(
+            lambda: any(f"Prometheus at http://{nowhere}: query" in line for line in lines()),
+            60,
+            "the line about Prometheus",
+        )
+        seen = _until_triton_is_said_missing(lines)
+
+    assert any(json.loads(line)["message"] == "starting" for line in seen), seen
+    assert not [line for line in seen if "hunter2" in line]
+
+
 def test_on_a_terminal_json_can_still_be_asked_for(tmp_path: Path) -> None:
     with daemon_on_a_terminal(tmp_path, CONTROLPLANE_LOG__FORMAT="json") as lines:
         seen = _until_triton_is_said_missing(lines)

@@ -72,6 +72,51 @@ def test_effective_prints_the_merged_settings_with_secrets_masked_and_their_sour
     assert "  path: null  # that is: /srv/triton/staging" in lines  # what null stands for
 
 
+def test_effective_masks_the_password_of_every_url(tmp_path: Path) -> None:
+    result = run(
+        "config",
+        "--effective",
+        cwd=tmp_path,
+        CONTROLPLANE_REPOSITORY__PATH="/srv/triton/repository",
+        CONTROLPLANE_STORE__URI="file:///srv/store",
+        CONTROLPLANE_ROLLBACK__SOURCE="prometheus",
+        CONTROLPLANE_ROLLBACK__PROMETHEUS_URL="http://admin:hunter2@prom:9090",
+        CONTROLPLANE_TRITON__METRICS_URL="https://scraper:s3cr@t%40hunter3@triton:8002/metrics",
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "hunter2" not in result.stdout
+    assert "hunter3" not in result.stdout
+    effective = yaml.safe_load(result.stdout)
+    assert effective["rollback"]["prometheus_url"] == "http://admin:********@prom:9090"
+    assert effective["triton"]["metrics_url"] == "https://scraper:********@triton:8002/metrics"
+    lines = result.stdout.splitlines()
+    assert (
+        '  prometheus_url: "http://admin:********@prom:9090"  '
+        "# from CONTROLPLANE_ROLLBACK__PROMETHEUS_URL"
+    ) in lines
+    # A null the daemon fills in with a URL says which, masked as well.
+    assert (
+        "  gpu_metrics_url: null  # that is: https://scraper:********@triton:8002/metrics"
+    ) in lines
+
+
+def test_serve_refuses_credentials_in_an_s3_uri_without_printing_them(tmp_path: Path) -> None:
+    """S3 takes its credentials from the AWS chain; in the URI they would be logged with the
+    start-up line and taken for part of the bucket's name."""
+    result = run(
+        "serve",
+        cwd=tmp_path,
+        CONTROLPLANE_REPOSITORY__PATH=str(tmp_path / "repository"),
+        CONTROLPLANE_STORE__URI="s3://AKIAEXAMPLE:hunter2@models/releases",
+        AWS_ENDPOINT_URL_S3="http://127.0.0.1:9",  # nothing listens: never a real S3
+    )
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "an S3 URI names the bucket only (s3://bucket/prefix)" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+
+
 def test_effective_refuses_what_serve_would_refuse(tmp_path: Path) -> None:
     result = run("config", "--effective", cwd=tmp_path)
     assert result.returncode == EXIT_USAGE

@@ -306,6 +306,10 @@ def test_a_typo_in_an_environment_variable_names_the_variable_meant(
         "CONTROLPLANE_TOKEN",
         "CONTROLPLANE_SERVICE_HOST",  # Kubernetes' links to a Service named controlplane
         "CONTROLPLANE_PORT_8080_TCP_ADDR",
+        # A known group, then nothing close to one of its settings: someone else's variable.
+        "CONTROLPLANE_API_KEY",
+        "CONTROLPLANE_LOG_DIR",
+        "CONTROLPLANE_LOG_PORT",  # 0.6 from 'format' by difflib: not close enough
     ],
 )
 def test_variables_that_are_not_settings_are_left_alone(
@@ -313,6 +317,212 @@ def test_variables_that_are_not_settings_are_left_alone(
 ) -> None:
     monkeypatch.setenv(variable, "10.0.0.1")
     assert load_settings().api.port == 8080
+
+
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("CONTROLPLANE_TRITON_GRPC_URL", "'triton.grpc_url' (CONTROLPLANE_TRITON__GRPC_URL)"),
+        ("CONTROLPLANE_REPOSITORY_PATH", "'repository.path' (CONTROLPLANE_REPOSITORY__PATH)"),
+        ("CONTROLPLANE_LOG_LEVEL", "'log.level' (CONTROLPLANE_LOG__LEVEL)"),
+        (  # close to a field: a typo on top of the lost '_'
+            "CONTROLPLANE_STORE_POLL_INTERVAL_SECS",
+            "'store.poll_interval_seconds' (CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS)",
+        ),
+        (  # a group whose name holds a '_'
+            "CONTROLPLANE_MODEL_DEFAULTS_STRATEGY",
+            "'model_defaults.strategy' (CONTROLPLANE_MODEL_DEFAULTS__STRATEGY)",
+        ),
+        (  # a nested group
+            "CONTROLPLANE_MODEL_DEFAULTS_ROLLOUT_BAKE_SECONDS",
+            "'model_defaults.rollout.bake_seconds' "
+            "(CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__BAKE_SECONDS)",
+        ),
+        (  # one of the two '__' lost
+            "CONTROLPLANE_MODEL_DEFAULTS_ROLLOUT__BAKE_SECONDS",
+            "'model_defaults.rollout.bake_seconds' "
+            "(CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__BAKE_SECONDS)",
+        ),
+        (
+            "CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT_BAKE_SECONDS",
+            "'model_defaults.rollout.bake_seconds' "
+            "(CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__BAKE_SECONDS)",
+        ),
+        (  # a model's own policy
+            "CONTROLPLANE_MODELS_RESNET_ROLLOUT_CANARY_MEMBERS",
+            "'models.resnet.rollout.canary_members' "
+            "(CONTROLPLANE_MODELS__RESNET__ROLLOUT__CANARY_MEMBERS)",
+        ),
+        # The shape of a Kubernetes service link (Service controlplane-api), but not its value.
+        ("CONTROLPLANE_API_PORT", "'api.port' (CONTROLPLANE_API__PORT)"),
+    ],
+)
+def test_one_underscore_where_two_belong_is_refused_with_the_variable_meant(
+    required: Path, monkeypatch: pytest.MonkeyPatch, variable: str, meant: str
+) -> None:
+    """The loader would ignore such a variable, and the daemon run with the default."""
+    monkeypatch.setenv(variable, "1")
+    message = settings_error()
+    assert f"  {variable}: " in message
+    assert f"did you mean {meant}?" in message
+
+
+def test_a_lost_underscore_is_named_before_the_setting_it_leaves_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_REPOSITORY_PATH", str(tmp_path / "repository"))
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", (tmp_path / "store").as_uri())
+    lines = settings_error().splitlines()
+    assert lines[1].startswith("  CONTROLPLANE_REPOSITORY_PATH: no setting is read from this")
+    assert "did you mean 'repository.path' (CONTROLPLANE_REPOSITORY__PATH)?" in lines[1]
+    assert "  repository.path (CONTROLPLANE_REPOSITORY__PATH): Field required" in lines
+
+
+def service_links(service: str, address: str, ports: dict[str, tuple[int, str]]) -> dict[str, str]:
+    """The variables Kubernetes sets in every pod of the namespace for a Service
+    (enableServiceLinks, on by default): ``ports`` maps each port's name to (port, protocol),
+    the first one being the Service's main port."""
+    name = service.upper().replace("-", "_")
+    first, first_protocol = next(iter(ports.values()))
+    links = {
+        f"{name}_SERVICE_HOST": address,
+        f"{name}_SERVICE_PORT": str(first),
+        f"{name}_PORT": f"{first_protocol.lower()}://{address}:{first}",
+    }
+    for port_name, (port, protocol) in ports.items():
+        links[f"{name}_SERVICE_PORT_{port_name.upper().replace('-', '_')}"] = str(port)
+        link = f"{name}_PORT_{port}_{protocol}"
+        links[link] = f"{protocol.lower()}://{address}:{port}"
+        links[f"{link}_PROTO"] = protocol.lower()
+        links[f"{link}_PORT"] = str(port)
+        links[f"{link}_ADDR"] = address
+    return links
+
+
+def test_a_daemon_loads_its_settings_beside_kubernetes_service_links(
+    required: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Services named after the daemon and its groups (controlplane-api, controlplane-store,
+    ...) put CONTROLPLANE_API_PORT and the like into every pod of the namespace: a daemon that
+    took them for misspelt settings would crash at start."""
+    links: dict[str, str] = {}
+    services = ["controlplane", "controlplane-api", "controlplane-store", "controlplane-triton"]
+    services += [f"controlplane-{group.replace('_', '-')}" for group in Settings.model_fields]
+    for number, service in enumerate(services):
+        address = f"10.96.0.{number + 10}"
+        ports = {"http": (8080, "TCP"), "grpc-port": (8001, "TCP"), "metrics": (8002, "UDP")}
+        links.update(service_links(service, address, ports))
+    assert "CONTROLPLANE_API_PORT_8080_TCP_PROTO" in links  # as the task describes them
+    assert "CONTROLPLANE_STORE_SERVICE_PORT_GRPC_PORT" in links
+    for variable, value in links.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("CONTROLPLANE_URL", "http://controlplane-api:8080")  # the CLI's
+    monkeypatch.setenv("CONTROLPLANE_TOKEN", "s3cret")
+
+    settings = load_settings()
+
+    assert settings.api.port == 8080
+    assert settings.triton.grpc_url == "localhost:8001"
+
+
+# --- where a refused value came from ------------------------------------------------------
+
+
+def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "repository": {"path": "/srv/r"},
+            "store": {"uri": "file:///srv/s"},
+            "api": {"port": "eighty"},
+        },
+    )
+    message = settings_error(config)
+    assert f"  api.port (in {config}): Input should be a valid integer" in message
+    assert "CONTROLPLANE_API__PORT" not in message
+
+
+def test_a_bad_value_in_a_variable_is_blamed_on_the_variable_even_beside_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_yaml(
+        tmp_path,
+        {"repository": {"path": "/srv/r"}, "store": {"uri": "file:///srv/s"}, "api": {"port": 80}},
+    )
+    monkeypatch.setenv("CONTROLPLANE_API__PORT", "eighty")
+    message = settings_error(config)
+    assert "  api.port (CONTROLPLANE_API__PORT): Input should be a valid integer" in message
+    assert f"in {config}" not in message
+
+
+def test_a_setting_missing_from_both_names_both_places(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path, {"repository": {"path": "/srv/r"}})
+    message = settings_error(config)
+    assert f"  store.uri (CONTROLPLANE_STORE__URI or in {config}): Field required" in message
+
+
+@pytest.mark.parametrize(
+    ("in_file", "in_env", "where"),
+    [
+        ({"source": "prometheus"}, {}, "in {config}"),
+        ({}, {"CONTROLPLANE_ROLLBACK__SOURCE": "prometheus"}, "CONTROLPLANE_ROLLBACK__*"),
+        (
+            {"query": "up"},
+            {"CONTROLPLANE_ROLLBACK__SOURCE": "prometheus"},
+            "CONTROLPLANE_ROLLBACK__* and in {config}",
+        ),
+    ],
+    ids=["file", "variable", "both"],
+)
+def test_a_rule_across_a_group_names_where_its_fields_came_from(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    in_file: dict[str, str],
+    in_env: dict[str, str],
+    where: str,
+) -> None:
+    base: dict[str, Any] = {"repository": {"path": "/srv/r"}, "store": {"uri": "file:///srv/s"}}
+    config = write_yaml(tmp_path, {**base, "rollback": in_file})
+    for variable, value in in_env.items():
+        monkeypatch.setenv(variable, value)
+    message = settings_error(config)
+    assert f"  rollback ({where.format(config=config)}): rollback.source is prometheus" in message
+
+
+# --- passwords in URLs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("CONTROLPLANE_STORE__URI", "file://admin:hunter2@nas/srv/store"),
+        ("CONTROLPLANE_TRITON__GRPC_URL", "http://admin:hunter2@triton:8001"),
+        ("CONTROLPLANE_TRITON__GRPC_URL", "dns://admin:hunter2@10.0.0.2/triton:8001"),
+        ("CONTROLPLANE_FLEET__ADVERTISE_URL", "http://admin:hunter2@10.0.0.7:8080"),
+    ],
+)
+def test_a_refused_url_is_quoted_without_its_password(
+    required: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    message = settings_error()
+    assert "hunter2" not in message
+    assert "admin:********@" in message or "admin" not in message
+
+
+@pytest.mark.parametrize(
+    "uri", ["s3://AKIAEXAMPLE:hunter2@bucket/prefix", "s3://AKIAEXAMPLE:hunt/er2@bucket"]
+)
+def test_credentials_in_an_s3_uri_are_refused_without_being_repeated(
+    required: Path, monkeypatch: pytest.MonkeyPatch, uri: str
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_STORE__URI", uri)
+    message = settings_error()
+    assert "store.uri (CONTROLPLANE_STORE__URI): an S3 URI names the bucket only" in message
+    assert "AWS chain" in message
+    assert "hunter2" not in message
+    assert "hunt" not in message
+    assert "AKIAEXAMPLE" not in message
 
 
 @pytest.mark.parametrize(
