@@ -12,6 +12,11 @@ store. One model's answer still reads the store. A list also reuses Triton's ind
 to Triton is one): a client that polls the list does not cost Triton a call each time, and the
 page says when the store and Triton were seen (:class:`AsOf`). The overload verdict, one per
 Triton, is given once per page (:attr:`ModelPage.overload`), not in each model's view.
+
+What the store's listings left out because of their names (:mod:`controlplane.domain.ignored`)
+comes with them: each view's ``ignored_releases``, the page's ``ignored_models``. A model dir
+that holds nothing but misnamed releases is a model the store has, so one model's answer is
+those, not ``model_not_found``.
 """
 
 from __future__ import annotations
