@@ -17,6 +17,7 @@ from typing import Protocol
 from controlplane.domain.alerts import Alert, AlertRecord, Receipt
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.fleet import DesiredModel, MemberBeat
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport
 from controlplane.domain.operations import Operation, OperationKind, Step
 from controlplane.domain.releases import ReleaseInfo
@@ -85,10 +86,17 @@ class ModelStore(Protocol):
         """Release connections and stop retries in flight (a no-op for stores without)."""
         ...
 
-    def list_models(self) -> list[str]: ...
+    def list_models(self, *, ignored: Callable[[IgnoredName], None] | None = None) -> list[str]:
+        """The models in the store, in natural order. Each entry left out because its name is
+        no model's (and may be a misnamed one: :mod:`controlplane.domain.ignored`) is passed to
+        ``ignored``, when given, as the listing meets it."""
+        ...
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
-        """Every release of ``model``, complete or not, in natural order."""
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
+        """Every release of ``model``, complete or not, in natural order; each dir (or key
+        prefix) left out because its name is no release's is passed to ``ignored``."""
         ...
 
     def describe(self, model: str, release: str) -> ReleaseInfo:
@@ -134,10 +142,13 @@ class StoreChanges:
     ``models``: the models whose dirs had an event. ``complete``: events were watched the whole
     time since the last ask, so no other model changed, as far as events can tell (a kernel
     may still drop some, hence the full scans on a slower beat). Not complete: list them all.
+    ``others``: an entry at the store's top that is no model's changed (a misnamed model dir
+    may have appeared or gone): list the models once to see it.
     """
 
     models: frozenset[str] = frozenset()
     complete: bool = False
+    others: bool = False
 
 
 class ChangeEvents(Protocol):

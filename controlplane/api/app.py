@@ -358,7 +358,11 @@ def create_app(settings: Settings) -> FastAPI:
         states those of an index read at most a second ago (none of the daemon's operations
         saved since); `as_of` says when: `store` (the watcher's last look; with a local store's
         events, one at the models that changed), `store_full_scan` (its last look at every
-        model) and `triton`. `GET /v1/models/{name}` reads the store and Triton."""
+        model) and `triton`. `ignored_models` lists the store's dirs (or S3 prefixes) that
+        the watcher's last listing left out because their names are no model's, each with the
+        rule it breaks (at most 100, the first by name; the log names each once); each model's
+        `ignored_releases` does the same for its release dirs. `GET /v1/models/{name}` reads
+        the store and Triton."""
         page = await c.status.list_models(limit=limit, after=after)
         return Response(content=pages.render(page), media_type="application/json")
 
@@ -366,8 +370,10 @@ def create_app(settings: Settings) -> FastAPI:
         "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
     )
     async def get_model(name: ModelName, c: Reader) -> dict[str, Any]:
-        """One model: active and previous release, Triton's state, releases in the store, and
-        (in a fleet) what the fleet wants of this member and whether it can read the store."""
+        """One model: active and previous release, Triton's state, releases in the store (and
+        in `ignored_releases`, at most 100, the release dirs or prefixes left out because their
+        names are no release's, with the rule each breaks), and (in a fleet) what the fleet
+        wants of this member and whether it can read the store."""
         body = model_json(await c.status.get_model(name))
         if c.fleet is not None:
             body["fleet"] = c.fleet.model_status(name)

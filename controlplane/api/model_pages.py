@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.api.schemas import as_of_json, model_json, overload_json
+from controlplane.api.schemas import as_of_json, ignored_json, model_json, overload_json
 from controlplane.services.status import ModelPage, ModelView
 
 KEPT = 5000  # models whose JSON is kept (least recently answered dropped first)
@@ -46,6 +46,7 @@ class ModelPages:
                 "next": page.next_after,
                 "as_of": as_of_json(page.as_of),
                 "store_error": page.store_error,
+                "ignored_models": ignored_json(page.ignored_models),
             }
         )
         return b'{"models":[' + models + b"]," + rest[1:]

@@ -6,11 +6,13 @@ routes render with the ``*_json`` functions); the API fuzzer checks that the two
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.memory import LeakTrend, MemorySample
 from controlplane.domain.names import MAX_NAME_LENGTH
 from controlplane.domain.operations import (
@@ -319,6 +321,12 @@ def as_of_json(as_of: AsOf | None) -> dict[str, Any] | None:
     }
 
 
+def ignored_json(ignored: Iterable[IgnoredName]) -> list[dict[str, str]]:
+    """Store entries left out for their names: the name (untrusted text, made printable; the
+    JSON encoder escapes it) and the rule it breaks. Where it is stays in the log."""
+    return [{"name": entry.name, "reason": entry.reason} for entry in ignored]
+
+
 def model_json(view: ModelView) -> dict[str, Any]:
     return {
         "name": view.name,
@@ -330,6 +338,7 @@ def model_json(view: ModelView) -> dict[str, Any]:
         "triton": {"state": view.triton_state, "reason": view.triton_reason},
         "slots": [slot_json(slot, view.slot_triton_states.get(slot.name)) for slot in view.slots],
         "releases": [{"name": r.name, "complete": r.complete} for r in view.releases],
+        "ignored_releases": ignored_json(view.ignored_releases),
         "store_error": view.store_error,
         "running_operation": view.running_operation,
         "last_operation": None

@@ -2,7 +2,9 @@
 
 The table is built from ``GET /v1/models`` (or one model's ``GET /v1/models/{name}``), plus
 the daemon's jobs that are down from ``/healthz``; the document of ``-o json|yaml`` is the
-models' answer alone. ``--watch`` looks again every ``--interval`` seconds (see watch.py).
+models' answer alone. Store entries the daemon ignores for their names (``ignored_models``,
+each model's ``ignored_releases``) take one line: on top, and under their model. ``--watch``
+looks again every ``--interval`` seconds (see watch.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def status_lines(data: dict[str, Any], model: str | None) -> list[str]:
     # Why the store could not be listed, above the models: an empty list is then no news.
     said = None if model else data.get("store_error")
     lines = [f"store: {said}"] if said else []
+    if not model and data.get("ignored_models"):
+        lines.append(f"ignored: {_names(data['ignored_models'])} (not model names: rename them)")
     if not models:
         return [*lines, "no models managed here or in the store"]
     return lines + [line for view in models for line in model_lines(view, said)]
@@ -101,6 +105,9 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
         r["name"] + ("" if r["complete"] else " (incomplete)") for r in view.get("releases", [])
     )
     lines.append(f"  releases:  {releases or '-'}")
+    if view.get("ignored_releases"):
+        ignored = _names(view["ignored_releases"])
+        lines.append(f"  ignored:   {ignored} (not release names: rename them)")
     if view.get("store_error") and view["store_error"] != said:
         lines.append(f"  store:     {view['store_error']}")
     last = view.get("last_operation")
@@ -123,6 +130,12 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
             f"  repaired:  {repair['status']} at {repair['created_at']}: {why} [{repair['id']}]"
         )
     return lines + _rollback_lines(view)
+
+
+def _names(ignored: list[dict[str, Any]]) -> str:
+    """Store entries left out for their names, quoted: untrusted text, so repr() escapes what
+    a terminal would act on. Why each was left out is in -o json and the daemon's log."""
+    return ", ".join(repr(str(entry.get("name"))) for entry in ignored)
 
 
 def _fleet_lines(fleet: dict[str, Any] | None) -> list[str]:

@@ -11,23 +11,39 @@ as the last full scan (:attr:`StoreCatalog.full_scan`) whatever happened.
 
 Nothing here is persisted: the catalog is empty after a start until the first scan, and status
 lists the store itself until then (:attr:`StoreCatalog.scanned` is None).
+
+What the listings left out because of their names (:mod:`controlplane.domain.ignored`) is kept
+beside them, at most :data:`KEPT_IGNORED` per model and of the models (the first in name order),
+so a store full of stray dirs cannot fill the memory: the answers show no more than that.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.releases import ReleaseInfo
+
+KEPT_IGNORED = 100
 
 
 @dataclass(frozen=True)
 class Listing:
-    """One model's releases as last listed, or why its last listing failed."""
+    """One model's releases as last listed, or why its last listing failed, and the release
+    dirs the listing left out because of their names."""
 
     releases: tuple[ReleaseInfo, ...]
     error: str | None = None  # the releases are from an earlier look, when there was one
+    ignored: tuple[IgnoredName, ...] = ()
+
+
+def kept(ignored: Sequence[IgnoredName]) -> tuple[IgnoredName, ...]:
+    """What is kept of the entries a listing left out: the first :data:`KEPT_IGNORED` by name,
+    in that order (a listing meets them in no particular order)."""
+    return tuple(heapq.nsmallest(KEPT_IGNORED, ignored)) if ignored else ()
 
 
 class StoreCatalog:
@@ -37,6 +53,7 @@ class StoreCatalog:
         self.full_scan: datetime | None = None  # when the last look at every model ended
         self.error: str | None = None  # why the last full look could not list the models
         self.version = 0  # moves whenever what the catalog holds changes (not its times)
+        self.ignored_models: tuple[IgnoredName, ...] = ()  # as the last look at the models found
 
     def models(self) -> list[str]:
         return list(self._models)
@@ -44,12 +61,30 @@ class StoreCatalog:
     def get(self, model: str) -> Listing | None:
         return self._models.get(model)
 
-    def listed(self, model: str, releases: Sequence[ReleaseInfo]) -> None:
+    def listed(
+        self,
+        model: str,
+        releases: Sequence[ReleaseInfo],
+        ignored: tuple[IgnoredName, ...] = (),
+    ) -> None:
+        """``model``'s releases as just listed; ``ignored`` as :func:`kept` keeps them."""
         before = self._models.get(model)
-        if before is not None and before.error is None and before.releases == tuple(releases):
+        if (
+            before is not None
+            and before.error is None
+            and before.releases == tuple(releases)
+            and before.ignored == ignored
+        ):
             return  # as it was: the same Listing, so readers can tell nothing changed
-        self._models[model] = Listing(tuple(releases))
+        self._models[model] = Listing(tuple(releases), ignored=ignored)
         self.version += 1
+
+    def ignoring(self, models: tuple[IgnoredName, ...]) -> None:
+        """The store's entries that a listing of the models left out (as :func:`kept` keeps
+        them)."""
+        if models != self.ignored_models:
+            self.ignored_models = models
+            self.version += 1
 
     def failing(self) -> set[str]:
         """The models whose last listing failed: looked at again on every beat."""
@@ -65,7 +100,9 @@ class StoreCatalog:
         before = self._models.get(model)
         if before is not None and before.error == error:
             return
-        self._models[model] = Listing(before.releases if before else (), error)
+        self._models[model] = (
+            Listing(before.releases, error, before.ignored) if before else Listing((), error)
+        )
         self.version += 1
 
     def finished(self, models: Iterable[str], at: datetime) -> None:

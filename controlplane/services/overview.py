@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import Operation
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.ports import Clock, OperationLog, RollbackBook
@@ -101,6 +102,7 @@ class Overview:
     more: bool  # more models than the page holds (:data:`MAX_MODELS`)
     gpu: GpuHistory
     overload: OverloadView | None
+    ignored_models: tuple[IgnoredName, ...] = ()  # store entries left out for their names
 
 
 class OverviewService:
@@ -151,6 +153,7 @@ class OverviewService:
             more=page.next_after is not None,
             gpu=self._gpu(since, now),
             overload=page.overload,
+            ignored_models=page.ignored_models,
         )
 
     def _gpu(self, since: datetime, now: datetime) -> GpuHistory:

@@ -12,18 +12,25 @@ store. One model's answer still reads the store. A list also reuses Triton's ind
 to Triton is one): a client that polls the list does not cost Triton a call each time, and the
 page says when the store and Triton were seen (:class:`AsOf`). The overload verdict, one per
 Triton, is given once per page (:attr:`ModelPage.overload`), not in each model's view.
+
+What the store's listings left out because of their names (:mod:`controlplane.domain.ignored`)
+comes with them: each view's ``ignored_releases``, the page's ``ignored_models``. A model dir
+that holds nothing but misnamed releases is a model the store has, so one model's answer is
+those, not ``model_not_found``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import ReleaseInfo, natural_key
@@ -40,7 +47,7 @@ from controlplane.ports import (
     ServingRepo,
     Triton,
 )
-from controlplane.services.catalog import Listing, StoreCatalog
+from controlplane.services.catalog import Listing, StoreCatalog, kept
 from controlplane.services.overload import OverloadView
 
 log = logging.getLogger(__name__)
@@ -70,6 +77,8 @@ class ModelView:
     last_repair: Operation | None = None  # the reconcile loop's last repair of this model
     drift: str | None = None  # what the last reconcile pass found wrong, if anything
     cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
+    # Release dirs (or prefixes) the store's listing left out for their names (the first ones).
+    ignored_releases: tuple[IgnoredName, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ class ModelPage:
     overload: OverloadView | None = None  # the overload watcher's verdict, for every model
     as_of: AsOf | None = None
     store_error: str | None = None  # why the store's models could not be listed (at all)
+    # Entries at the store's top its listing left out for their names (the first ones).
+    ignored_models: tuple[IgnoredName, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,14 +176,21 @@ class StatusService:
         records = await self._records()
         if catalog is not None:
             ordered = self._ordered(catalog, records)
+            ignored = catalog.ignored_models
         else:  # the watcher has not looked yet (start-up): look now
             names = set(records)
+            left_out: list[IgnoredName] = []
             try:
-                names.update(await asyncio.to_thread(self._store.list_models))
+                names.update(
+                    await asyncio.to_thread(
+                        functools.partial(self._store.list_models, ignored=left_out.append)
+                    )
+                )
             except ControlPlaneError as exc:
                 log.warning("store unreachable while listing models: %s", exc)
                 store_error = str(exc)
             ordered = sorted(names, key=_order)
+            ignored = kept(left_out)
         if after is not None:
             ordered = ordered[bisect.bisect_right(ordered, _order(after), key=_order) :]
         if managed_first:
@@ -190,7 +208,7 @@ class StatusService:
         if catalog is None:
             listings = await asyncio.to_thread(lambda: {n: self._listing(n) for n in page})
             views = await self._views(page, seen.index, records, listings, overload=None)
-            return ModelPage(views, next_after, self._overload(), as_of, store_error)
+            return ModelPage(views, next_after, self._overload(), as_of, store_error, ignored)
         # Taken before anything is read: a write submitted after it moves it.
         inputs = self._inputs(page, catalog, seen)
         built = self._built
@@ -199,7 +217,7 @@ class StatusService:
             listings = {name: known(name) for name in page}
             views = await self._views(page, seen.index, records, listings, overload=None)
             built = self._built = _Built(inputs, views)
-        return ModelPage(built.views, next_after, self._overload(), as_of, store_error)
+        return ModelPage(built.views, next_after, self._overload(), as_of, store_error, ignored)
 
     def _inputs(
         self, page: list[str], catalog: StoreCatalog, seen: _SeenIndex
@@ -234,7 +252,12 @@ class StatusService:
         [view] = await self._views(
             [model], index, records, {model: listing}, overload=self._overload()
         )
-        if view.active_release is None and not view.slots and not view.releases:
+        if (
+            view.active_release is None
+            and not view.slots
+            and not view.releases
+            and not view.ignored_releases
+        ):
             unread = f"; and the store cannot be read: {listing.error}" if listing.error else ""
             raise ModelNotFound(
                 f"model {model!r} is neither managed here nor in the store "
@@ -276,8 +299,10 @@ class StatusService:
 
     def _listing(self, model: str) -> Listing:
         """``model``'s releases, read from the store now (a worker thread's job)."""
+        left_out: list[IgnoredName] = []
         try:
-            return Listing(tuple(self._store.list_releases(model)))
+            releases = self._store.list_releases(model, ignored=left_out.append)
+            return Listing(tuple(releases), ignored=kept(left_out))
         except ModelNotFound:
             return Listing(())
         except ControlPlaneError as exc:
@@ -359,6 +384,7 @@ class StatusService:
             last_repair=history.last_repair,
             drift=self._drift(model),
             cpu_only=any(s.state is SlotState.ACTIVE and on_cpu_only(s) for s in slots),
+            ignored_releases=listing.ignored,
         )
 
 
@@ -386,7 +412,9 @@ def _known(catalog: StoreCatalog) -> Callable[[str], Listing]:
         found = catalog.get(model)
         if found is None:
             return Listing((), catalog.error)
-        return found if found.error or not catalog.error else Listing(found.releases, catalog.error)
+        if found.error or not catalog.error:
+            return found
+        return Listing(found.releases, catalog.error, found.ignored)
 
     return known
 

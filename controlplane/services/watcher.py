@@ -29,6 +29,12 @@ answers from.
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
 release is republished.
+
+Dirs (or S3 prefixes) the listings leave out because their names are no model's or release's
+(:mod:`controlplane.domain.ignored`) are kept in the catalog with the listing, for the API to
+show, and logged once each (:class:`~controlplane.services.ignored_log.IgnoredNamesLog`). They
+cost nothing more than the listing that meets them: the models are listed on a full scan, and
+on a beat whose events name an entry at the store's top that is no model's.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ControlPlaneError, InvalidName, ModelNotFound
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo, natural_key
@@ -51,15 +58,31 @@ from controlplane.ports import (
     RollbackBook,
     ServingRepo,
 )
-from controlplane.services.catalog import StoreCatalog
+from controlplane.services.catalog import StoreCatalog, kept
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.ignored_log import IgnoredNamesLog
 
 log = logging.getLogger(__name__)
 TRANSIENT_CODES = frozenset(
     {"store_unavailable", "release_changed", "triton_unavailable", "triton_timeout"}
 )
 FULL_SCAN_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """One model's listing, made in the worker thread, and what it left out."""
+
+    model: str
+    releases: list[ReleaseInfo] | ControlPlaneError
+    ignored: list[IgnoredName]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    models: set[str] | None  # None: every model (a full scan)
+    top: bool  # list the models too (a full scan does), for the entries that are no model's
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,7 @@ class ReleaseWatcher:
         self._auto_deploy = auto_deploy
         self._interval = interval
         self._retry: set[tuple[str, str, str | None]] = set()
+        self._ignored_log = IgnoredNamesLog()
         self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
 
     async def run(self) -> None:
@@ -128,31 +152,38 @@ class ReleaseWatcher:
             self.wake.clear()
 
     async def scan(self) -> ScanResult:
-        models = self._plan()
+        plan = self._plan()
         started = self._clock.monotonic()
-        if models is not None and not models:
+        if plan.models is not None and not plan.models and not plan.top:
             self.catalog.looked(self._clock.now())  # nothing changed: nothing to list
             return ScanResult(full=False)
         try:
-            return await self._scan(models, started)
+            return await self._scan(plan, started)
         except BaseException:
             self._next_full = None  # what the events named may not all have been looked at
             raise
 
-    async def _scan(self, models: set[str] | None, started: float) -> ScanResult:
-        full = models is None
+    async def _scan(self, plan: _Plan, started: float) -> ScanResult:
+        full = plan.models is None
+        top: list[IgnoredName] = []  # filled in the worker thread, read once it is done
         try:
-            listings = await asyncio.to_thread(self._list_store, models)
+            listings = await asyncio.to_thread(self._list_store, plan, top)
         except ControlPlaneError as exc:
             self.catalog.set_error(str(exc))
             raise
-        result = ScanResult(full=full, listed=[model for model, _listing in listings])
+        if plan.top:
+            self._ignored_log.report(top)
+            self.catalog.ignoring(kept(top))
+        result = ScanResult(full=full, listed=[listed.model for listed in listings])
         present = []
-        for model, listing in listings:
+        for listed in listings:
+            model, listing = listed.model, listed.releases
             try:
                 if isinstance(listing, ControlPlaneError):
                     raise listing
-                await self._scan_model(model, listing, result)
+                if listed.ignored:
+                    self._ignored_log.report(listed.ignored, model=model)
+                await self._scan_model(model, listing, kept(listed.ignored), result)
             except ModelNotFound:
                 self.catalog.forget(model)  # gone (between the two listings, or since an event)
                 continue
@@ -168,38 +199,46 @@ class ReleaseWatcher:
             self.catalog.looked(self._clock.now())
         return result
 
-    def _plan(self) -> set[str] | None:
-        """The models this beat lists; None for all of them (a full scan): without events,
-        when they cannot be trusted since the last beat, and every ``full_scan_every`` s."""
+    def _plan(self) -> _Plan:
+        """The models this beat lists: all of them (a full scan) without events, when they
+        cannot be trusted since the last beat, and every ``full_scan_every`` s."""
         changes = self._events.take() if self._events is not None else None
         due = self._next_full is None or self._clock.monotonic() >= self._next_full
         if changes is None or not changes.complete or due:
-            return None
+            return _Plan(None, top=True)
         retrying = {model for model, _release, _revision in self._retry}
         named = {model for model in changes.models if _is_model_name(model)}
-        return named | retrying | self.catalog.failing()
+        return _Plan(named | retrying | self.catalog.failing(), top=changes.others)
 
-    def _list_store(
-        self, models: Collection[str] | None
-    ) -> list[tuple[str, list[ReleaseInfo] | ControlPlaneError]]:
-        """The releases of ``models`` (None: every model in the store), or why not, in one
-        worker thread: a hop to a thread per model cost more than listing the model once its
-        markers were no longer hashed."""
-        names = self._store.list_models() if models is None else sorted(models, key=natural_key)
-        listings: list[tuple[str, list[ReleaseInfo] | ControlPlaneError]] = []
+    def _list_store(self, plan: _Plan, top: list[IgnoredName]) -> list[_Listed]:
+        """The releases of the planned models (None: every model in the store), or why not,
+        in one worker thread: a hop to a thread per model cost more than listing the model
+        once its markers were no longer hashed. The entries the models' listing leaves out are
+        appended to ``top``."""
+        names = self._store.list_models(ignored=top.append) if plan.top else []
+        if plan.models is not None:
+            names = sorted(plan.models, key=natural_key)
+        listings = []
         for model in names:
+            ignored: list[IgnoredName] = []
             try:
-                listings.append((model, self._store.list_releases(model)))
+                releases = self._store.list_releases(model, ignored=ignored.append)
+                listings.append(_Listed(model, releases, ignored))
             except ControlPlaneError as exc:
-                listings.append((model, exc))
+                listings.append(_Listed(model, exc, []))
         return listings
 
     async def _scan_model(
-        self, model: str, releases: list[ReleaseInfo], result: ScanResult
+        self,
+        model: str,
+        releases: list[ReleaseInfo],
+        ignored: tuple[IgnoredName, ...],
+        result: ScanResult,
     ) -> None:
         last = self.catalog.get(model)
         if last is not None and last.releases == tuple(releases) and not self._retrying(model):
-            self.catalog.listed(model, releases)  # as recorded at the last scan: nothing to do
+            # As recorded at the last scan: nothing to do (but what it left out may differ).
+            self.catalog.listed(model, releases, ignored)
             return
         recorded = await self._releases.seen(model)
         before = {(r.name, r.complete, r.revision) for r in recorded}
@@ -207,7 +246,7 @@ class ReleaseWatcher:
         changed = [r for r in releases if (r.name, r.complete, r.revision) not in before]
         if changed:
             await self._releases.record(changed, self._clock.now())
-        self.catalog.listed(model, releases)
+        self.catalog.listed(model, releases, ignored)
         for info in new:
             log.info(
                 "new release %s of %s in the store",

@@ -31,6 +31,7 @@ from controlplane.domain.errors import (
     StoreUnavailable,
     UnsafeRelease,
 )
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import FetchedRelease, FetchProgress
@@ -167,6 +168,38 @@ def test_list_releases_reports_completeness_revisions_and_natural_order(
     files = {"a": b"1", "b": b"new"}
     upload_release(direct, bucket, PREFIX, "m", "r10", files)  # republished, same name
     assert store.list_releases("m")[2].revision not in (None, releases[2].revision)
+
+
+def test_the_listings_report_the_prefixes_they_ignore_for_their_names(
+    direct: Any, bucket: str, make_store: StoreFactory
+) -> None:
+    for model in ("m", "bad name", "evil<b>x"):
+        upload_release(direct, bucket, PREFIX, model, "r1", {"config.pbtxt": b"x"})
+    for release in ("r 5", "<img src=x onerror=alert(7)>", '"quote'):
+        upload_release(direct, bucket, PREFIX, "m", release, {"a": b"1", "1/b": b"2"})
+    for stray in ("loose-file", ".hidden/a", "_controlplane/desired/m.json"):
+        direct.put_object(Bucket=bucket, Key=f"{PREFIX}/m/{stray}", Body=b"ignored")
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/_controlplane/desired/m.json", Body=b"{}")
+    store = make_store()
+    models: list[IgnoredName] = []
+    releases: list[IgnoredName] = []
+
+    assert store.list_models(ignored=models.append) == ["m"]
+    assert [r.name for r in store.list_releases("m", ignored=releases.append)] == ["r1"]
+
+    base = f"s3://{bucket}/{PREFIX}"
+    assert sorted((e.name, e.where) for e in models) == [
+        ("bad name", f"{base}/bad name/"),
+        ("evil<b>x", f"{base}/evil<b>x/"),
+    ]
+    # Once per prefix, however many objects it holds (here 3: two files and SHA256SUMS).
+    assert sorted((e.name, e.where) for e in releases) == [
+        ('"quote', f'{base}/m/"quote/'),
+        ("<img src=x onerror=alert(7)>", f"{base}/m/<img src=x onerror=alert(7)>/"),
+        ("_controlplane", f"{base}/m/_controlplane/"),
+        ("r 5", f"{base}/m/r 5/"),
+    ]
+    assert all("is not allowed: use letters, digits" in e.reason for e in models + releases)
 
 
 def test_list_releases_of_an_unknown_model_is_model_not_found(make_store: StoreFactory) -> None:

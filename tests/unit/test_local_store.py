@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -26,6 +27,7 @@ from controlplane.domain.errors import (
     StoreUnavailable,
     UnsafeRelease,
 )
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import FetchedRelease, FetchProgress
@@ -108,6 +110,53 @@ def test_list_models_skips_files_symlinks_and_invalid_names(store_root: Path) ->
     (store_root / "alias").symlink_to(store_root / "resnet")
 
     assert LocalStore(store_root).list_models() == ["bert2", "bert10", "resnet"]
+
+
+def test_list_models_reports_the_dirs_it_ignores_for_their_names(store_root: Path) -> None:
+    for name in ("resnet", "with space", "evil<b>x", "a__b", ".hidden", "_controlplane"):
+        (store_root / name).mkdir()
+    (store_root / "lost+found").mkdir()
+    os.mkdir(os.fsencode(store_root) + b"/bad\xffbyte")  # not UTF-8
+    (store_root / "Bad Name.txt").write_text("a file is no model dir", encoding="utf-8")
+    ignored: list[IgnoredName] = []
+
+    assert LocalStore(store_root).list_models(ignored=ignored.append) == ["resnet"]
+
+    found = {entry.name: entry for entry in ignored}
+    assert sorted(found) == ["a__b", "bad\\xffbyte", "evil<b>x", "with space"]
+    assert found["with space"].where == f"{store_root}/with space"
+    assert "use letters, digits, '.', '_' and '-'" in found["evil<b>x"].reason
+    assert "reserved for the daemon's blue-green slots" in found["a__b"].reason
+    assert found["bad\\xffbyte"].where == f"{store_root}/bad\\xffbyte"  # printable
+    # Every name can be answered in JSON (a local name's lone surrogates could not be encoded).
+    json.dumps([vars_of(entry) for entry in ignored], ensure_ascii=False).encode()
+
+
+def test_list_releases_reports_the_dirs_it_ignores_for_their_names(store_root: Path) -> None:
+    write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
+    for name in ("r 5", '"quote', "<img src=x onerror=alert(7)>", "x" * 129, "tab\there"):
+        write_release(store_root, "m", name, {"config.pbtxt": CONFIG})
+    (store_root / "m" / ".partial").mkdir()
+    (store_root / "m" / "notes .txt").write_text("a file is no release dir", encoding="utf-8")
+    ignored: list[IgnoredName] = []
+
+    releases = LocalStore(store_root).list_releases("m", ignored=ignored.append)
+
+    assert [r.name for r in releases] == ["r1"]
+    found = {entry.name: entry for entry in ignored}
+    assert sorted(found) == sorted(
+        ['"quote', "<img src=x onerror=alert(7)>", "r 5", "tab\\there", "x" * 129]
+    )
+    assert found["r 5"].reason == (
+        "release name 'r 5' is not allowed: use letters, digits, '.', '_' and '-', start with "
+        "a letter or digit, and do not use '..'"
+    )
+    assert found["x" * 129].reason == "release name is 129 characters long; the limit is 128"
+    assert found["r 5"].where == f"{store_root}/m/r 5"
+
+
+def vars_of(entry: IgnoredName) -> dict[str, str]:
+    return {"name": entry.name, "reason": entry.reason, "where": entry.where}
 
 
 def test_a_symlinked_model_dir_has_no_releases_either(store_root: Path) -> None:

@@ -113,6 +113,32 @@ def test_the_fleet_records_and_a_release_s_files_name_no_model(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+def test_a_misnamed_model_dir_names_no_model_but_asks_for_a_listing_of_the_models(
+    tmp_path: Path,
+) -> None:
+    """A dir at the store's top whose name is no model's may be a misnamed model: the watcher
+    lists the models once to report it. A hidden dir is no such thing."""
+
+    async def scenario() -> None:
+        wakes = Wakes()
+        async with watching(tmp_path, wakes) as events:
+            await _live(events)
+            (tmp_path / ".staging").mkdir()
+            (tmp_path / "m").mkdir()
+            await wakes.next("m made")
+            await until(lambda: events.take().models == {"m"}, "m named", DEADLINE)
+            assert not events.take().others
+
+            (tmp_path / "Bad Name").mkdir()
+            await wakes.next("a misnamed model dir made")
+            changes = events.take()
+
+            assert (changes.models, changes.complete, changes.others) == (frozenset(), True, True)
+            assert not events.take().others  # said once, as the models are
+
+    asyncio.run(scenario())
+
+
 def test_the_watch_is_trusted_while_heartbeats_keep_its_timeout_from_answering(
     tmp_path: Path,
 ) -> None:

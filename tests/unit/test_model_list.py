@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from controlplane.api.model_pages import ModelPages
-from controlplane.api.schemas import as_of_json, model_json, overload_json
+from controlplane.api.schemas import as_of_json, ignored_json, model_json, overload_json
 from controlplane.domain.evaluator import Evaluation, Verdict
 from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord, cooldown_until
@@ -192,6 +192,7 @@ def test_each_model_s_json_is_that_of_the_view_built_for_the_call(tmp_path: Path
                     "next": candidate.next_after,
                     "as_of": as_of_json(candidate.as_of),
                     "store_error": candidate.store_error,
+                    "ignored_models": ignored_json(candidate.ignored_models),
                 }
 
             assert first == expected(page)

@@ -16,6 +16,7 @@ from pathlib import Path
 from controlplane.adapters.stores.local import LocalStore
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest
 from controlplane.domain.errors import Interrupted
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import CancelReason, Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
@@ -152,11 +153,13 @@ class StallingStore:
     def close(self) -> None:
         self._inner.close()
 
-    def list_models(self) -> list[str]:
-        return self._inner.list_models()
+    def list_models(self, *, ignored: Callable[[IgnoredName], None] | None = None) -> list[str]:
+        return self._inner.list_models(ignored=ignored)
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
-        return self._inner.list_releases(model)
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
+        return self._inner.list_releases(model, ignored=ignored)
 
     def describe(self, model: str, release: str) -> ReleaseInfo:
         return self._inner.describe(model, release)

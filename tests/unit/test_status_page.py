@@ -4,6 +4,7 @@ so when it has no sample."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from html.parser import HTMLParser
@@ -11,6 +12,7 @@ from html.parser import HTMLParser
 from controlplane.api.page.plot import NO_SAMPLES, gpu_plot
 from controlplane.api.page.render import content, page
 from controlplane.domain.evaluator import Evaluation, Verdict
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import (
     Operation,
     OperationError,
@@ -311,3 +313,24 @@ def test_an_empty_daemon_says_what_to_do_and_a_long_list_says_where_the_rest_is(
     text = content(many)
     assert "GET /v1/models lists them all" in text
     assert "the store could not be read" in text
+
+
+def test_store_entries_ignored_for_their_names_are_shown_as_text() -> None:
+    img = "<img src=x onerror=alert(7)>"
+    reason = f"release name {img!r} is not allowed"
+    ignored = (IgnoredName(img, reason, f"/store/resnet/{img}"),)
+    overview = dataclasses.replace(
+        _overview(_model(view=_view(ignored_releases=ignored))),
+        ignored_models=(IgnoredName('evil<b>x"', "model name is not allowed", "/store/x"),),
+    )
+    markup = content(overview)
+    tree = Tree(markup)
+
+    fields = {e.attrs["data-field"]: e for e in tree.having("data-field")}
+    assert fields["ignored-releases"].text == img
+    assert fields["ignored-releases"].children[0].attrs["title"] == reason
+    assert fields["ignored-models"].text == 'evil<b>x"'
+    assert not tree.all("img")
+    assert [c.tag for c in fields["ignored-models"].children] == ["code"]
+    assert not fields["ignored-models"].children[0].children  # no <b> made of the name
+    assert "/store/" not in markup  # where it is stays in the log

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.domain.checksums import FileDigest
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import RollbackOutcome
 from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
@@ -46,10 +47,12 @@ class FullDiskStore:
     def close(self) -> None:
         return None
 
-    def list_models(self) -> list[str]:
+    def list_models(self, *, ignored: Callable[[IgnoredName], None] | None = None) -> list[str]:
         raise OSError(28, "No space left on device")
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
         raise OSError(28, "No space left on device")
 
     def describe(self, model: str, release: str) -> ReleaseInfo:

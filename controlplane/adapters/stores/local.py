@@ -44,6 +44,12 @@ from controlplane.domain.errors import (
     StoreUnavailable,
     UnsafeRelease,
 )
+from controlplane.domain.ignored import (
+    IgnoredName,
+    ignored_model,
+    ignored_release,
+    release_name_problem,
+)
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.transfer import Verdict, judge_fetches
@@ -71,22 +77,28 @@ class LocalStore:
     def close(self) -> None:
         return None
 
-    def list_models(self) -> list[str]:
+    def list_models(self, *, ignored: Callable[[IgnoredName], None] | None = None) -> list[str]:
         try:
             with os.scandir(self._root) as entries:
-                found = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+                found = [
+                    (entry.name, entry.path)
+                    for entry in entries
+                    if entry.is_dir(follow_symlinks=False)
+                ]
         except (FileNotFoundError, NotADirectoryError):
             raise self._missing() from None
         names = []
-        for name in found:
-            try:
-                names.append(validate_model_name(name))
-            except Exception:  # noqa: S112 - a stray dir in the store is not a model
-                continue
+        for name, path in found:
+            if _is_model_name(name):
+                names.append(name)
+            elif ignored is not None and (left_out := ignored_model(name, path)) is not None:
+                ignored(left_out)
         self._markers.forget_models_except(names)
         return sorted(names, key=natural_key)
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
         # os.scandir, not Path.iterdir: the entry's type comes with the listing, so a release
         # costs one lstat (its marker's) per beat, and its marker is hashed only when changed.
         # A model dir that is a symlink is no model, as for list_models (a release event names
@@ -103,9 +115,16 @@ class LocalStore:
             raise ModelNotFound(f"model {model!r} is not in the store {self.uri}") from None
         keyed = []
         for name in found:
-            if (key := _release_key(name)) is not None:  # else not a release dir
-                info = self._markers.info(model, name, f"{model_dir}/{name}/{MANIFEST_NAME}")
-                keyed.append((key, info))
+            key = _release_key(name)
+            if isinstance(key, str):  # why the name is no release's: not a release dir
+                if ignored is not None:
+                    # The listing's own path, as text: nothing is read below an invalid name.
+                    where = f"{model_dir}/{name}"
+                    if (left_out := ignored_release(name, key, where)) is not None:
+                        ignored(left_out)
+                continue
+            info = self._markers.info(model, name, f"{model_dir}/{name}/{MANIFEST_NAME}")
+            keyed.append((key, info))
         keyed.sort(key=lambda pair: pair[0])
         self._markers.keep_only(model, (info.name for _, info in keyed))
         return [info for _, info in keyed]
@@ -230,16 +249,24 @@ def missing_store(root: Path) -> StoreUnavailable:
 
 
 @functools.lru_cache(maxsize=16384)
-def _release_key(name: str) -> tuple[tuple[int, int | str], ...] | None:
-    """The natural sort key of a valid release name; None for a name that is not one.
+def _release_key(name: str) -> tuple[tuple[int, int | str], ...] | str:
+    """The natural sort key of a valid release name; for a name that is not one, why not.
 
     Memoised: the watcher lists the same few thousand names on every beat, and validating and
     splitting each of them again was most of a beat's cost once markers were no longer hashed.
     """
+    problem = release_name_problem(name)
+    return problem if problem is not None else natural_key(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_model_name(name: str) -> bool:
+    """Memoised as :func:`_release_key` is: the same names on every beat."""
     try:
-        return natural_key(validate_release_name(name))
+        validate_model_name(name)
     except InvalidName:
-        return None
+        return False
+    return True
 
 
 class _FileCopy:

@@ -35,6 +35,7 @@ from controlplane.adapters.stores.mounts import events_miss_remote_changes, file
 from controlplane.domain.checksums import MANIFEST_NAME
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
+from controlplane.domain.ignored import ignored_model
 from controlplane.domain.names import validate_model_name
 from controlplane.ports import StoreChanges
 
@@ -72,13 +73,17 @@ class LocalStoreEvents:
         self.state = WatchState.WAITING
         self.why: str | None = None  # why events are not trusted, when they are not
         self._changed: set[str] = set()
+        self._others = False  # an entry that is no model's changed at the store's top
         self._missed = True  # events may have been missed since the last take
 
     def take(self) -> StoreChanges:
         changes = StoreChanges(
-            frozenset(self._changed), complete=self.state is WatchState.LIVE and not self._missed
+            frozenset(self._changed),
+            complete=self.state is WatchState.LIVE and not self._missed,
+            others=self._others,
         )
         self._changed = set()
+        self._others = False
         self._missed = self.state is not WatchState.LIVE
         return changes
 
@@ -123,8 +128,11 @@ class LocalStoreEvents:
                     # The store dir itself was deleted, moved or changed: inotify watches an
                     # inode, so a store dir made again under the same name would go unseen.
                     return
-                if (model := _model(path[len(self._prefix) :])) is not None:
-                    self._changed.add(model)
+                top = path[len(self._prefix) :].split("/", 1)[0]
+                if _is_model(top):
+                    self._changed.add(top)
+                elif ignored_model(top, path) is not None:  # a misnamed model, maybe
+                    self._others = True
             self._wake()
 
     async def _until_the_store_exists(self) -> None:
@@ -181,10 +189,12 @@ class LocalStoreEvents:
         return len(parts) <= 2 or (len(parts) == 3 and parts[2] == MANIFEST_NAME)
 
 
-def _model(relative: str) -> str | None:
-    """The model a change below the store dir belongs to; None for a name that is no model's
-    (a stray file or dir: a full scan lists it as nothing, and so does this)."""
+def _is_model(name: str) -> bool:
+    """Whether a change below the store dir whose first part is ``name`` is a model's. The
+    others (a stray file or dir) are not listed as a model: a listing of the models reports
+    the dirs among them that look like misnamed ones (:mod:`controlplane.domain.ignored`)."""
     try:
-        return validate_model_name(relative.split("/", 1)[0])
+        validate_model_name(name)
     except InvalidName:
-        return None
+        return False
+    return True

@@ -74,6 +74,12 @@ from controlplane.domain.errors import (
     StoreUnavailable,
     UnsafeRelease,
 )
+from controlplane.domain.ignored import (
+    IgnoredName,
+    ignored_model,
+    ignored_release,
+    release_name_problem,
+)
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.transfer import RetryCause
@@ -234,7 +240,7 @@ class S3Store:
 
     # --- listing --------------------------------------------------------------------------
 
-    def list_models(self) -> list[str]:
+    def list_models(self, *, ignored: Callable[[IgnoredName], None] | None = None) -> list[str]:
         names = []
         for page in self._pages(self._base, delimiter="/", retrier=self._scan_retrier):
             for common in page.get("CommonPrefixes", []):
@@ -242,24 +248,33 @@ class S3Store:
                 try:
                     names.append(validate_model_name(name))
                 except InvalidName:
-                    continue
+                    where = self._url(common["Prefix"])
+                    if ignored is not None and (left_out := ignored_model(name, where)):
+                        ignored(left_out)
         return sorted(names, key=natural_key)
 
-    def list_releases(self, model: str) -> list[ReleaseInfo]:
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
         base = f"{self._base}{validate_model_name(model)}/"
         markers: dict[str, str | None] = {}
+        refused: set[str] = set()  # names that are no release's, each judged once
         seen = False
         for page in self._pages(base, retrier=self._scan_retrier):
             for entry in page.get("Contents", []):
                 seen = True
-                name, slash, path = entry["Key"][len(base) :].partition("/")
-                if not slash or not path:
+                key = entry["Key"]
+                name, slash, path = key[len(base) :].partition("/")
+                if not slash or not path or name in refused:
                     continue
-                try:
-                    validate_release_name(name)
-                except InvalidName:
-                    continue
-                markers.setdefault(name, None)
+                if name not in markers:
+                    if (problem := release_name_problem(name)) is not None:
+                        refused.add(name)
+                        where = self._url(key[: len(base) + len(name) + 1])  # the listed key's
+                        if ignored is not None and (left := ignored_release(name, problem, where)):
+                            ignored(left)
+                        continue
+                    markers[name] = None
                 if path == MANIFEST_NAME:
                     markers[name] = _revision(entry["ETag"])
         if not seen:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from controlplane.api.page.markup import clock, esc, seconds, text_or
 from controlplane.api.page.plot import gpu_plot
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import Operation
 from controlplane.services.overview import ModelOverview, Overview
 
@@ -78,6 +79,12 @@ def content(overview: Overview) -> str:
     parts = [_summary(overview)]
     if overview.fleet_problem:
         parts.append(f'<p class="problem">{esc(overview.fleet_problem)}</p>')
+    if overview.ignored_models:
+        parts.append(
+            '<p class="problem">Ignored in the store, names that are no model\'s (rename '
+            f'them): <span data-field="ignored-models">{_ignored(overview.ignored_models)}'
+            "</span></p>"
+        )
     if not overview.models:
         parts.append(
             '<p class="problem">No model is managed here or in the store yet: publish a '
@@ -168,10 +175,19 @@ def _releases(model: ModelOverview) -> str:
     ]
     if view.store_error:
         rows.append(("store", f'<span class="error">{esc(view.store_error)}</span>', "store"))
+    if view.ignored_releases:
+        rows.append(("ignored", _ignored(view.ignored_releases), "ignored-releases"))
     body = "".join(
         f'<dt>{label}</dt><dd data-field="{field}">{value}</dd>' for label, value, field in rows
     )
     return f'<dl class="releases">{body}</dl>'
+
+
+def _ignored(ignored: tuple[IgnoredName, ...]) -> str:
+    """Store entries left out for their names (untrusted text), each with its rule on hover."""
+    return ", ".join(
+        f'<code title="{esc(entry.reason)}">{esc(entry.name)}</code>' for entry in ignored
+    )
 
 
 def _members(model: ModelOverview) -> str:
