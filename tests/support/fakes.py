@@ -58,6 +58,8 @@ from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook
+from controlplane.services.status import StatusService
+from controlplane.services.watcher import ReleaseWatcher
 
 __all__ = [
     "START",
@@ -437,6 +439,37 @@ def make_deploy_service(
 def make_reconciler(service: DeployService, parts: Parts) -> Reconciler:
     """The reconcile loop over the same adapters, wired with them (as ``wiring.build`` does)."""
     return parts.reconciler
+
+
+def release_watcher(service: DeployService, parts: Parts, **given: Any) -> ReleaseWatcher:
+    """The release watcher over ``parts`` (auto-deploy off, a 60 s beat); ``given`` replaces
+    any of its arguments."""
+    arguments: dict[str, Any] = {
+        "store": parts.store,
+        "deploy": service,
+        "releases": parts.repos.releases,
+        "serving": parts.repos.serving,
+        "rollbacks": parts.repos.rollbacks,
+        "clock": parts.clock,
+        "tasks": parts.tasks,
+        "auto_deploy": lambda _model: False,
+        "interval": 60.0,
+    }
+    return ReleaseWatcher(**{**arguments, **given})
+
+
+def status_service(service: DeployService, parts: Parts, **given: Any) -> StatusService:
+    """The status service over ``parts``; ``given`` adds or replaces arguments (``catalog``)."""
+    arguments: dict[str, Any] = {
+        "serving": parts.repos.serving,
+        "journal": parts.repos.operations,
+        "rollbacks": parts.repos.rollbacks,
+        "store": parts.store,
+        "triton": parts.triton,
+        "clock": parts.clock,
+        "holder": service.holder,
+    }
+    return StatusService(**{**arguments, **given})
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ from controlplane.services.catalog import KEPT_IGNORED
 from controlplane.services.deploy import DeployService
 from controlplane.services.status import StatusService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import Parts, deploy_service
+from tests.support.fakes import Parts, deploy_service, release_watcher, status_service
 from tests.support.models import write_scale_release
 
 IMG = "<img src=x onerror=alert(7)>"
@@ -56,31 +56,11 @@ def _watcher(
     store: ModelStore | None = None,
     events: Events | None = None,
 ) -> ReleaseWatcher:
-    return ReleaseWatcher(
-        store=store or parts.store,
-        deploy=service,
-        releases=parts.repos.releases,
-        serving=parts.repos.serving,
-        rollbacks=parts.repos.rollbacks,
-        clock=parts.clock,
-        tasks=parts.tasks,
-        auto_deploy=lambda _model: False,
-        interval=1.0,
-        events=events,
-    )
+    return release_watcher(service, parts, store=store or parts.store, interval=1.0, events=events)
 
 
 def _status(service: DeployService, parts: Parts, watcher: ReleaseWatcher) -> StatusService:
-    return StatusService(
-        serving=parts.repos.serving,
-        journal=parts.repos.operations,
-        rollbacks=parts.repos.rollbacks,
-        store=parts.store,
-        triton=parts.triton,
-        clock=parts.clock,
-        holder=service.holder,
-        catalog=watcher.catalog,
-    )
+    return status_service(service, parts, catalog=watcher.catalog)
 
 
 def _misnamed(store: Path) -> None:

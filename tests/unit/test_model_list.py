@@ -20,7 +20,7 @@ from controlplane.services.deploy import DeployService
 from controlplane.services.overload import OverloadView
 from controlplane.services.status import INDEX_REUSE_SECONDS, ModelPage, StatusService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import Parts, deploy_service, started
+from tests.support.fakes import Parts, deploy_service, release_watcher, started, status_service
 from tests.support.models import write_scale_release
 
 COOLDOWN = 60.0
@@ -31,31 +31,11 @@ def _status(service: DeployService, parts: Parts, catalog: StoreCatalog) -> Stat
         until = cooldown_until(last, COOLDOWN)
         return until if until is not None and until > parts.clock.now() else None
 
-    return StatusService(
-        serving=parts.repos.serving,
-        journal=parts.repos.operations,
-        rollbacks=parts.repos.rollbacks,
-        store=parts.store,
-        triton=parts.triton,
-        clock=parts.clock,
-        holder=service.holder,
-        cooldown_until=cooldown,
-        catalog=catalog,
-    )
+    return status_service(service, parts, cooldown_until=cooldown, catalog=catalog)
 
 
 async def _scanned(service: DeployService, parts: Parts) -> ReleaseWatcher:
-    watcher = ReleaseWatcher(
-        store=parts.store,
-        deploy=service,
-        releases=parts.repos.releases,
-        serving=parts.repos.serving,
-        rollbacks=parts.repos.rollbacks,
-        clock=parts.clock,
-        tasks=parts.tasks,
-        auto_deploy=lambda _model: False,
-        interval=60.0,
-    )
+    watcher = release_watcher(service, parts)
     await watcher.scan()
     return watcher
 

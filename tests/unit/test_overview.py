@@ -17,23 +17,14 @@ from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
 from controlplane.services.overload import HISTORY_POINTS, HISTORY_SECONDS, OverloadWatcher
 from controlplane.services.overview import OverviewService
-from controlplane.services.status import StatusService
-from tests.support.fakes import START
+from tests.support.fakes import START, status_service
 from tests.unit.test_auto_rollback import Rig, rig
 from tests.unit.test_overload_watcher import ScriptedSource, _settled, _ticks, _watcher
 
 
 def _overview(r: Rig, source: ScriptedSource) -> tuple[OverviewService, OverloadWatcher]:
     watcher = _watcher(r, source)
-    status = StatusService(
-        serving=r.parts.repos.serving,
-        journal=r.parts.repos.operations,
-        rollbacks=r.parts.repos.rollbacks,
-        store=r.parts.store,
-        triton=r.parts.triton,
-        clock=r.parts.clock,
-        holder=r.service.holder,
-    )
+    status = status_service(r.service, r.parts)
     service = OverviewService(
         status=status,
         journal=r.parts.repos.operations,

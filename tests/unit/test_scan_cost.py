@@ -19,7 +19,7 @@ from controlplane.services.catalog import StoreCatalog
 from controlplane.services.deploy import DeployService
 from controlplane.services.status import StatusService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import Parts, deploy_service
+from tests.support.fakes import Parts, deploy_service, release_watcher, status_service
 from tests.support.models import write_scale_release, write_sha256sums
 
 
@@ -50,30 +50,11 @@ class CountingBook:
 
 
 def _watcher(service: DeployService, parts: Parts, book: ReleaseBook) -> ReleaseWatcher:
-    return ReleaseWatcher(
-        store=parts.store,
-        deploy=service,
-        releases=book,
-        serving=parts.repos.serving,
-        rollbacks=parts.repos.rollbacks,
-        clock=parts.clock,
-        tasks=parts.tasks,
-        auto_deploy=lambda _model: False,
-        interval=60.0,
-    )
+    return release_watcher(service, parts, releases=book)
 
 
 def _status(service: DeployService, parts: Parts, catalog: StoreCatalog) -> StatusService:
-    return StatusService(
-        serving=parts.repos.serving,
-        journal=parts.repos.operations,
-        rollbacks=parts.repos.rollbacks,
-        store=parts.store,
-        triton=parts.triton,
-        clock=parts.clock,
-        holder=service.holder,
-        catalog=catalog,
-    )
+    return status_service(service, parts, catalog=catalog)
 
 
 def test_an_unchanged_store_is_listed_without_hashing_a_marker(tmp_path: Path) -> None:

@@ -23,8 +23,7 @@ from controlplane.domain.rollback import RollbackOutcome
 from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
 from controlplane.services.supervisor import JobState, Supervisor
 from controlplane.services.telemetry import NoTelemetry
-from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import FakeClock
+from tests.support.fakes import FakeClock, release_watcher
 from tests.support.polling import until
 from tests.unit.test_auto_rollback import rig
 from tests.unit.test_bluegreen_service import MODEL
@@ -85,14 +84,10 @@ def test_a_failing_job_is_restarted_and_counted_while_automatic_rollback_works(
             await r.serving_r2()
             telemetry = CountingTelemetry()
             supervisor = Supervisor(r.parts.clock, telemetry, first_backoff=0.01, max_backoff=0.02)
-            watcher = ReleaseWatcher(
+            watcher = release_watcher(
+                r.service,
+                r.parts,
                 store=FullDiskStore(),
-                deploy=r.service,
-                releases=r.parts.repos.releases,
-                serving=r.parts.repos.serving,
-                rollbacks=r.parts.repos.rollbacks,
-                clock=r.parts.clock,
-                tasks=r.parts.tasks,
                 auto_deploy=lambda _model: True,
                 interval=0.01,
             )

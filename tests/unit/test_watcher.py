@@ -10,24 +10,14 @@ from controlplane.domain.operations import OperationStatus, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import LoadFails, Parts, deploy_service, started_rollback
+from tests.support.fakes import LoadFails, Parts, deploy_service, release_watcher, started_rollback
 from tests.support.models import write_scale_release, write_sha256sums
 
 Policy = Callable[[str], bool]
 
 
 def _watcher(service: DeployService, parts: Parts, auto_deploy: Policy) -> ReleaseWatcher:
-    return ReleaseWatcher(
-        store=parts.store,
-        deploy=service,
-        releases=parts.repos.releases,
-        serving=parts.repos.serving,
-        rollbacks=parts.repos.rollbacks,
-        clock=parts.clock,
-        tasks=parts.tasks,
-        auto_deploy=auto_deploy,
-        interval=60.0,
-    )
+    return release_watcher(service, parts, auto_deploy=auto_deploy)
 
 
 async def _settle(operation_ids: list[str], service: DeployService) -> list[OperationStatus]:

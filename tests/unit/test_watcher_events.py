@@ -9,9 +9,8 @@ from pathlib import Path
 
 from controlplane.ports import StoreChanges
 from controlplane.services.deploy import DeployService
-from controlplane.services.status import StatusService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import Parts, deploy_service
+from tests.support.fakes import Parts, deploy_service, release_watcher, status_service
 from tests.support.models import write_scale_release
 
 FULL_SCAN = 300.0
@@ -37,14 +36,9 @@ class FakeEvents:
 def _watcher(
     service: DeployService, parts: Parts, events: FakeEvents, *, auto_deploy: bool = False
 ) -> ReleaseWatcher:
-    return ReleaseWatcher(
-        store=parts.store,
-        deploy=service,
-        releases=parts.repos.releases,
-        serving=parts.repos.serving,
-        rollbacks=parts.repos.rollbacks,
-        clock=parts.clock,
-        tasks=parts.tasks,
+    return release_watcher(
+        service,
+        parts,
         auto_deploy=lambda _model: auto_deploy,
         interval=1.0,
         events=events,
@@ -122,16 +116,7 @@ def test_models_named_by_events_come_and_go_in_the_list_of_models(tmp_path: Path
             write_scale_release(parts.store_path, "old", "r1", k=1.0)
             events = FakeEvents()
             watcher = _watcher(service, parts, events)
-            status = StatusService(
-                serving=parts.repos.serving,
-                journal=parts.repos.operations,
-                rollbacks=parts.repos.rollbacks,
-                store=parts.store,
-                triton=parts.triton,
-                clock=parts.clock,
-                holder=service.holder,
-                catalog=watcher.catalog,
-            )
+            status = status_service(service, parts, catalog=watcher.catalog)
             await watcher.scan()
 
             write_scale_release(parts.store_path, "new", "r1", k=1.0)
