@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ class Look:
 def watch(out: Out, look: Callable[[], Look], interval: float, title: str) -> NoReturn:
     terminal = sys.stdout.isatty()
     shown: str | None = None
+    signal.signal(signal.SIGINT, _first_interrupt_only)
     try:
         while True:
             seen = _safely(look)
@@ -62,6 +64,14 @@ def watch(out: Out, look: Callable[[], Look], interval: float, title: str) -> No
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the flush at exit does not fail again
         raise typer.Exit(EXIT_OK) from None
+
+
+def _first_interrupt_only(_signum: int, _frame: object) -> None:
+    """Ctrl-C ends the watch with exit 0; a second SIGINT while it ends (a key held down, or
+    `timeout -s INT`, which signals the command and then its whole process group) is ignored,
+    or it would interrupt the exit itself and the command would end 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _reader_gone() -> bool:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -140,3 +142,31 @@ def test_watch_ends_once_its_reader_is_gone_even_when_nothing_changes() -> None:
     finally:
         watching.kill()
         watching.wait()
+
+
+def test_watch_ends_0_on_two_interrupts_at_once() -> None:
+    """`timeout -s INT` signals the command, then its whole process group: two SIGINTs, the
+    second while the watch ends. Both together must still end it 0, not 130."""
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CONTROLPLANE_", "_"))}
+    command = ["status", "--watch", "--interval", "0.2", "--url", unreachable]
+    for pause in (0.0, 0.001, 0.01):
+        watching = subprocess.Popen(
+            [sys.executable, "-m", "controlplane", *command],
+            env=clean,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert watching.stdout is not None
+            assert watching.stdout.readline().startswith("--- ")  # it watches
+            watching.send_signal(signal.SIGINT)
+            time.sleep(pause)  # the second lands at a different point of the exit each time
+            watching.send_signal(signal.SIGINT)
+            assert watching.wait(timeout=10) == 0, pause
+        finally:
+            watching.kill()
+            watching.wait()
+            if watching.stdout is not None:
+                watching.stdout.close()
