@@ -105,13 +105,17 @@ def _served_at(triton: RunningTriton, model: str, expected: float, timeout: floa
     """The monotonic time of the first inference on ``model`` that answers ``expected``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if infer_once(triton.grpc_url, model) == expected:
-                return time.monotonic()
-        except Exception:  # not loaded yet
-            pass
+        if _answers(triton, model, expected):
+            return time.monotonic()
         time.sleep(0.01)
     raise AssertionError(f"{model} did not answer {expected} within {timeout} s")
+
+
+def _answers(triton: RunningTriton, model: str, expected: float) -> bool:
+    try:
+        return infer_once(triton.grpc_url, model) == expected
+    except Exception:  # not loaded yet
+        return False
 
 
 def _deploy_of(daemon: Daemon, model: str, release: str) -> dict[str, Any]:
