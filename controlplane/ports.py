@@ -152,11 +152,20 @@ class StoreChanges:
 
 
 class ChangeEvents(Protocol):
-    """A store's change notifications (a local store's inotify), read by the release watcher."""
+    """A store's change notifications (a local store's inotify, an S3 bucket's events through
+    SQS), read by the release watcher."""
 
     def take(self) -> StoreChanges:
         """What changed since the last call; forgotten once returned. Called in the event
         loop."""
+        ...
+
+    def handled(self, models: frozenset[str]) -> None:
+        """The watcher has listed ``models`` (and acted on what it found: recorded new
+        releases, claimed or started their auto-deploys) since the last :meth:`take`: what
+        named them is done with. A source whose events can be redelivered (SQS) drops them
+        only now, so a daemon that dies before this hears them again. Called in the event
+        loop, after each scan that did not fail as a whole."""
         ...
 
 

@@ -98,6 +98,15 @@ class FiguresCollector(Collector):
             "reconcile pass (readiness fails while this is above 0).",
             value=figures.not_serving,
         )
+        notifications = GaugeMetricFamily(
+            "controlplane_store_notifications_up",
+            "1 while the store's event notifications (store.notifications.sqs_queue_url) are "
+            "received, 0 while the queue cannot be reached or before it first answered (new "
+            "releases are then seen at the next poll). No sample without a queue.",
+        )
+        if figures.notifications is not None:
+            notifications.add_metric([], _flag(figures.notifications.up))
+        yield notifications
 
     def _fleet(self, figures: Figures) -> Iterator[Metric]:
         fleet = figures.fleet

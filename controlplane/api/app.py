@@ -62,6 +62,7 @@ from controlplane.api.schemas import (
     leak_trend_json,
     memory_sample_json,
     model_json,
+    notifications_json,
     operation_json,
     rollback_result_json,
 )
@@ -243,6 +244,11 @@ def create_app(settings: Settings) -> FastAPI:
             "url": c.settings.triton.grpc_url,
             "live": None if last is None else last.triton_live,
             "problem": None if last is None else last.triton_problem,
+        }
+        health = c.notifications() if c.notifications is not None else None
+        body["store"] = {
+            "uri": c.store.uri,
+            "notifications": None if health is None else notifications_json(health),
         }
         if c.fleet is not None:  # what this member knows of itself, with no store read
             body["fleet"] = {

@@ -15,6 +15,7 @@ from controlplane.domain.alerts import Alert, AlertRecord, AlertStatus
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.memory import LeakTrend, MemorySample
 from controlplane.domain.names import MAX_NAME_LENGTH
+from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.operations import (
     Operation,
     OperationKind,
@@ -366,6 +367,17 @@ def job_json(status: JobStatus) -> dict[str, Any]:
         "last_error": status.last_error,
         "since": _time(status.since),
         "restart_at": _time(status.restart_at),
+    }
+
+
+def notifications_json(health: NotificationHealth) -> dict[str, Any]:
+    """The store's event notifications (an SQS queue), as /healthz shows them."""
+    return {
+        "queue": health.source,
+        "state": health.state.value,
+        "since": _time(health.since),
+        "problem": health.problem,
+        "retry_at": _time(health.retry_at),
     }
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from controlplane.domain.fleet import MemberBeat
+from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.slots import Slot
 
 
@@ -81,3 +82,4 @@ class Figures:
     jobs: Mapping[str, bool]  # job -> running (False: backing off after a failure)
     not_serving: int  # managed models whose desired release Triton did not serve, last pass
     fleet: FleetFigures | None = None  # None: fleet.enabled is false
+    notifications: NotificationHealth | None = None  # None: no store notifications set up

@@ -29,6 +29,7 @@ from controlplane.domain.figures import (
     member_counts,
 )
 from controlplane.domain.fleet import MemberState
+from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.slots import SlotState, on_cpu_only
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Triton
 from controlplane.services.fleet import FleetService
@@ -58,8 +59,10 @@ class FigureReader:
         last_pass: Callable[[], PassReport | None],
         jobs: Callable[[], Mapping[str, bool]],
         fleet: FleetSources | None = None,
+        notifications: Callable[[], NotificationHealth] | None = None,
         timeout: float = READ_TIMEOUT,
     ) -> None:
+        self._notifications = notifications
         self._serving = serving
         self._rollbacks = rollbacks
         self._triton = triton
@@ -101,6 +104,7 @@ class FigureReader:
             jobs=dict(self._jobs()),
             not_serving=len(last_pass.not_serving) if last_pass is not None else 0,
             fleet=await self._fleet_figures(sync),
+            notifications=self._notifications() if self._notifications is not None else None,
         )
 
     async def _fleet_figures(self, sync: SyncReport | None) -> FleetFigures | None:

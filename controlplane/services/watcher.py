@@ -14,12 +14,16 @@ received the call, and publishes it once it serves; the others follow the desire
 bad release published to the store stops at one member. A member that lost to a live claim
 looks again at its next scans, and claims it itself if the claimer died before finishing.
 
-A beat costs what changed, not what the store holds. With a store's change events (a local
-store's inotify, :class:`~controlplane.ports.ChangeEvents`) a beat lists only the models whose
-dirs had events, plus those whose last listing failed or whose auto-deploy waits for a retry;
+A beat costs what changed, not what the store holds. With a store's change events
+(:class:`~controlplane.ports.ChangeEvents`: a local store's inotify, an S3 bucket's
+notifications through SQS) a beat lists only the models whose dirs had events, plus those whose
+last listing failed or whose auto-deploy waits for a retry;
 the whole store is listed every ``full_scan_every`` s anyway, and on every beat while the events
-cannot be trusted (not set up yet, broken, a network filesystem, or no events at all: S3), so an
-event the kernel dropped delays a release until the next full scan, never loses it. A model
+cannot be trusted (not set up yet, broken, a network filesystem, no events at all, or events
+that may be late or lost: SQS, which names models but never vouches for the others), so an
+event dropped on the way delays a release until the next full scan, never loses it. After each
+scan the watcher tells the events which models it has listed and acted on
+(:meth:`~controlplane.ports.ChangeEvents.handled`): SQS deletes a message only then. A model
 whose listing is the one the last scan recorded (the store adapters make that listing cheap) is
 not looked up in the releases book, and of a changed listing only the rows that differ from the
 book are written (a row's ``last_seen`` is therefore when it last changed). What was listed is
@@ -176,6 +180,7 @@ class ReleaseWatcher:
             self.catalog.ignoring(kept(top))
         result = ScanResult(full=full, listed=[listed.model for listed in listings])
         present = []
+        handled = set()  # listed and acted on: what named them is done with
         for listed in listings:
             model, listing = listed.model, listed.releases
             try:
@@ -186,17 +191,22 @@ class ReleaseWatcher:
                 await self._scan_model(model, listing, kept(listed.ignored), result)
             except ModelNotFound:
                 self.catalog.forget(model)  # gone (between the two listings, or since an event)
+                handled.add(model)
                 continue
             except ControlPlaneError as exc:
                 result.errors[model] = str(exc)
                 self.catalog.failed(model, str(exc))
                 log.warning("watching %s: %s", model, exc)
+            else:
+                handled.add(model)
             present.append(model)
         if full:
             self.catalog.finished(present, self._clock.now())
             self._next_full = started + self._full_scan_every
         else:
             self.catalog.looked(self._clock.now())
+        if self._events is not None:
+            self._events.handled(frozenset(handled))
         return result
 
     def _plan(self) -> _Plan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from controlplane.settings.group import Group
 
@@ -45,6 +45,35 @@ class StagingSettings(Group):
     )
 
 
+class StoreNotificationsSettings(Group):
+    sqs_queue_url: str | None = Field(
+        None,
+        description="S3 store: the URL of an SQS queue that the bucket's event notifications "
+        "(s3:ObjectCreated:*, suffix SHA256SUMS) go to. Each member long-polls it and lists a "
+        "model as soon as a release's SHA256SUMS is uploaded; a message is deleted once that "
+        "listing is done. The watcher still lists the whole store every "
+        "store.poll_interval_seconds, so a lost event or an unreachable queue delays a "
+        "release until then, never loses it. Default none: polling only.",
+    )
+
+    @field_validator("sqs_queue_url")
+    @classmethod
+    def _check_queue_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(
+                f"give the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>, "
+                f"as GetQueueUrl answers), not {url!r}"
+            )
+        if "@" in parsed.netloc:
+            raise ValueError(
+                "a queue URL carries no credentials: SQS takes them from the AWS chain"
+            )
+        return url
+
+
 class StoreSettings(Group):
     uri: str = Field(
         description="Where releases come from: file:///abs/path or s3://bucket/prefix, with "
@@ -65,7 +94,8 @@ class StoreSettings(Group):
         "whose event was missed is seen at the next full scan at the latest, never lost. Where "
         "events cannot be trusted (a network or FUSE filesystem such as NFS, EFS or SMB, where "
         "a release published from another host raises no event; inotify unavailable) and for "
-        "S3, every beat is a full scan.",
+        "S3, every beat is a full scan; with S3's notifications (store.notifications) an event "
+        "brings a listing of its model forward and every quiet beat is a full scan.",
     )
     max_concurrency: int = Field(
         8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
@@ -97,6 +127,13 @@ class StoreSettings(Group):
         "and free space in staging is checked before every fetch anyway; set it to catch a "
         "publisher's mistake before it costs a download.",
     )
+    notifications: StoreNotificationsSettings = Field(
+        default_factory=StoreNotificationsSettings,
+        description="S3 store only: sqs_queue_url, the URL of the SQS queue the bucket's "
+        "s3:ObjectCreated:* events of SHA256SUMS keys go to (docs/notifications.md). Each "
+        "member long-polls it and lists a model as soon as its event arrives, rather than at "
+        "the next poll; the polls stay as the safety net. Default none: polling only.",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -120,6 +157,16 @@ class StoreSettings(Group):
                 f"unsupported store URI {uri!r}; use file:///absolute/path or s3://bucket/prefix"
             )
         return uri
+
+    @model_validator(mode="after")
+    def _notifications_need_s3(self) -> StoreSettings:
+        if self.notifications.sqs_queue_url is not None and self.scheme != "s3":
+            raise ValueError(
+                "store.notifications.sqs_queue_url needs an S3 store (store.uri s3://...): it "
+                f"carries S3 event notifications, which {self.uri} never sends; remove it, or "
+                "point store.uri at the bucket the queue hears from"
+            )
+        return self
 
     @property
     def scheme(self) -> str:

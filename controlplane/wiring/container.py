@@ -8,12 +8,14 @@ clients and files after, so nothing running still uses a closed one.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import TritonMetrics
+from controlplane.domain.notifications import NotificationHealth
 from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.coordination import TaskOwner
@@ -59,6 +61,7 @@ class Container:
     figures: FigureReader  # what /metrics shows of the present
     fleet: FleetSync | None = None  # None: fleet.enabled is false
     fleet_view: FleetService | None = None
+    notifications: Callable[[], NotificationHealth] | None = None  # None: no SQS queue
 
     async def close(self) -> None:
         await self.runner.close()

@@ -16,7 +16,6 @@ from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.fleet_peers import HttpPeers
 from controlplane.adapters.host import HostAndGpuMemory
 from controlplane.adapters.persistence import SqliteRepos
-from controlplane.adapters.stores.local import LocalStore
 from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
@@ -43,7 +42,12 @@ from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
 from controlplane.wiring.container import Container
-from controlplane.wiring.sources import build_records, build_store, build_utilization_source
+from controlplane.wiring.sources import (
+    build_records,
+    build_store,
+    build_store_events,
+    build_utilization_source,
+)
 from controlplane.wiring.startup import check_filesystem
 
 
@@ -196,10 +200,9 @@ def build(settings: Settings) -> Container:
         catalog=catalog,
     )
     wake_watcher = asyncio.Event()
-    events = (
-        LocalStoreEvents(settings.store.local_path, wake_watcher.set)
-        if isinstance(store, LocalStore)
-        else None  # S3 has no events (yet): every beat lists the whole store
+    events = build_store_events(settings, store, wake_watcher.set, clock)
+    notifications = (  # an SQS queue's health, for /healthz and /metrics
+        None if events is None or isinstance(events, LocalStoreEvents) else events.health
     )
     watcher = ReleaseWatcher(
         store=store,
@@ -258,6 +261,7 @@ def build(settings: Settings) -> Container:
         clock=clock,
         last_pass=lambda: reconciler.last,
         jobs=lambda: {status.name: not status.down for status in supervisor.statuses()},
+        notifications=notifications,
         fleet=(
             FleetSources(fleet, fleet_view, every=settings.fleet.heartbeat_seconds)
             if fleet is not None and fleet_view is not None
@@ -305,6 +309,7 @@ def build(settings: Settings) -> Container:
         figures=figures,
         fleet=fleet,
         fleet_view=fleet_view,
+        notifications=notifications,
     )
 
 

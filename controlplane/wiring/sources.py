@@ -7,12 +7,17 @@ boto3 is imported only when the store is S3, so a daemon on a directory store ne
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.adapters.stores.local import LocalStore
+from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.triton.metrics import TritonMetrics
-from controlplane.ports import DesiredStates, ModelStore, Telemetry, UtilizationSource
+from controlplane.ports import Clock, DesiredStates, ModelStore, Telemetry, UtilizationSource
 from controlplane.settings import Settings
+
+if TYPE_CHECKING:
+    from controlplane.adapters.stores.sqs_events import SqsStoreEvents
 
 
 def build_store(settings: Settings, telemetry: Telemetry | None = None) -> ModelStore:
@@ -30,6 +35,30 @@ def build_store(settings: Settings, telemetry: Telemetry | None = None) -> Model
             telemetry=telemetry,
         )
     return LocalStore(store.local_path, telemetry=telemetry)
+
+
+def build_store_events(
+    settings: Settings, store: ModelStore, wake: Callable[[], None], clock: Clock
+) -> LocalStoreEvents | SqsStoreEvents | None:
+    """What tells the release watcher which models changed: a local store's inotify, an S3
+    bucket's notifications through the SQS queue the settings name; None: polling only."""
+    if isinstance(store, LocalStore):
+        return LocalStoreEvents(settings.store.local_path, wake)
+    queue = settings.store.notifications.sqs_queue_url
+    if queue is None:
+        return None  # every beat lists the whole store
+    from controlplane.adapters.stores.s3 import S3Store
+    from controlplane.adapters.stores.sqs_events import SqsStoreEvents
+
+    assert isinstance(store, S3Store)  # the settings refuse a queue beside a local store
+    return SqsStoreEvents(
+        queue,
+        bucket=store.bucket,
+        base=store.base,
+        wake=wake,
+        clock=clock,
+        poll_interval=settings.store.poll_interval_seconds,
+    )
 
 
 def build_records(settings: Settings, store: ModelStore) -> DesiredStates:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -89,6 +90,7 @@ def aws_env(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ENDPOINT_URL_SQS": endpoint,  # moto serves every API on one endpoint
     }
 
 
@@ -113,6 +115,58 @@ def s3_client(
         request_checksum_calculation="when_supported" if checksums else "when_required",
     )
     return _session().client("s3", endpoint_url=endpoint, config=config)
+
+
+def sqs_client(endpoint: str) -> Any:
+    """A boto3 SQS client for ``endpoint`` (moto serves SQS beside S3); close it."""
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=30
+    )
+    return _session().client("sqs", endpoint_url=endpoint, config=config)
+
+
+def notify_queue(s3: Any, sqs: Any, bucket: str, queue: str) -> str:
+    """Send the bucket's ``s3:ObjectCreated:*`` events of ``SHA256SUMS`` keys to the SQS
+    queue ``queue`` (made if missing), as an AWS user sets it up: a queue policy that lets S3
+    send, then the bucket notification. Returns the queue's URL. S3 (and moto) first sends an
+    ``s3:TestEvent`` to the queue."""
+    url: str = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "s3.amazonaws.com"},
+                "Action": "sqs:SendMessage",
+                "Resource": arn,
+                "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
+            }
+        ],
+    }
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(policy)})
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": arn,
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {"Key": {"FilterRules": [{"Name": "suffix", "Value": MANIFEST}]}},
+                }
+            ]
+        },
+    )
+    return url
+
+
+def queued(sqs: Any, url: str) -> int:
+    """Messages in the queue, visible or received and not yet deleted."""
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+    return sum(int(attributes[name]) for name in names)
 
 
 def sha256sums(files: Mapping[str, bytes]) -> bytes:

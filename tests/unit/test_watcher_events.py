@@ -23,6 +23,7 @@ class FakeEvents:
     def __init__(self, *, complete: bool = True) -> None:
         self.complete = complete
         self.models: set[str] = set()
+        self.acted: list[frozenset[str]] = []  # what each scan said it handled
 
     def name(self, *models: str) -> None:
         self.models.update(models)
@@ -31,6 +32,9 @@ class FakeEvents:
         changes = StoreChanges(frozenset(self.models), self.complete)
         self.models = set()
         return changes
+
+    def handled(self, models: frozenset[str]) -> None:
+        self.acted.append(models)
 
 
 def _watcher(

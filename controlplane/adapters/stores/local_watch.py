@@ -87,6 +87,9 @@ class LocalStoreEvents:
         self._missed = self.state is not WatchState.LIVE
         return changes
 
+    def handled(self, models: frozenset[str]) -> None:
+        """Nothing to do: an inotify event is not redelivered."""
+
     async def run(self) -> None:
         try:
             while True:

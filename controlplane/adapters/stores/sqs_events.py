@@ -1,0 +1,367 @@
+"""An S3 bucket's event notifications, read from an SQS queue: which models to list at once.
+
+The bucket sends an ``s3:ObjectCreated:*`` event for every ``SHA256SUMS`` uploaded (the
+publisher's commit marker) to the queue; this job long-polls it (20 s waits) and wakes the
+release watcher with the models the events name (:mod:`.s3_events` reads a message). It is the
+store's :class:`~controlplane.ports.ChangeEvents`, as the local store's inotify is, with two
+differences that follow from SQS:
+
+- **At-least-once, late or lost.** So events never vouch for the models they do not name: a
+  take that names none is "not complete", and the watcher's quiet beat (every
+  ``store.poll_interval_seconds``) lists the whole store. An event only brings a listing
+  forward.
+- **A message is deleted only once handled.** A take hands the named models' messages to the
+  watcher's scan; they are deleted when the watcher says it has listed those models and acted
+  on them (:meth:`handled`), and only those. A daemon that dies in between, or a listing that
+  failed, leaves the message in the queue: SQS shows it again after its visibility timeout.
+  Messages that name no model (not JSON, not an S3 event, the ``s3:TestEvent`` S3 sends when a
+  notification is configured, another bucket, a key outside the store or not a marker) are
+  deleted at once and logged, at most once a minute per kind of drop.
+
+A queue that cannot be reached (it does not exist, access is denied, no connection) changes
+nothing but latency: the state turns ``unreachable`` (logged once per change, shown in
+``/healthz`` and ``controlplane_store_notifications_up``), and the queue is tried again with a
+backoff that doubles up to :data:`MAX_BACKOFF`; the first answer turns it ``live`` again and
+wakes the watcher for a full listing of what was missed.
+
+Each receive runs in a daemon thread of its own: a long poll cannot be interrupted, and a
+worker thread of the event loop's executor would hold shutdown for up to 20 s. This module owns
+every call to SQS, so boto3 stays in the S3 store's package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import boto3  # type: ignore[import-untyped]
+import botocore.config  # type: ignore[import-untyped]
+import botocore.exceptions  # type: ignore[import-untyped]
+
+from controlplane.adapters.stores.s3_events import Drop, read_message
+from controlplane.domain.notifications import NotificationHealth, NotificationState
+from controlplane.ports import Clock, StoreChanges
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+WAIT_SECONDS = 20  # SQS's longest long poll: one request per 20 s while the queue is quiet
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 30.0  # an unreachable queue is tried again at least this often
+DROP_LOG_EVERY = 60.0  # s between two log lines about dropped messages of one kind
+_AWS_HOST = re.compile(
+    r"^(?:sqs\.)?(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com"
+)
+
+
+class SqsStoreEvents:
+    """The S3 store's events through SQS, as the release watcher reads them; :meth:`run` is
+    the job that receives them."""
+
+    def __init__(
+        self,
+        queue_url: str,
+        *,
+        bucket: str,
+        base: str,
+        wake: Callable[[], None],
+        clock: Clock,
+        poll_interval: float,
+        client: Any | None = None,
+        wait_seconds: int = WAIT_SECONDS,
+        first_backoff: float = FIRST_BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
+    ) -> None:
+        self._url = queue_url
+        self._bucket = bucket
+        self._base = base
+        self._wake = wake
+        self._clock = clock
+        self._poll_interval = poll_interval
+        self._wait = wait_seconds
+        self._first_backoff = first_backoff
+        self._max_backoff = max_backoff
+        self._owns_client = client is None
+        self._client = client if client is not None else _client_for(queue_url)
+        self._health = NotificationHealth(queue_url, NotificationState.STARTING, clock.now())
+        self._pending: dict[str, list[str]] = {}  # model -> receipt handles, not taken yet
+        self._taken: dict[str, list[str]] = {}  # handed to the scan running now
+        self._missed = True  # events may have been missed: the next take is not complete
+        self._to_delete: list[str] = []
+        self._deletes = asyncio.Event()
+        self._drops = _DropLog(clock)
+
+    # --- ChangeEvents -------------------------------------------------------------------
+
+    def take(self) -> StoreChanges:
+        # Messages taken by a scan that never said it handled them (it failed) are left
+        # alone: SQS shows them again after their visibility timeout.
+        self._taken, self._pending = self._pending, {}
+        complete = bool(self._taken) and self._health.up and not self._missed
+        self._missed = not self._health.up
+        return StoreChanges(frozenset(self._taken), complete=complete)
+
+    def handled(self, models: frozenset[str]) -> None:
+        for model in models & self._taken.keys():
+            self._to_delete.extend(self._taken.pop(model))
+        if self._to_delete:
+            self._deletes.set()
+
+    def health(self) -> NotificationHealth:
+        return self._health
+
+    # --- the job ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._receive_forever(), name="sqs-receive")
+                group.create_task(self._delete_forever(), name="sqs-delete")
+        finally:
+            self._set(NotificationState.STARTING)
+            if self._owns_client:
+                self._client.close()
+
+    async def _receive_forever(self) -> None:
+        backoff = self._first_backoff
+        while True:
+            try:
+                answer = await _in_daemon_thread(self._receive)
+            except _LIBRARY as exc:
+                self._unreachable(_why(exc, self._url), backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            backoff = self._first_backoff
+            self._reached()
+            named = False
+            for message in answer.get("Messages", []):
+                named = self._heard(message) or named
+            if named:
+                self._wake()
+            if self._to_delete:
+                self._deletes.set()
+
+    def _receive(self) -> dict[str, Any]:
+        # Until the queue has answered once (at start, after a failure), ask without waiting:
+        # whether it can be reached is known at once, not after a quiet long poll.
+        wait = self._wait if self._health.up else 0
+        answer: dict[str, Any] = self._client.receive_message(
+            QueueUrl=self._url, WaitTimeSeconds=wait, MaxNumberOfMessages=10
+        )
+        return answer
+
+    def _heard(self, message: dict[str, Any]) -> bool:
+        """Keep a message until the models it names are listed; drop one that names none."""
+        handle = str(message.get("ReceiptHandle", ""))
+        heard = read_message(str(message.get("Body", "")), bucket=self._bucket, base=self._base)
+        for kind, detail in heard.dropped:
+            self._drops.dropped(kind, detail, self._url)
+        if not heard.models:
+            self._to_delete.append(handle)
+            return False
+        # A message that names several models is deleted once the first of them is handled:
+        # the others were listed by the same scan (a take hands them over together).
+        first = min(heard.models)
+        self._pending.setdefault(first, []).append(handle)
+        for model in heard.models - {first}:
+            self._pending.setdefault(model, [])
+        return True
+
+    async def _delete_forever(self) -> None:
+        while True:
+            await self._deletes.wait()
+            self._deletes.clear()
+            handles, self._to_delete = self._to_delete, []
+            for start in range(0, len(handles), 10):  # DeleteMessageBatch takes 10 at most
+                batch = handles[start : start + 10]
+                try:
+                    await _in_daemon_thread(functools.partial(self._delete, batch))
+                except _LIBRARY as exc:
+                    # They come back after their visibility timeout and are handled again.
+                    log.warning(
+                        "could not delete %d message(s) from %s: %s",
+                        len(batch),
+                        self._url,
+                        _why(exc, self._url),
+                    )
+
+    def _delete(self, handles: list[str]) -> None:
+        answer = self._client.delete_message_batch(
+            QueueUrl=self._url,
+            Entries=[{"Id": str(i), "ReceiptHandle": handle} for i, handle in enumerate(handles)],
+        )
+        for failed in answer.get("Failed", []):
+            log.warning(
+                "SQS did not delete a message from %s (%s: %s); it comes back and is handled again",
+                self._url,
+                failed.get("Code"),
+                failed.get("Message"),
+            )
+
+    # --- state --------------------------------------------------------------------------
+
+    def _reached(self) -> None:
+        if self._health.up:
+            return
+        was = self._health.state
+        self._set(NotificationState.LIVE)
+        if was is NotificationState.UNREACHABLE:
+            log.info(
+                "SQS queue %s answers again: new releases are listed as soon as their "
+                "SHA256SUMS is uploaded; listing the whole store for what was missed",
+                self._url,
+            )
+            self._wake()  # a full listing now (the next take is not complete)
+        else:
+            log.info(
+                "receiving the bucket's events from SQS queue %s: a release is listed as soon "
+                "as its SHA256SUMS is uploaded (and the whole store every %g s)",
+                self._url,
+                self._poll_interval,
+            )
+
+    def _unreachable(self, why: str, backoff: float) -> None:
+        retry_at = self._clock.now() + timedelta(seconds=backoff)
+        if self._health.state is not NotificationState.UNREACHABLE:
+            log.warning(
+                "SQS queue %s cannot be reached (%s); falling back to polling: a new release "
+                "is seen at the next listing of the store (every %g s); trying the queue "
+                "again, at most %g s apart",
+                self._url,
+                why,
+                self._poll_interval,
+                self._max_backoff,
+            )
+            self._set(NotificationState.UNREACHABLE, problem=why, retry_at=retry_at)
+        else:
+            self._health = NotificationHealth(
+                self._url, self._health.state, self._health.since, why, retry_at
+            )
+        self._missed = True
+
+    def _set(
+        self,
+        state: NotificationState,
+        *,
+        problem: str | None = None,
+        retry_at: datetime | None = None,
+    ) -> None:
+        self._health = NotificationHealth(self._url, state, self._clock.now(), problem, retry_at)
+        if state is not NotificationState.LIVE:
+            self._missed = True
+
+
+class _DropLog:
+    """One log line per kind of dropped message per :data:`DROP_LOG_EVERY`, with the count of
+    those it did not log: a flood of junk costs a line a minute."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._last: dict[Drop, float] = {}
+        self._unlogged: dict[Drop, int] = {}
+
+    def dropped(self, kind: Drop, detail: str, queue: str) -> None:
+        now = self._clock.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < DROP_LOG_EVERY:
+            self._unlogged[kind] = self._unlogged.get(kind, 0) + 1
+            return
+        more = self._unlogged.pop(kind, 0)
+        self._last[kind] = now
+        level = logging.INFO if kind is Drop.TEST_EVENT else logging.WARNING
+        log.log(
+            level,
+            "dropped a message from %s that names no release to list (%s: %s)%s",
+            queue,
+            kind.value,
+            detail,
+            f"; and {more} more of this kind since the last line" if more else "",
+            extra={"drop": kind.value},
+        )
+
+
+# --- plumbing -------------------------------------------------------------------------------
+
+_LIBRARY = (
+    botocore.exceptions.ClientError,
+    botocore.exceptions.BotoCoreError,
+)
+
+
+def _why(exc: Exception, url: str) -> str:
+    """What is wrong with the queue, and what to do, for the log and status."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        query = str(error.get("QueryErrorCode", ""))
+        message = error.get("Message", "") or str(exc)
+        if "NonExistentQueue" in code or query == "QueueDoesNotExist":
+            return (
+                f"the queue does not exist: create it or fix "
+                f"store.notifications.sqs_queue_url ({code}: {message})"
+            )
+        if code in ("AccessDenied", "AccessDeniedException") or "denied" in message.lower():
+            return (
+                "access denied: the daemon needs sqs:ReceiveMessage and sqs:DeleteMessage on "
+                f"the queue ({code}: {message})"
+            )
+        return f"{code or 'error'}: {message}"
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return f"no AWS credentials were found: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _client_for(queue_url: str) -> Any:
+    """An SQS client from the standard AWS chain; the region of an AWS queue URL wins over the
+    chain's (a queue lives in one region), and ``AWS_ENDPOINT_URL_SQS`` names another API."""
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        read_timeout=WAIT_SECONDS + 10,  # a long poll answers after WAIT_SECONDS at most
+        connect_timeout=5,
+    )
+    match = _AWS_HOST.match(urlparse(queue_url).netloc)
+    region = match.group("region") if match else None
+    return boto3.session.Session().client("sqs", region_name=region, config=config)
+
+
+async def _in_daemon_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in a daemon thread of its own; cancelling the wait leaves the thread to end
+    on its own and never holds the process's exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], T]) -> None:
+        if future.done():  # the wait was cancelled
+            return
+        try:
+            future.set_result(outcome())
+        except BaseException as exc:  # handed to the awaiting task, whatever it is
+            future.set_exception(exc)
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            error = exc
+
+            def outcome() -> T:
+                raise error
+
+        else:
+
+            def outcome() -> T:
+                return result
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=target, name="sqs", daemon=True).start()
+    return await future

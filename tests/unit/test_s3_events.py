@@ -1,0 +1,64 @@
+"""What an SQS message from a bucket's notifications names: a model to list, or why nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.adapters.stores.s3_events import Drop, read_message
+from controlplane.settings import Settings
+
+
+def _event(key: str, *, bucket: str = "models", name: str = "ObjectCreated:Put") -> str:
+    record = {"eventSource": "aws:s3", "eventName": name, "s3": {"bucket": {"name": bucket}}}
+    record["s3"]["object"] = {"key": key}  # type: ignore[index]
+    return json.dumps({"Records": [record]})
+
+
+def test_a_marker_of_the_store_names_its_model_with_the_key_decoded() -> None:
+    heard = read_message(_event("prod/resnet/2026%2E1/SHA256SUMS"), bucket="models", base="prod/")
+    assert heard.models == {"resnet"}
+    assert heard.dropped == ()
+    # S3 encodes keys form-style ('+' is a space): 'r 1+' is no release's name.
+    heard = read_message(_event("prod/resnet/r+1%2B/SHA256SUMS"), bucket="models", base="prod/")
+    assert heard.dropped == ((Drop.NOT_A_MARKER, "s3://models/prod/resnet/r 1+/SHA256SUMS"),)
+
+
+def test_an_s3_event_inside_an_sns_envelope_is_read() -> None:
+    body = json.dumps({"Type": "Notification", "Message": _event("resnet/r1/SHA256SUMS")})
+    assert read_message(body, bucket="models", base="").models == {"resnet"}
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ("not json {", Drop.NOT_JSON),
+        ('{"hello": 1}', Drop.NOT_S3),
+        ('{"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "models"}', Drop.TEST_EVENT),
+        (_event("prod/resnet/r1/SHA256SUMS", name="ObjectRemoved:Delete"), Drop.NOT_CREATED),
+        (_event("prod/resnet/r1/SHA256SUMS", bucket="other"), Drop.OTHER_BUCKET),
+        (_event("staging/resnet/r1/SHA256SUMS"), Drop.OUTSIDE_PREFIX),
+        (_event("prod/resnet/r1/config.pbtxt"), Drop.NOT_A_MARKER),
+        (_event("prod/resnet/r1/1/SHA256SUMS"), Drop.NOT_A_MARKER),
+        (_event("prod/_controlplane/x/SHA256SUMS"), Drop.NOT_A_MARKER),
+        (_event("prod/-bad/r1/SHA256SUMS"), Drop.NOT_A_MARKER),
+    ],
+)
+def test_what_names_no_release_is_dropped_with_its_kind(body: str, kind: Drop) -> None:
+    heard = read_message(body, bucket="models", base="prod/")
+    assert heard.models == frozenset()
+    assert [drop for drop, _detail in heard.dropped] == [kind]
+
+
+def test_a_queue_beside_a_directory_store_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"store\.notifications\.sqs_queue_url needs an S3 store"):
+        Settings.model_validate(
+            {
+                "repository": {"path": "/srv/repository"},
+                "store": {
+                    "uri": "file:///srv/store",
+                    "notifications": {"sqs_queue_url": "https://sqs.us-east-1.amazonaws.com/1/q"},
+                },
+            }
+        )
