@@ -19,7 +19,7 @@ from controlplane.domain.errors import Interrupted
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import CancelReason, Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
+from controlplane.ports import FetchedRelease, FetchProgress, MarkerFiles, ReleaseListing
 from controlplane.services.deploy import DeployService
 from tests.support.disk import GIB, PeakUsage, add_sparse_file, too_big_for
 from tests.support.fakes import deploy_service, started
@@ -166,6 +166,9 @@ class StallingStore:
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         return self._inner.read_manifest(model, release)
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        return self._inner.read_marker_files(model, release)
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
         return self._inner.list_files(model, release)
