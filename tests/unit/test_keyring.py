@@ -149,7 +149,7 @@ def test_a_keyring_that_cannot_be_read_trusts_nothing_and_names_its_path(
     with pytest.raises(SignatureInvalid, match=f"keyring cannot be read \\({missing}"):
         Keyring([missing], now=now).verify(SUMS, signature, "r1")
     (keys / "broken.pem").write_text("-----BEGIN PUBLIC KEY-----\nnot base64\n")
-    with pytest.raises(SignatureInvalid, match="broken.pem is neither a PEM public key"):
+    with pytest.raises(SignatureInvalid, match=r"broken\.pem is neither a PEM public key"):
         Keyring([keys], now=now).verify(SUMS, signature, "r1")
 
 
