@@ -218,3 +218,44 @@ def test_a_cancelled_deploy_stops_its_fetch_before_staging_is_cleaned(tmp_path: 
             assert parts.runner.holder(MODEL) is None
 
     asyncio.run(scenario())
+
+
+class RepublishingStore(StallingStore):
+    """The local store, but ``SHA256SUMS`` is rewritten (same entries, other bytes: CRLF line
+    ends) right after the deploy read it, as a republish between the check and the fetch."""
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        files = self._inner.read_marker_files(model, release)
+        assert files.manifest is not None
+        sums = Path(self._inner.uri.removeprefix("file://")) / model / release / MANIFEST_NAME
+        sums.write_bytes(files.manifest.replace(b"\n", b"\r\n"))
+        return files
+
+    def fetch(
+        self,
+        listing: ReleaseListing,
+        dest: Path,
+        *,
+        manifest: Mapping[str, str] | None,
+        have: Mapping[str, FileDigest] | None = None,
+        progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> FetchedRelease:
+        return self._inner.fetch(
+            listing, dest, manifest=manifest, have=have, progress=progress, cancel=cancel
+        )
+
+
+def test_a_manifest_rewritten_after_it_was_read_is_release_changed(tmp_path: Path) -> None:
+    """The manifest a deploy works from (and a signature was checked over) is the bytes it
+    read; a SHA256SUMS that differs by a byte by the time it is fetched is not taken."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, store=RepublishingStore) as (service, parts):
+            publish(parts, "r1")
+            operation = await deploy_and_wait(service, "r1")
+            assert operation.error is not None
+            assert operation.error.code == "release_changed"
+            assert "SHA256SUMS" in operation.error.message
+
+    asyncio.run(scenario())
