@@ -76,6 +76,16 @@ class FetchedRelease:
     retries: int = 0  # requests tried again after a transient fault (throttling, 5xx, ...)
 
 
+@dataclass(frozen=True)
+class MarkerFiles:
+    """The raw bytes of a release's ``SHA256SUMS`` and ``SHA256SUMS.sig``, each None when the
+    release has none. A signature is checked over exactly these bytes, and the manifest a
+    deploy fetches by is parsed from them: what was verified is what is used."""
+
+    manifest: bytes | None
+    signature: bytes | None
+
+
 class ModelStore(Protocol):
     """Where releases come from: ``<store>/<model>/<release>/``."""
 
@@ -105,6 +115,12 @@ class ModelStore(Protocol):
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         """The parsed ``SHA256SUMS``, or None when the release has none (yet)."""
+        ...
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        """The bytes of ``SHA256SUMS`` (at most its bound: a larger one is
+        :class:`UnsafeRelease`) and of ``SHA256SUMS.sig`` (at most one byte past its bound, so
+        a verifier can tell it is too long), each read once."""
         ...
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
@@ -149,6 +165,15 @@ class StoreChanges:
     models: frozenset[str] = frozenset()
     complete: bool = False
     others: bool = False
+
+
+class SignatureVerifier(Protocol):
+    """The keyring of publisher keys (:mod:`controlplane.adapters.keyring`)."""
+
+    def verify(self, data: bytes, signature: bytes, where: str) -> str:
+        """The name of the trusted key that signed ``data``, or :class:`SignatureInvalid` /
+        :class:`UnknownSigner` saying why there is none (``where`` names the release)."""
+        ...
 
 
 class ChangeEvents(Protocol):
@@ -529,6 +554,11 @@ class OperationLog(Protocol):
         in one read: for answers about many models at once."""
         ...
 
+    async def last_deploys(self, releases: Mapping[str, str]) -> dict[str, Operation]:
+        """For each model of ``releases`` (model -> release), the newest deploy of that release
+        that succeeded, if any, in one read: what status says of how a release came to serve."""
+        ...
+
     async def flush(self) -> None:
         """Return once every record queued so far is written."""
         ...
@@ -625,6 +655,11 @@ class Telemetry(Protocol):
 
     def store_retried(self, cause: RetryCause) -> None:
         """A store request is being tried again, for ``cause``."""
+        ...
+
+    def signature_refused(self, model: str, code: str) -> None:
+        """A release of ``model`` was refused for its signature (``code``: signature_missing,
+        signature_invalid, unknown_signer)."""
         ...
 
 

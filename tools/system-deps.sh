@@ -11,6 +11,8 @@
 #                            page and /docs in the tests (tests/support/browser.py)
 #   chromium-driver          /usr/bin/chromedriver, through which selenium drives it (given
 #                            by path: Selenium Manager never downloads a browser or a driver)
+#   openssl                  /usr/bin/openssl, which makes the publisher keys and signatures of
+#                            the signature tests and docs/signatures.md
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -27,6 +29,7 @@ NEEDED=(
     prometheus-alertmanager:prometheus-alertmanager
     chromium:chromium
     chromedriver:chromium-driver
+    openssl:openssl
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.

@@ -33,6 +33,7 @@ from controlplane.domain.figures import Figures
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
 from controlplane.domain.operations import Operation, Step, Trigger
 from controlplane.domain.rollback import RollbackRecord
+from controlplane.domain.signatures import SIGNATURE_CODES
 from controlplane.domain.transfer import RetryCause, retry_cause
 from controlplane.ports import TritonMemory
 
@@ -159,6 +160,15 @@ class PrometheusTelemetry:
         )
         for cause in RetryCause:
             self._store_retries.labels(cause=cause.value)
+        self._signature_refusals = Counter(
+            "controlplane_signature_refusals",
+            "Releases refused for their signature, by code (signature_missing, "
+            "signature_invalid, unknown_signer).",
+            ["code"],
+            registry=r,
+        )
+        for code in SIGNATURE_CODES:
+            self._signature_refusals.labels(code=code)
         for kind in RESIDUE_KINDS:
             self._residue.labels(kind=kind)
         for receipt in Receipt:
@@ -230,6 +240,9 @@ class PrometheusTelemetry:
 
     def store_retried(self, cause: RetryCause) -> None:
         self._store_retries.labels(cause=retry_cause(cause).value).inc()
+
+    def signature_refused(self, model: str, code: str) -> None:
+        self._signature_refusals.labels(code=code).inc()
 
     # --- for the API ----------------------------------------------------------------------
 

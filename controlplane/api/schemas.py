@@ -332,13 +332,16 @@ def model_json(view: ModelView) -> dict[str, Any]:
     return {
         "name": view.name,
         "active_release": view.active_release,
+        "signer": view.signer,
         "cpu_only": view.cpu_only,
         "previous_release": view.previous_release,
         "strategy": view.strategy,
         "alias_target": view.alias_target,
         "triton": {"state": view.triton_state, "reason": view.triton_reason},
         "slots": [slot_json(slot, view.slot_triton_states.get(slot.name)) for slot in view.slots],
-        "releases": [{"name": r.name, "complete": r.complete} for r in view.releases],
+        "releases": [
+            {"name": r.name, "complete": r.complete, "signed": r.signed} for r in view.releases
+        ],
         "ignored_releases": ignored_json(view.ignored_releases),
         "store_error": view.store_error,
         "running_operation": view.running_operation,

@@ -96,6 +96,9 @@ def operation_lines(op: dict[str, Any]) -> list[str]:
     ]
     if op.get("reason"):
         lines.append(f"  why:       {op['reason']}")
+    signer = (op.get("detail") or {}).get("signer")
+    if signer:
+        lines.append(f"  signed by: {signer}")
     lines.append(f"  started:   {_when(op['created_at'])}")
     if op.get("error"):
         lines.append(f"  error:     {op['error']['code']}: {op['error']['message']}")

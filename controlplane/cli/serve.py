@@ -19,11 +19,12 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from controlplane.adapters.instance_lock import InstanceLock, InstanceLockError
+from controlplane.adapters.keyring import KeyringError
 from controlplane.api.app import create_app
 from controlplane.cli import logs
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.settings import Settings, SettingsError, load_settings, mask_passwords
-from controlplane.wiring import check_filesystem, claim_state
+from controlplane.wiring import check_filesystem, check_keyring, claim_state
 
 log = logging.getLogger("controlplane")
 
@@ -43,6 +44,13 @@ def run(config: Path | None) -> int:
     except ControlPlaneError as exc:
         print(f"controlplane: {exc.message}", file=sys.stderr)
         return 2
+    try:
+        trusted = check_keyring(settings)
+    except KeyringError as exc:
+        print(f"controlplane: store.keyring: {exc}", file=sys.stderr)
+        return 2
+    if settings.store.keyring is not None:
+        log.info("keyring: trusted keys %s", ", ".join(trusted) or "none")
     try:
         lock = claim_state(settings)
     except InstanceLockError as exc:

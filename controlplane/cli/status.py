@@ -94,6 +94,8 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
         f"  previous:  {view.get('previous_release') or '-'}",
         f"  triton:    {triton.get('state', '?')} {triton.get('reason') or ''}".rstrip(),
     ]
+    if view.get("signer"):
+        lines.insert(2, f"  signed by: {view['signer']}")
     if view.get("cpu_only"):
         lines.insert(2, "  cpu only:  yes (the rollback chain's last step): deploy to serve on GPU")
     for slot in view.get("slots", []):

@@ -18,6 +18,9 @@ from pathlib import PurePosixPath
 from controlplane.domain.errors import ChecksumMismatch, ReleaseChanged, UnsafeRelease
 
 MANIFEST_NAME = "SHA256SUMS"
+# The publisher's signature of SHA256SUMS (domain/signatures.py): a side file beside it, never
+# listed in it and never fetched with the release.
+SIGNATURE_NAME = f"{MANIFEST_NAME}.sig"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a million files' worth; beyond it, a mistake or worse
 _LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 
@@ -97,13 +100,14 @@ class FileDigest:
 def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) -> dict[str, int]:
     """What a fetch copies, chosen from the store's listing (path -> size) before a byte is
     copied: the files ``manifest`` lists and ``SHA256SUMS`` itself, or, for a release without
-    a manifest, everything listed.
+    a manifest, everything listed. ``SHA256SUMS.sig`` is never copied (it was read and checked
+    before, when a signature is checked at all) and is no extra file.
 
     A listing with files the manifest does not list is refused (``invalid_release``, naming
     them), and so is one that lacks a file it lists (``checksum_mismatch``).
     """
     if manifest is None:
-        return dict(listed)
+        return {rel: size for rel, size in listed.items() if rel != SIGNATURE_NAME}
     if MANIFEST_NAME not in listed:
         raise ReleaseChanged(
             f"{MANIFEST_NAME} is no longer in the store's listing after it was read: the release "
@@ -112,7 +116,7 @@ def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) 
     if listed[MANIFEST_NAME] > MAX_MANIFEST_BYTES:
         raise manifest_too_large(listed[MANIFEST_NAME], "the release")
     _refuse_missing(sorted(set(manifest) - set(listed)))
-    _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME}))
+    _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME, SIGNATURE_NAME}))
     return {rel: size for rel, size in listed.items() if rel in manifest or rel == MANIFEST_NAME}
 
 

@@ -11,6 +11,9 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ReleaseNotFound        release_not_found
     │   ├── ReleaseIncomplete      release_incomplete
     │   ├── ChecksumMismatch       checksum_mismatch
+    │   ├── SignatureMissing       signature_missing (a signature is required, none was published)
+    │   ├── SignatureInvalid       signature_invalid (no key of the keyring verifies it)
+    │   ├── UnknownSigner          unknown_signer    (a key the keyring no longer trusts signed it)
     │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
     │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
@@ -94,6 +97,27 @@ class ReleaseIncomplete(PermanentError):
 
 class ChecksumMismatch(PermanentError):
     code = "checksum_mismatch"
+
+
+class SignatureMissing(PermanentError):
+    """A signature is required (``store.require_signature``) and the release has no
+    ``SHA256SUMS.sig``."""
+
+    code = "signature_missing"
+
+
+class SignatureInvalid(PermanentError):
+    """``SHA256SUMS.sig`` is malformed, or no key of the keyring verifies it over the bytes of
+    ``SHA256SUMS`` (or the keyring cannot be read: nothing is trusted then)."""
+
+    code = "signature_invalid"
+
+
+class UnknownSigner(PermanentError):
+    """A key the keyring holds but no longer trusts (retired, its certificate expired or not
+    yet valid) verifies the signature."""
+
+    code = "unknown_signer"
 
 
 class UnsafeRelease(PermanentError):

@@ -22,10 +22,12 @@ class ReleaseInfo:
     """A release in the store. ``complete`` means its ``SHA256SUMS`` commit marker exists.
 
     ``revision`` identifies the marker's content (an S3 ETag, a local mtime), so a release that
-    is republished under the same name is seen as new.
+    is republished under the same name is seen as new. ``signed``: a ``SHA256SUMS.sig`` is
+    published beside the marker (whether it verifies is for a deploy to find out).
     """
 
     model: str
     name: str
     complete: bool
     revision: str | None = None
+    signed: bool = False

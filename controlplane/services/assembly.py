@@ -34,6 +34,7 @@ from controlplane.services.memory import MemoryWatch
 from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
+from controlplane.services.signing import SignaturePolicy
 from controlplane.services.slots import SlotBook
 from controlplane.services.telemetry import NO_TELEMETRY
 
@@ -80,6 +81,7 @@ def assemble(
     telemetry: Telemetry = NO_TELEMETRY,
     fleet: FleetLedger | None = None,
     member: str | None = None,
+    signatures: SignaturePolicy | None = None,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -97,6 +99,7 @@ def assemble(
         editor=editor,
         require_checksums=limits.require_checksums,
         max_release_bytes=limits.max_release_bytes,
+        signatures=signatures,
     )
     bluegreen = BlueGreen(
         preparer=preparer,

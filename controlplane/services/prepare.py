@@ -2,7 +2,11 @@
 
 Shared by every strategy: the result is a complete, verified, fsynced model dir in staging
 whose ``config.pbtxt`` names ``target`` (the model itself, or a blue-green slot), which nothing
-else has seen yet. Steps ``fetch`` and ``verify`` are recorded on the operation.
+else has seen yet. Steps ``fetch`` and ``verify`` are recorded on the operation, after
+``signature`` when a keyring is set or a signature required (:mod:`.signing`): then nothing but
+``SHA256SUMS`` and its signature is read before the signature is checked, and the manifest the
+fetch works from is parsed from the very bytes that were verified. ``SHA256SUMS`` is read once
+before the fetch; the copy the fetch writes must have the same bytes (else ``release_changed``).
 
 Nothing is copied before the store's listing has been checked: only the files ``SHA256SUMS``
 lists are fetched (a listing with others is refused, naming them), and their sizes must fit
@@ -29,10 +33,18 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from controlplane.domain.checksums import select_files
+from controlplane.domain.checksums import MANIFEST_NAME, decode_manifest, select_files
 from controlplane.domain.disk import room_for
 from controlplane.domain.errors import ReleaseChanged, ReleaseIncomplete
-from controlplane.ports import ModelConfigEditor, ModelStore, ModelSummary, ReleaseMarker, Staging
+from controlplane.ports import (
+    FetchedRelease,
+    ModelConfigEditor,
+    ModelStore,
+    ModelSummary,
+    ReleaseMarker,
+    Staging,
+)
+from controlplane.services.signing import CheckedManifest, SignaturePolicy, check_signature
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -59,12 +71,22 @@ async def prepare_release(
     target: str,
     revision: str | None = None,
     max_release_bytes: int | None = None,
+    signatures: SignaturePolicy | None = None,
 ) -> PreparedRelease:
     op = tracker.operation
+    checked: CheckedManifest | None = None
+    if signatures is not None and signatures.applies(model):
+        checked = await check_signature(
+            tracker, store=store, policy=signatures, model=model, release=release
+        )
     async with tracker.step("fetch"):
         op_dir = await asyncio.to_thread(staging.create, op.id)
         dest = staging.release_dir(op_dir)
-        manifest = await asyncio.to_thread(store.read_manifest, model, release)
+        if checked is None:
+            checked = CheckedManifest(await _manifest_bytes(store, model, release), None)
+        manifest = None
+        if checked.manifest is not None:
+            manifest = decode_manifest(checked.manifest, f"{model}/{release}")
         if manifest is None and require_checksums:
             raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS before the fetch")
         listing = await asyncio.to_thread(store.list_files, model, release)
@@ -94,7 +116,9 @@ async def prepare_release(
     async with tracker.step("verify"):
         if fetched.manifest is None and require_checksums:
             raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS during fetch")
-        if manifest is not None and fetched.manifest != manifest:
+        if manifest is not None and (
+            fetched.manifest != manifest or _digest(fetched, MANIFEST_NAME) != checked.digest
+        ):
             raise ReleaseChanged(
                 f"SHA256SUMS of release {release!r} changed during the download; "
                 "it will be fetched again"
@@ -118,6 +142,7 @@ class Preparer:
     editor: ModelConfigEditor
     require_checksums: bool = True
     max_release_bytes: int | None = None  # store.max_release_bytes; None: unbounded
+    signatures: SignaturePolicy | None = None  # None: no keyring, no signature required
 
     async def prepare(
         self,
@@ -140,7 +165,18 @@ class Preparer:
             target=target,
             revision=revision,
             max_release_bytes=self.max_release_bytes,
+            signatures=self.signatures,
         )
+
+
+async def _manifest_bytes(store: ModelStore, model: str, release: str) -> bytes | None:
+    files = await asyncio.to_thread(store.read_marker_files, model, release)
+    return files.manifest
+
+
+def _digest(fetched: FetchedRelease, rel: str) -> str | None:
+    found = fetched.files.get(rel)
+    return None if found is None else found.sha256
 
 
 async def _stoppable(call: Callable[..., T]) -> T:

@@ -79,6 +79,9 @@ class ModelView:
     cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
     # Release dirs (or prefixes) the store's listing left out for their names (the first ones).
     ignored_releases: tuple[IgnoredName, ...] = ()
+    # The publisher key that signed the serving release, as the deploy that made it serve
+    # recorded it (None: unsigned, or deployed before this daemon checked signatures).
+    signer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -320,11 +323,17 @@ class StatusService:
         """The views of ``names``, their history read in four reads whatever their number (one
         read per model and table made a page of 100 models cost 700 round trips), queued at
         once (the database thread runs them back to back)."""
-        last_operations, repairs, rollbacks, degraded = await asyncio.gather(
+        serving = {
+            name: record.active_release
+            for name in names
+            if (record := records.get(name)) is not None and record.active_release is not None
+        }
+        last_operations, repairs, rollbacks, degraded, deploys = await asyncio.gather(
             self._journal.latest(names),
             self._journal.latest(names, OperationKind.REPAIR),
             self._rollbacks.last_of(names),
             self._rollbacks.latched_of(names),
+            self._journal.last_deploys(serving),
         )
         return [
             self._view(
@@ -337,6 +346,7 @@ class StatusService:
                     repairs.get(name),
                     rollbacks.get(name),
                     tuple(degraded.get(name, ())),
+                    _signer(deploys.get(name)),
                 ),
                 overload,
             )
@@ -385,6 +395,7 @@ class StatusService:
             drift=self._drift(model),
             cpu_only=any(s.state is SlotState.ACTIVE and on_cpu_only(s) for s in slots),
             ignored_releases=listing.ignored,
+            signer=history.signer,
         )
 
 
@@ -396,6 +407,12 @@ class History:
     last_repair: Operation | None  # the reconcile loop's last repair
     last_rollback: RollbackRecord | None
     degraded: tuple[DegradedRelease, ...]
+    signer: str | None = None  # the key that signed the serving release, as its deploy found
+
+
+def _signer(deploy: Operation | None) -> str | None:
+    signer = deploy.detail.get("signer") if deploy is not None else None
+    return signer if isinstance(signer, str) else None
 
 
 def _order(name: str) -> tuple[tuple[tuple[int, int | str], ...], str]:

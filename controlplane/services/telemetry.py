@@ -50,5 +50,8 @@ class NoTelemetry:
     def store_retried(self, cause: RetryCause) -> None:
         return None
 
+    def signature_refused(self, model: str, code: str) -> None:
+        return None
+
 
 NO_TELEMETRY = NoTelemetry()

@@ -30,6 +30,11 @@ book are written (a row's ``last_seen`` is therefore when it last changed). What
 kept in the :class:`~controlplane.services.catalog.StoreCatalog`, which ``GET /v1/models``
 answers from.
 
+Where a signature is required (``store.require_signature``, per model too) the newest release
+is not auto-deployed while the listing shows no ``SHA256SUMS.sig`` beside it: it is shown as
+available, logged once, and deployed when its signature appears; no older release is deployed
+instead. Whether the signature verifies is the deploy's ``signature`` step to find out.
+
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
 release is republished.
@@ -111,6 +116,7 @@ class ReleaseWatcher:
         tasks: TaskOwner,
         auto_deploy: Callable[[str], bool],
         interval: float,
+        require_signature: Callable[[str], bool] = lambda _model: False,
         catalog: StoreCatalog | None = None,
         events: ChangeEvents | None = None,
         full_scan_every: float = FULL_SCAN_SECONDS,
@@ -130,6 +136,10 @@ class ReleaseWatcher:
         self._auto_deploy = auto_deploy
         self._interval = interval
         self._retry: set[tuple[str, str, str | None]] = set()
+        self._require_signature = require_signature
+        # Newest releases held back for want of a signature (each logged once): deployed once
+        # their SHA256SUMS.sig appears, forgotten once a newer release is the newest.
+        self._unsigned: set[tuple[str, str, str | None]] = set()
         self._ignored_log = IgnoredNamesLog()
         self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
 
@@ -272,7 +282,7 @@ class ReleaseWatcher:
             return
         newest = max(complete, key=lambda r: natural_key(r.name))
         key = (model, newest.name, newest.revision)
-        if newest not in new and key not in self._retry:
+        if newest not in new and key not in self._retry and key not in self._unsigned:
             return
         record = await self._serving.get(model)
         known = {r.name for r in recorded if r.complete}
@@ -288,6 +298,8 @@ class ReleaseWatcher:
                 latched[newest.name].reason,
                 extra={"model": model, "release": newest.name},
             )
+            return
+        if self._held_unsigned(newest, key):
             return
         if self._deploy.holder(model) is not None:
             self._retry.add(key)  # busy now: try again at the next scan
@@ -323,6 +335,25 @@ class ReleaseWatcher:
             return
         result.deploys.append(operation)
         self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+
+    def _held_unsigned(self, newest: ReleaseInfo, key: tuple[str, str, str | None]) -> bool:
+        """Whether the newest release is held back: a signature is required and it has none.
+        No older release is deployed instead; a deploy by hand says ``signature_missing``."""
+        model = newest.model
+        self._unsigned = {held for held in self._unsigned if held[0] != model or held == key}
+        if newest.signed or not self._require_signature(model):
+            self._unsigned.discard(key)
+            return False
+        if key not in self._unsigned:
+            self._unsigned.add(key)
+            log.warning(
+                "not auto-deploying %s %s: it has no SHA256SUMS.sig and a signature is required "
+                "(store.require_signature); upload the signature and it is deployed then",
+                model,
+                newest.name,
+                extra={"model": model, "release": newest.name},
+            )
+        return True
 
     def _retrying(self, model: str) -> bool:
         """An auto-deploy of ``model`` waits to be tried again at this scan."""

@@ -10,10 +10,13 @@ starts. The defaults of the staging dir and the database sit beside the reposito
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlparse
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from controlplane.settings.group import Group
 
@@ -134,6 +137,47 @@ class StoreSettings(Group):
         "member long-polls it and lists a model as soon as its event arrives, rather than at "
         "the next poll; the polls stay as the safety net. Default none: polling only.",
     )
+
+    require_signature: bool = Field(
+        False,
+        description="Refuse a release without a SHA256SUMS.sig that a key of store.keyring "
+        "verifies (signature_missing); a model's own require_signature overrides it. Without "
+        "it, a release that has a .sig is still verified when a keyring is set, and refused "
+        "when the signature does not verify; an unsigned one deploys. See docs/signatures.md.",
+    )
+    keyring: Annotated[list[Path] | None, NoDecode] = Field(
+        None,
+        description="Publisher public keys that may sign releases: a dir of *.pem files (its "
+        "retired/ subdir holds keys no longer trusted) or a list of PEM files (JSON list in "
+        "an environment variable). Each PEM is an Ed25519 or ECDSA P-256 public key, or an "
+        "X.509 certificate whose validity bounds when its key is trusted; a key is named by "
+        "its file's stem. Read again at every deploy, so keys rotate without a restart. "
+        "Required when any signature is required.",
+    )
+
+    @field_validator("keyring", mode="before")
+    @classmethod
+    def _keyring_paths(cls, value: object) -> object:
+        """One path (a dir, or a file) or a list of them; from the environment, a path or a
+        JSON list."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"not a JSON list of paths: {exc}") from None
+            return [text] if text else None
+        if isinstance(value, Path):
+            return [value]
+        return value
+
+    @field_validator("keyring")
+    @classmethod
+    def _keyring_not_empty(cls, paths: list[Path] | None) -> list[Path] | None:
+        if paths is not None and not paths:
+            raise ValueError("name at least one dir or PEM file, or leave store.keyring unset")
+        return paths
 
     @field_validator("uri")
     @classmethod

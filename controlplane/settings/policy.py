@@ -70,6 +70,12 @@ class ModelPolicy(Group):
         description="Roll back by itself on GPU overload (watcher or alert); the runbook route "
         "POST /api/v1/model/reload acts either way.",
     )
+    require_signature: bool | None = Field(
+        None,
+        description="Refuse releases of this model without a valid SHA256SUMS.sig (true), or "
+        "deploy unsigned ones (false); default: store.require_signature. A signature that is "
+        "there is verified either way when store.keyring is set.",
+    )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,
         description="How a new release spreads across the fleet: canary_members first, for "

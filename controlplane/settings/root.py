@@ -86,6 +86,31 @@ class Settings(BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _keyring_where_required(self) -> Settings:
+        if self.store.keyring is not None:
+            return self
+        if self.store.require_signature:
+            raise ValueError(
+                "store.require_signature is true but store.keyring is not set: name the dir "
+                "(or PEM files) of the publisher keys that may sign releases "
+                "(CONTROLPLANE_STORE__KEYRING), or do not require signatures"
+            )
+        where = ["model_defaults"] if self.model_defaults.require_signature else []
+        where += [f"models.{name}" for name, p in self.models.items() if p.require_signature]
+        if where:
+            raise ValueError(
+                f"{where[0]}.require_signature is true but store.keyring is not set: name the "
+                "dir (or PEM files) of the publisher keys that may sign releases "
+                "(CONTROLPLANE_STORE__KEYRING), or do not require signatures"
+            )
+        return self
+
+    def require_signature(self, model: str) -> bool:
+        """Whether a release of ``model`` must carry a valid signature."""
+        own = self.policy(model).require_signature
+        return self.store.require_signature if own is None else own
+
     @field_validator("models")
     @classmethod
     def _model_names(cls, models: dict[str, ModelPolicy]) -> dict[str, ModelPolicy]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from controlplane.wiring.container import Container
 from controlplane.wiring.graph import build, overload_verdict
 from controlplane.wiring.sources import build_records, build_store, build_utilization_source
-from controlplane.wiring.startup import check_filesystem, claim_state
+from controlplane.wiring.startup import check_filesystem, check_keyring, claim_state
 
 __all__ = [
     "Container",
@@ -20,6 +20,7 @@ __all__ = [
     "build_store",
     "build_utilization_source",
     "check_filesystem",
+    "check_keyring",
     "claim_state",
     "overload_verdict",
 ]

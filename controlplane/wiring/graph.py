@@ -15,6 +15,7 @@ from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.fleet_peers import HttpPeers
 from controlplane.adapters.host import HostAndGpuMemory
+from controlplane.adapters.keyring import Keyring
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
@@ -37,6 +38,7 @@ from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
+from controlplane.services.signing import SignaturePolicy
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
@@ -132,6 +134,15 @@ def build(settings: Settings) -> Container:
         telemetry=telemetry,
         fleet=ledger,
         member=settings.member_name,
+        signatures=SignaturePolicy(
+            verifier=(
+                Keyring(settings.store.keyring, now=clock.now)
+                if settings.store.keyring is not None
+                else None
+            ),
+            required=settings.require_signature,
+            telemetry=telemetry,
+        ),
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
 
@@ -213,6 +224,7 @@ def build(settings: Settings) -> Container:
         clock=clock,
         tasks=tasks,
         auto_deploy=lambda model: settings.policy(model).auto_deploy,
+        require_signature=settings.require_signature,
         interval=settings.store.poll_interval_seconds,
         catalog=catalog,
         events=events,

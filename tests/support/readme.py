@@ -36,6 +36,7 @@ _EXPECT = "# -> "
 DOCUMENTS = (
     "README.md",
     "docs/store.md",
+    "docs/signatures.md",
     "docs/notifications.md",
     "docs/deploys.md",
     "docs/rollback.md",

@@ -19,6 +19,7 @@ import uvicorn
 
 from controlplane.cli.serve import CalmServer
 from tests.support.polling import until
+from tests.support.signing import openssl
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXIT_USAGE = 2
@@ -98,6 +99,24 @@ def test_staging_on_another_filesystem(
     assert "different filesystems" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "root" / "controlplane.db").exists()  # refused before anything else
+
+
+def test_a_keyring_with_an_rsa_key_is_refused_naming_the_file(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    private = tmp_path / "rsa.key"
+    openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", private)
+    openssl("pkey", "-in", private, "-pubout", "-out", keys / "old-ci.pem")
+    env = clean_env(
+        CONTROLPLANE_REPOSITORY__PATH=str(tmp_path / "root" / "repository"),
+        CONTROLPLANE_STORE__URI=(tmp_path / "store").as_uri(),
+        CONTROLPLANE_STORE__KEYRING=str(keys),
+    )
+    result = serve(env, tmp_path)
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert f"store.keyring: {keys / 'old-ci.pem'} holds an RSA key" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_the_server_stops_at_once_when_a_signal_asks_between_its_ticks(tmp_path: Path) -> None:

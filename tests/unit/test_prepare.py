@@ -19,7 +19,7 @@ from controlplane.domain.errors import Interrupted
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import CancelReason, Operation, OperationStatus, Trigger
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
+from controlplane.ports import FetchedRelease, FetchProgress, MarkerFiles, ReleaseListing
 from controlplane.services.deploy import DeployService
 from tests.support.disk import GIB, PeakUsage, add_sparse_file, too_big_for
 from tests.support.fakes import deploy_service, started
@@ -167,6 +167,9 @@ class StallingStore:
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         return self._inner.read_manifest(model, release)
 
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        return self._inner.read_marker_files(model, release)
+
     def list_files(self, model: str, release: str) -> ReleaseListing:
         return self._inner.list_files(model, release)
 
@@ -213,5 +216,46 @@ def test_a_cancelled_deploy_stops_its_fetch_before_staging_is_cleaned(tmp_path: 
             assert cancelled.status is not OperationStatus.SUCCEEDED
             assert sorted(p.name for p in parts.staging_path.iterdir()) == []
             assert parts.runner.holder(MODEL) is None
+
+    asyncio.run(scenario())
+
+
+class RepublishingStore(StallingStore):
+    """The local store, but ``SHA256SUMS`` is rewritten (same entries, other bytes: CRLF line
+    ends) right after the deploy read it, as a republish between the check and the fetch."""
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        files = self._inner.read_marker_files(model, release)
+        assert files.manifest is not None
+        sums = Path(self._inner.uri.removeprefix("file://")) / model / release / MANIFEST_NAME
+        sums.write_bytes(files.manifest.replace(b"\n", b"\r\n"))
+        return files
+
+    def fetch(
+        self,
+        listing: ReleaseListing,
+        dest: Path,
+        *,
+        manifest: Mapping[str, str] | None,
+        have: Mapping[str, FileDigest] | None = None,
+        progress: Callable[[FetchProgress], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> FetchedRelease:
+        return self._inner.fetch(
+            listing, dest, manifest=manifest, have=have, progress=progress, cancel=cancel
+        )
+
+
+def test_a_manifest_rewritten_after_it_was_read_is_release_changed(tmp_path: Path) -> None:
+    """The manifest a deploy works from (and a signature was checked over) is the bytes it
+    read; a SHA256SUMS that differs by a byte by the time it is fetched is not taken."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, store=RepublishingStore) as (service, parts):
+            publish(parts, "r1")
+            operation = await deploy_and_wait(service, "r1")
+            assert operation.error is not None
+            assert operation.error.code == "release_changed"
+            assert "SHA256SUMS" in operation.error.message
 
     asyncio.run(scenario())

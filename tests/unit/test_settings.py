@@ -852,3 +852,38 @@ def test_an_advertised_address_that_is_not_one_is_refused_with_the_form_it_needs
     message = settings_error()
     assert "fleet.advertise_url" in message or "advertise_url" in message
     assert "http://host:port" in message
+
+
+# --- signatures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"store": {"require_signature": True}}, "store.require_signature"),
+        ({"models": {"resnet": {"require_signature": True}}}, "models.resnet.require_signature"),
+    ],
+)
+def test_a_required_signature_without_a_keyring_is_refused_naming_the_setting(
+    required: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    data: dict[str, Any],
+    named: str,
+) -> None:
+    message = settings_error(write_yaml(tmp_path, data))
+    assert f"{named} is true but store.keyring is not set" in message
+
+
+def test_the_keyring_is_a_path_or_a_list_from_yaml_and_the_environment(
+    required: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTROLPLANE_STORE__KEYRING", "/etc/keys")
+    assert load_settings().store.keyring == [Path("/etc/keys")]
+    monkeypatch.setenv("CONTROLPLANE_STORE__KEYRING", '["/a.pem", "/b.pem"]')
+    assert load_settings().store.keyring == [Path("/a.pem"), Path("/b.pem")]
+    monkeypatch.delenv("CONTROLPLANE_STORE__KEYRING")
+    config = write_yaml(tmp_path, {"store": {"keyring": "/k", "require_signature": True}})
+    settings = load_settings(config)
+    assert settings.store.keyring == [Path("/k")]
+    assert settings.require_signature("any")

@@ -20,7 +20,7 @@ from controlplane.domain.checksums import FileDigest
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import RollbackOutcome
-from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing
+from controlplane.ports import FetchedRelease, FetchProgress, MarkerFiles, ReleaseListing
 from controlplane.services.supervisor import JobState, Supervisor
 from controlplane.services.telemetry import NoTelemetry
 from tests.support.fakes import FakeClock, release_watcher
@@ -58,6 +58,9 @@ class FullDiskStore:
         raise OSError(28, "No space left on device")
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
+        raise OSError(28, "No space left on device")
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         raise OSError(28, "No space left on device")
 
     def list_files(self, model: str, release: str) -> ReleaseListing:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -107,6 +107,25 @@ class SqliteOperationLog:
                 )
                 rows = db.execute(query, [*names, *([] if kind is None else [kind.value])])
                 found.update((row["model"], _operation_from_row(row)) for row in rows)
+            return found
+
+        return await self._db.read(job)
+
+    async def last_deploys(self, releases: Mapping[str, str]) -> dict[str, Operation]:
+        models = list(releases)
+
+        def job(db: sqlite3.Connection) -> dict[str, Operation]:
+            found: dict[str, Operation] = {}
+            for marks, names in chunks(models):
+                query = (  # only placeholders are formatted in; the values are bound
+                    "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY model, release "  # noqa: S608
+                    "ORDER BY created_at DESC, rowid DESC) AS newest FROM operations "
+                    f"WHERE model IN {marks} AND kind = ? AND status = ?) WHERE newest = 1"
+                )
+                params = [*names, OperationKind.DEPLOY.value, OperationStatus.SUCCEEDED.value]
+                for row in db.execute(query, params):
+                    if releases.get(row["model"]) == row["release"]:
+                        found[row["model"]] = _operation_from_row(row)
             return found
 
         return await self._db.read(job)

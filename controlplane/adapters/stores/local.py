@@ -30,6 +30,7 @@ from controlplane.adapters.stores.retries import report_refetch, unstable
 from controlplane.domain.checksums import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    SIGNATURE_NAME,
     FileDigest,
     decode_manifest,
     manifest_too_large,
@@ -52,8 +53,16 @@ from controlplane.domain.ignored import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.domain.signatures import MAX_SIGNATURE_BYTES
 from controlplane.domain.transfer import Verdict, judge_fetches
-from controlplane.ports import FetchedRelease, FetchProgress, ReleaseListing, StoredFile, Telemetry
+from controlplane.ports import (
+    FetchedRelease,
+    FetchProgress,
+    MarkerFiles,
+    ReleaseListing,
+    StoredFile,
+    Telemetry,
+)
 
 CHUNK = 1024 * 1024
 
@@ -151,6 +160,15 @@ class LocalStore:
             raise manifest_too_large(path.stat().st_size, f"{model}/{release}")
         return decode_manifest(data, f"{model}/{release}")
 
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        where = f"{model}/{release}"
+        release_dir = self._release_dir(model, release)
+        manifest = _read_plain(release_dir / MANIFEST_NAME, MAX_MANIFEST_BYTES, where)
+        if manifest is not None and len(manifest) > MAX_MANIFEST_BYTES:
+            raise manifest_too_large((release_dir / MANIFEST_NAME).stat().st_size, where)
+        signature = _read_plain(release_dir / SIGNATURE_NAME, MAX_SIGNATURE_BYTES, where)
+        return MarkerFiles(manifest=manifest, signature=signature)
+
     def list_files(self, model: str, release: str) -> ReleaseListing:
         source = self._source(model, release)
         files = {rel: StoredFile(size=size) for rel, size in regular_files(source)}
@@ -235,6 +253,22 @@ class LocalStore:
 
     def _release_dir(self, model: str, release: str) -> Path:
         return self._model_dir(model) / validate_release_name(release)
+
+
+def _read_plain(path: Path, bound: int, where: str) -> bytes | None:
+    """At most ``bound`` + 1 bytes of a plain file (never a symlink); None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeRelease(f"{path.name} of {where} is a symlink; ship plain files") from None
+        raise
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        return read_at_most(stream, bound)
 
 
 def missing_store(root: Path) -> StoreUnavailable:

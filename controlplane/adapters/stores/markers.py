@@ -34,7 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.domain.checksums import MAX_MANIFEST_BYTES
@@ -71,25 +71,32 @@ class MarkerRevisions:
         self.hashed = 0  # markers read and hashed so far: what the bench and tests count
 
     def info(self, model: str, release: str, marker: str) -> ReleaseInfo:
-        """The release as its marker at path ``marker`` says now."""
+        """The release as its marker at path ``marker`` says now, and whether its signature
+        (``<marker>.sig``) is there: one more lstat per complete release."""
         try:
             found = os.lstat(marker)
         except (FileNotFoundError, NotADirectoryError):
             return ReleaseInfo(model, release, complete=False)
         if not stat.S_ISREG(found.st_mode):
             return ReleaseInfo(model, release, complete=False)
+        signed = _is_file(marker + ".sig")
         # Read without the lock: a dict lookup is atomic, and entries are replaced, never edited.
         seen = self._seen.get(model, _NOTHING).get(release)
         if seen is not None and seen.signature == _signature(found):
-            return seen.info
+            if seen.info.signed == signed:
+                return seen.info
+            info = replace(seen.info, signed=signed)
+            with self._lock:
+                self._seen.setdefault(model, {})[release] = _Seen(seen.signature, info)
+            return info
         if found.st_size > MAX_MANIFEST_BYTES:  # not read: a deploy refuses it; still, it changed
             revision = f"oversized-{found.st_size}-{found.st_mtime_ns}"
-            return ReleaseInfo(model, release, True, revision)
+            return ReleaseInfo(model, release, True, revision, signed)
         read = self._read(marker)
         if read is None:  # gone or replaced by something else between the two looks
             return ReleaseInfo(model, release, complete=False)
         read_stat, digest = read  # the stat of the file that was read, not of the lstat
-        info = ReleaseInfo(model, release, True, revision=digest)
+        info = ReleaseInfo(model, release, True, revision=digest, signed=signed)
         youngest = max(read_stat.st_mtime_ns, read_stat.st_ctime_ns)
         if youngest <= (self._wall_clock() - RACY_SECONDS) * 1e9:
             with self._lock:
@@ -129,6 +136,13 @@ class MarkerRevisions:
         with self._lock:
             self.hashed += 1
         return found, hashlib.sha256(data).hexdigest()
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _signature(found: os.stat_result) -> _Signature:

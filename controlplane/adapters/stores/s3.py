@@ -58,6 +58,7 @@ from controlplane.adapters.stores.s3_download import (
 from controlplane.domain.checksums import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    SIGNATURE_NAME,
     FileDigest,
     decode_manifest,
     manifest_too_large,
@@ -82,10 +83,12 @@ from controlplane.domain.ignored import (
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
+from controlplane.domain.signatures import MAX_SIGNATURE_BYTES
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import (
     FetchedRelease,
     FetchProgress,
+    MarkerFiles,
     ReleaseListing,
     StoredFile,
     Telemetry,
@@ -258,6 +261,7 @@ class S3Store:
     ) -> list[ReleaseInfo]:
         base = f"{self._base}{validate_model_name(model)}/"
         markers: dict[str, str | None] = {}
+        signed: set[str] = set()  # releases with a SHA256SUMS.sig: the listing names it anyway
         refused: set[str] = set()  # names that are no release's, each judged once
         seen = False
         for page in self._pages(base, retrier=self._scan_retrier):
@@ -277,10 +281,12 @@ class S3Store:
                     markers[name] = None
                 if path == MANIFEST_NAME:
                     markers[name] = _revision(entry["ETag"])
+                elif path == SIGNATURE_NAME:
+                    signed.add(name)
         if not seen:
             raise ModelNotFound(f"model {model!r} is not in the store {self.uri}")
         return [
-            ReleaseInfo(model, name, revision is not None, revision)
+            ReleaseInfo(model, name, revision is not None, revision, name in signed)
             for name, revision in sorted(markers.items(), key=lambda item: natural_key(item[0]))
         ]
 
@@ -292,9 +298,21 @@ class S3Store:
                 base + MANIFEST_NAME,
                 self._scan_retrier,
             )
-            return ReleaseInfo(model, release, True, _revision(head["ETag"]))
+            revision = _revision(head["ETag"])
         except ReleaseNotFound:
             pass
+        else:
+            try:
+                self._call(
+                    lambda: self._client.head_object(
+                        Bucket=self._bucket, Key=base + SIGNATURE_NAME
+                    ),
+                    base + SIGNATURE_NAME,
+                    self._scan_retrier,
+                )
+            except ReleaseNotFound:
+                return ReleaseInfo(model, release, True, revision, signed=False)
+            return ReleaseInfo(model, release, True, revision, signed=True)
         page = self._call(
             lambda: self._client.list_objects_v2(Bucket=self._bucket, Prefix=base, MaxKeys=1),
             base,
@@ -308,23 +326,42 @@ class S3Store:
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         key = self._release_base(model, release) + MANIFEST_NAME
+        data = self._get_small(key, MAX_MANIFEST_BYTES, too_large=manifest_too_large)
+        return None if data is None else decode_manifest(data, self._url(key))
+
+    def read_marker_files(self, model: str, release: str) -> MarkerFiles:
+        base = self._release_base(model, release)
+        manifest = self._get_small(
+            base + MANIFEST_NAME, MAX_MANIFEST_BYTES, too_large=manifest_too_large
+        )
+        signature = self._get_small(base + SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
+        return MarkerFiles(manifest=manifest, signature=signature)
+
+    def _get_small(
+        self,
+        key: str,
+        bound: int,
+        *,
+        too_large: Callable[[int, str], ControlPlaneError] | None = None,
+    ) -> bytes | None:
+        """An object of at most ``bound`` bytes; one larger is ``too_large`` (when given) or
+        its first ``bound`` + 1 bytes. None when there is no such object."""
 
         def get() -> bytes:
             response = self._client.get_object(Bucket=self._bucket, Key=key)
             body = response["Body"]
             try:
                 size = int(response.get("ContentLength", 0))
-                if size > MAX_MANIFEST_BYTES:
-                    raise manifest_too_large(size, self._url(key))
-                return bytes(body.read())
+                if size > bound and too_large is not None:
+                    raise too_large(size, self._url(key))
+                return bytes(body.read(bound + 1))
             finally:
                 body.close()
 
         try:
-            data = self._call(get, key)
+            return self._call(get, key)  # type: ignore[no-any-return]
         except ReleaseNotFound:
             return None
-        return decode_manifest(data, self._url(key))
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
         base = self._release_base(model, release)

@@ -1,0 +1,127 @@
+"""Release signatures: which keys are trusted now, and what a verification's outcome means.
+
+A publisher signs the bytes of ``SHA256SUMS`` with plain ``openssl`` and publishes the result as
+``SHA256SUMS.sig`` beside it (before it: ``SHA256SUMS`` stays the commit marker). Such a
+signature carries no key id, so the verifier tries every key of the keyring; this module judges
+what the tries found (:func:`judge`). The split of the refusals follows from that:
+
+* a key the keyring trusts verifies it: the release is signed by that key (the *signer*);
+* only a key the keyring holds but no longer trusts verifies it (``unknown_signer``): the key
+  was retired (moved into the keyring dir's ``retired/``) or its certificate is expired or not
+  yet valid;
+* no key verifies it (``signature_invalid``): ``SHA256SUMS`` changed after it was signed, or a
+  key the keyring does not hold signed it. No verifier can tell those two apart.
+
+Pure: the cryptography lives in :mod:`controlplane.adapters.keyring`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from controlplane.domain.checksums import SIGNATURE_NAME
+from controlplane.domain.errors import SignatureInvalid, SignatureMissing, UnknownSigner
+
+# An openssl signature is 64 bytes (Ed25519) or about 72 (ECDSA P-256, DER); anything much
+# larger is no signature, and is not read into memory whole.
+MAX_SIGNATURE_BYTES = 4096
+RETIRED_DIR = "retired"
+SIGNATURE_CODES = (SignatureMissing.code, SignatureInvalid.code, UnknownSigner.code)
+
+
+class Trust(StrEnum):
+    TRUSTED = "trusted"
+    RETIRED = "retired"  # moved into the keyring dir's retired/
+    EXPIRED = "expired"  # its certificate's notAfter has passed
+    NOT_YET_VALID = "not_yet_valid"  # its certificate's notBefore is still to come
+
+
+@dataclass(frozen=True)
+class KeyTrust:
+    """One key of the keyring (named by its file's stem) and whether it is trusted now."""
+
+    name: str
+    trust: Trust
+    at: datetime | None = None  # when it expired, or when it becomes valid
+
+    def why(self) -> str:
+        if self.trust is Trust.RETIRED:
+            return f"key {self.name!r} is retired (it is in the keyring's {RETIRED_DIR}/)"
+        when = self.at.isoformat() if self.at is not None else "?"
+        if self.trust is Trust.EXPIRED:
+            return f"key {self.name!r} expired on {when} (its certificate's notAfter)"
+        if self.trust is Trust.NOT_YET_VALID:
+            return f"key {self.name!r} is not valid before {when} (its certificate's notBefore)"
+        return f"key {self.name!r} is trusted"
+
+
+def trust_of(
+    name: str,
+    *,
+    now: datetime,
+    retired: bool = False,
+    not_before: datetime | None = None,
+    not_after: datetime | None = None,
+) -> KeyTrust:
+    """The trust of a key now: retired wins, then its certificate's validity (if any)."""
+    if retired:
+        return KeyTrust(name, Trust.RETIRED)
+    if not_after is not None and now > not_after:
+        return KeyTrust(name, Trust.EXPIRED, not_after)
+    if not_before is not None and now < not_before:
+        return KeyTrust(name, Trust.NOT_YET_VALID, not_before)
+    return KeyTrust(name, Trust.TRUSTED)
+
+
+def judge(
+    where: str, keys: Sequence[KeyTrust], verified_by: Sequence[str], *, malformed: bool = False
+) -> str:
+    """The signer of ``where``'s signature, given the keys that verify it (``verified_by``,
+    names of ``keys``); or the refusal that says why there is none."""
+    verified = [key for key in keys if key.name in verified_by]
+    for key in verified:
+        if key.trust is Trust.TRUSTED:
+            return key.name
+    if verified:
+        reasons = "; ".join(key.why() for key in verified)
+        raise UnknownSigner(
+            f"{SIGNATURE_NAME} of {where} was made by a key the keyring no longer trusts: "
+            f"{reasons}. Sign the release again with a trusted key and publish it again (or, "
+            "if the key is to be trusted again, put it back in the keyring)",
+            details={"keys": [key.name for key in verified]},
+        )
+    names = ", ".join(key.name for key in keys if key.trust is Trust.TRUSTED) or "none"
+    if malformed:
+        raise SignatureInvalid(
+            f"{SIGNATURE_NAME} of {where} is not a signature openssl writes (64 bytes for "
+            "Ed25519, DER for ECDSA P-256): sign SHA256SUMS again as docs/signatures.md shows "
+            f"and publish it again (trusted keys: {names})",
+            details={"keys": [key.name for key in keys]},
+        )
+    raise SignatureInvalid(
+        f"{SIGNATURE_NAME} of {where} does not verify with any key of the keyring (trusted "
+        f"keys: {names}): either SHA256SUMS changed after it was signed, or it was signed "
+        "with a key the keyring does not hold. Sign this SHA256SUMS with a key of the keyring "
+        "and publish both again",
+        details={"keys": [key.name for key in keys]},
+    )
+
+
+def missing(where: str) -> SignatureMissing:
+    return SignatureMissing(
+        f"{where} has no {SIGNATURE_NAME} and a signature is required (store.require_signature "
+        f"or the model's require_signature): sign SHA256SUMS, upload {SIGNATURE_NAME}, then "
+        "upload SHA256SUMS again (it stays the commit marker)"
+    )
+
+
+def keyring_unreadable(where: str, why: str) -> SignatureInvalid:
+    """A keyring that cannot be read trusts nothing: every signature is refused until it can."""
+    return SignatureInvalid(
+        f"the keyring cannot be read ({where}: {why}), so no signature can be trusted; fix "
+        "store.keyring or the file, then deploy again",
+        details={"keyring": where},
+    )

@@ -1,0 +1,64 @@
+"""Publisher keys and signatures made by running the real ``openssl`` binary, the way
+docs/signatures.md tells a publisher to make them: nothing here imports ``cryptography``, so a
+signature the daemon accepts is one plain openssl wrote."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Kind = Literal["ed25519", "p256"]
+OPENSSL = shutil.which("openssl") or "openssl"
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run([OPENSSL, *map(str, args)], check=True, capture_output=True, timeout=30)
+
+
+@dataclass(frozen=True)
+class PublisherKey:
+    name: str
+    kind: Kind
+    private: Path
+
+    def public_pem(self, dest: Path) -> Path:
+        """Write the public part to ``dest`` (``openssl pkey -pubout``)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        openssl("pkey", "-in", self.private, "-pubout", "-out", dest)
+        return dest
+
+    def certificate(self, dest: Path, *, days: int) -> Path:
+        """A self-signed certificate of the key, valid from now for ``days`` (a negative
+        number: its notAfter is that many days in the past, so it is expired)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        csr = dest.with_suffix(".csr")
+        openssl("req", "-new", "-key", self.private, "-subj", f"/CN={self.name}", "-out", csr)
+        openssl("x509", "-req", "-in", csr, "-key", self.private, "-days", str(days), "-out", dest)
+        csr.unlink()
+        return dest
+
+    def sign(self, sums: Path, out: Path | None = None) -> Path:
+        """Sign the file ``sums`` as the docs' commands do; the signature goes to ``out``
+        (default: ``<sums>.sig``)."""
+        out = out or sums.with_name(sums.name + ".sig")
+        if self.kind == "ed25519":
+            openssl("pkeyutl", "-sign", "-inkey", self.private, "-rawin", "-in", sums, "-out", out)
+        else:
+            openssl("dgst", "-sha256", "-sign", self.private, "-out", out, sums)
+        return out
+
+
+def make_key(folder: Path, name: str, kind: Kind = "ed25519") -> PublisherKey:
+    """A new private key ``<folder>/<name>.key`` (``openssl genpkey``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    private = folder / f"{name}.key"
+    if kind == "ed25519":
+        openssl("genpkey", "-algorithm", "ed25519", "-out", private)
+    else:
+        openssl(
+            "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", private
+        )
+    return PublisherKey(name, kind, private)
