@@ -35,6 +35,7 @@ from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook
+from controlplane.services.stress import StressCheck
 from controlplane.services.telemetry import NO_TELEMETRY
 
 
@@ -80,6 +81,7 @@ def assemble(
     telemetry: Telemetry = NO_TELEMETRY,
     fleet: FleetLedger | None = None,
     member: str | None = None,
+    stress: StressCheck | None = None,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -112,6 +114,7 @@ def assemble(
         timers=timers,
         policy_for=policy_for,
         bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
+        stress=stress,
     )
     inplace = Inplace(
         preparer=preparer,
