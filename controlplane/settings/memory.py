@@ -3,8 +3,6 @@ behind (residue, and Triton's growth over swaps)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
 from controlplane.settings.group import Group
@@ -22,8 +20,8 @@ class MemorySettings(Group):
         description="Estimated need = release size on disk x this, unless the release's "
         "config.pbtxt gives parameters 'controlplane.memory_hint_bytes'.",
     )
-    shm_path: Path = Field(
-        Path("/dev/shm"),  # noqa: S108 - read only: statvfs of Triton's shared memory
+    shm_path: str = Field(
+        "/dev/shm",  # noqa: S108 - read only: statvfs of Triton's shared memory
         description="Where Triton's shared memory is mounted as this daemon sees it: /dev/shm "
         "on the same host or container; in a pod, the mount of the Memory emptyDir that both "
         "containers mount at /dev/shm (a sidecar's own /dev/shm is not Triton's).",

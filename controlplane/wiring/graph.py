@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from functools import partial
+from pathlib import Path
 
 from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
@@ -86,7 +87,7 @@ def build(settings: Settings) -> Container:
 
     metrics = metrics_at(None)
     memory = HostAndGpuMemory(
-        metrics_at(settings.memory.gpu_metrics_url), shm_path=settings.memory.shm_path
+        metrics_at(settings.memory.gpu_metrics_url), shm_path=Path(settings.memory.shm_path)
     )
     memory_watch = MemoryWatch(
         processes=(
