@@ -3,7 +3,8 @@
 Before the switch the new slot and the active one are driven with the same requests at the
 same concurrency, in alternating phases of one window (new, active, new, ...), so both meet
 the same machine noise. The new slot is refused when any of its requests failed, when its p99
-latency is above ``max_p99_ratio`` times the active slot's, or when ``/dev/shm`` or GPU memory
+latency is above ``max_p99_ratio`` times the active slot's (and slower by more than
+``min_p99_gap_ms``: on a busy host a fast model's p99 moves by a few ms on noise alone), or when ``/dev/shm`` or GPU memory
 grew by more than ``max_memory_growth_bytes`` over the window. A figure that cannot be read
 (no GPU, no active slot) is reported as such and never held against the release.
 
@@ -29,6 +30,7 @@ class StressPolicy:
     seconds: float = 10.0
     concurrency: int = 4
     max_p99_ratio: float = 2.0
+    min_p99_gap_ms: float = 5.0  # a slower p99 by less than this is noise, never refused
     max_memory_growth: int = 64 * 1024**2
 
 
@@ -155,6 +157,7 @@ class Verdict:
             else "none: a first deploy, latency not compared",
             "p99_ratio": None if self.p99_ratio is None else round(self.p99_ratio, 2),
             "max_p99_ratio": self.policy.max_p99_ratio,
+            "min_p99_gap_ms": self.policy.min_p99_gap_ms,
             "max_memory_growth_bytes": self.policy.max_memory_growth,
             "verdict": "passed" if self.ok else "refused",
         }
@@ -181,10 +184,15 @@ def judge(
     elif not new.requests:
         problems.append("the new slot answered no request in the stress window")
     ratio = _ratio(new, active)
-    if ratio is not None and active is not None and ratio > policy.max_p99_ratio:
+    if (
+        ratio is not None
+        and active is not None
+        and ratio > policy.max_p99_ratio
+        and (new.p99_ms or 0.0) - (active.p99_ms or 0.0) > policy.min_p99_gap_ms
+    ):
         problems.append(
             f"p99 {_ms(new.p99_ms)} on the new slot vs {_ms(active.p99_ms)} on the serving one "
-            f"(ratio {ratio:.1f} > {policy.max_p99_ratio:g}, max_p99_ratio; p50 "
+            f"(ratio {ratio:.1f} > {policy.max_p99_ratio:.1f}, max_p99_ratio; p50 "
             f"{_ms(new.p50_ms)} vs {_ms(active.p50_ms)}, {new.requests} vs {active.requests} "
             f"requests at concurrency {policy.concurrency})"
         )

@@ -40,8 +40,8 @@ class StressSettings(Group):
         description="blue-green: before the switch, drive the new slot and the serving one with "
         "the smoke sample (smoke.json, or generated inputs) in alternating phases of one window, "
         "and refuse the release (preflight_failed) on any failed request, a p99 latency above "
-        "max_p99_ratio x the serving slot's, or memory growth above max_memory_growth_bytes. "
-        "Needs strategy blue-green.",
+        "max_p99_ratio x the serving slot's (and min_p99_gap_ms slower), or memory growth above "
+        "max_memory_growth_bytes. Needs strategy blue-green.",
     )
     seconds: float = Field(
         10.0,
@@ -65,6 +65,14 @@ class StressSettings(Group):
         description="Refuse when the new slot's p99 latency is above this times the serving "
         "slot's (measured in the same window). 2.0 catches a release twice as slow under load; "
         "raise it for sub-millisecond models, whose p99 is mostly machine noise.",
+    )
+    min_p99_gap_ms: float = Field(
+        5.0,
+        ge=0,
+        description="A new p99 above max_p99_ratio x the serving one is refused only when it is "
+        "also slower by more than this: on a busy host a fast model's p99 moves by a few ms on "
+        "noise alone. Lower it for models that must answer in a few ms; 0 compares the ratio "
+        "only.",
     )
     max_memory_growth_bytes: int = Field(
         64 * 1024**2,

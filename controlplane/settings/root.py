@@ -118,6 +118,7 @@ class Settings(BaseSettings):
             seconds=stress.seconds,
             concurrency=stress.concurrency,
             max_p99_ratio=stress.max_p99_ratio,
+            min_p99_gap_ms=stress.min_p99_gap_ms,
             max_memory_growth=stress.max_memory_growth_bytes,
         )
 
