@@ -5,8 +5,9 @@ same concurrency, in alternating phases of one window (new, active, new, ...), s
 the same machine noise. The new slot is refused when any of its requests failed, when its p99
 latency is above ``max_p99_ratio`` times the active slot's (and slower by more than
 ``min_p99_gap_ms``: on a busy host a fast model's p99 moves by a few ms on noise alone), or
-when ``/dev/shm`` or GPU memory grew by more than ``max_memory_growth_bytes`` over the window. A figure that cannot be read
-(no GPU, no active slot) is reported as such and never held against the release.
+when ``/dev/shm`` or GPU memory grew by more than ``max_memory_growth_bytes`` over the window.
+A figure that cannot be read (no GPU, no active slot) is reported as such and never held
+against the release.
 
 Everything here is pure: the Triton adapter measures, the stress service orders the phases.
 """
