@@ -37,6 +37,7 @@ DOCUMENTS = (
     "README.md",
     "docs/store.md",
     "docs/deploys.md",
+    "docs/preflight.md",
     "docs/rollback.md",
     "docs/fleet.md",
     "docs/kubernetes.md",
