@@ -24,6 +24,7 @@ from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.domain.smoke import SmokeSample
+from controlplane.domain.stress import Load
 from controlplane.domain.traffic import Signature
 from controlplane.domain.transfer import RetryCause
 
@@ -319,6 +320,7 @@ class ModelSummary:
     sequence_batching: bool = False
     instance_kinds: tuple[str, ...] = ()
     memory_hint: int | None = None  # bytes the release says its load needs
+    instances: int = 1  # instances the config asks for (a lower bound: KIND_GPU is per GPU)
 
     @property
     def may_use_gpu(self) -> bool:
@@ -428,6 +430,33 @@ class MemoryFigures(Protocol):
 
     def host_available(self) -> int | None:
         """Bytes the host can still give (MemAvailable); None when unreadable."""
+        ...
+
+    def shm(self) -> ShmSpace | None:
+        """The shared-memory filesystem Triton's backends map (``/dev/shm``); None when it
+        cannot be read."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShmSpace:
+    total: int
+    free: int  # what an unprivileged process can still write
+
+    @property
+    def used(self) -> int:
+        return max(0, self.total - self.free)
+
+
+class InferenceLoad(Protocol):
+    """Inference traffic on purpose: the stress preflight's load."""
+
+    async def drive(
+        self, model: str, sample: SmokeSample | None, *, concurrency: int, seconds: float
+    ) -> Load:
+        """Send ``model`` the sample's inputs (or inputs generated from its config) from
+        ``concurrency`` clients at once, each sending its next request as soon as the last
+        answered, for ``seconds``; every latency and failure, none retried."""
         ...
 
 

@@ -3,17 +3,21 @@
 ``/proc/meminfo``'s ``MemAvailable`` is what the kernel can still give without swapping; in a
 container it is the node's figure, which is why the pod's memory limit still matters. GPU
 figures come from Triton's own metrics (``nv_gpu_memory_total_bytes`` and
-``nv_gpu_memory_used_bytes``), so no NVML is needed here.
+``nv_gpu_memory_used_bytes``), so no NVML is needed here. Shared memory is the ``statvfs`` of
+``/dev/shm`` (or where ``memory.shm_path`` says Triton's is mounted): the Python backend takes a
+region there per model instance.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from controlplane.adapters.triton.metrics import TritonMetrics
-from controlplane.ports import GpuMemory
+from controlplane.ports import GpuMemory, ShmSpace
 
 PROC = Path("/proc")
+SHM = Path("/dev/shm")  # noqa: S108 - read, never written: where POSIX shared memory lives
 
 
 def meminfo(proc_root: Path = PROC) -> dict[str, int]:
@@ -40,9 +44,12 @@ def meminfo(proc_root: Path = PROC) -> dict[str, int]:
 class HostAndGpuMemory:
     """:class:`~controlplane.ports.MemoryFigures` from Triton's metrics and the host."""
 
-    def __init__(self, metrics: TritonMetrics, *, proc_root: Path = PROC) -> None:
+    def __init__(
+        self, metrics: TritonMetrics, *, proc_root: Path = PROC, shm_path: Path = SHM
+    ) -> None:
         self._metrics = metrics
         self._proc = proc_root
+        self._shm = shm_path
 
     async def gpu_memory(self) -> dict[str, GpuMemory] | None:
         return await self._metrics.gpu_memory()
@@ -52,3 +59,12 @@ class HostAndGpuMemory:
 
     def host_total(self) -> int | None:
         return meminfo(self._proc).get("MemTotal")
+
+    def shm(self) -> ShmSpace | None:
+        """``statvfs`` of the shm mount: a tmpfs (RAM) whose size is its own limit (Docker's
+        default is 64 MiB, a pod's is its ``emptyDir`` ``sizeLimit`` or the node's half RAM)."""
+        try:
+            found = os.statvfs(self._shm)
+        except OSError:
+            return None
+        return ShmSpace(total=found.f_blocks * found.f_frsize, free=found.f_bavail * found.f_frsize)

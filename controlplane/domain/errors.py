@@ -23,7 +23,8 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── OperationNotFound      operation_not_found
     │   ├── NoPreviousRelease      no_previous_release
     │   ├── InvalidTransition      invalid_transition
-    │   ├── PreflightFailed        preflight_failed  (smoke inference failed or answered wrong)
+    │   ├── PreflightFailed        preflight_failed  (smoke inference failed or answered wrong,
+    │   │                                             or the stress test refused the release)
     │   ├── UnsupportedByAlias     strategy_unsupported (blue-green cannot front the model)
     │   ├── StagingFailed          staging_failed
     │   ├── NameConflict           name_conflict     (the repository dir belongs to another model)

@@ -3,13 +3,16 @@
 The need is the release's own ``memory_hint`` when it gives one, else its size on disk times a
 factor (weights usually take about their file size in memory, plus runtime overhead). It is
 compared with the free memory of the GPU that has the least, when the model may run on a GPU
-and Triton reports GPUs, and with the host's available memory. A figure that cannot be read
-is reported and not held against the load: the check refuses only on numbers it has.
+and Triton reports GPUs, and with the host's available memory. A release whose backend maps
+shared memory (the Python backend: one region per instance) also needs room in ``/dev/shm``,
+where the load must leave at least a margin free: a full ``/dev/shm`` fails the requests of
+every Python model on that Triton, not only the new one's. A figure that cannot be read is
+reported and not held against the load: the check refuses only on numbers it has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -20,6 +23,7 @@ class Headroom:
     gpu_free: int | None  # the least free memory on any GPU; None: not checked or unknown
     host_available: int | None
     problems: tuple[str, ...]
+    shm: ShmNeed | None = None  # None: the backend maps no shared memory, or not readable
 
     @property
     def ok(self) -> bool:
@@ -27,6 +31,53 @@ class Headroom:
 
     def describe(self) -> str:
         return "; ".join(self.problems) if self.problems else "enough memory"
+
+
+@dataclass(frozen=True)
+class ShmNeed:
+    """What a load takes of ``/dev/shm``, against what is free there."""
+
+    need: int
+    basis: str  # e.g. "2 instances of the python backend x 1.0 MiB"
+    free: int
+    margin: int
+
+    @property
+    def left(self) -> int:
+        return self.free - self.need
+
+    @property
+    def ok(self) -> bool:
+        return self.left >= self.margin
+
+    def problem(self) -> str:
+        return (
+            f"the load needs about {_size(self.need)} of /dev/shm ({self.basis}) but /dev/shm "
+            f"has {_size(self.free)} free, which would leave {_size(max(0, self.left))}, under "
+            f"the {_size(self.margin)} margin (memory.shm_margin_bytes)"
+        )
+
+
+def shm_need(
+    backend: str,
+    instances: int,
+    *,
+    per_instance: int,
+    backends: Collection[str],
+    free: int | None,
+    margin: int,
+) -> ShmNeed | None:
+    """The ``/dev/shm`` figures of a load; None when ``backend`` maps none or ``free`` is
+    unknown."""
+    if backend not in backends or free is None:
+        return None
+    plural = "instance" if instances == 1 else "instances"
+    return ShmNeed(
+        need=instances * per_instance,
+        basis=f"{instances} {plural} of the {backend} backend x {_size(per_instance)}",
+        free=free,
+        margin=margin,
+    )
 
 
 def estimate_need(size_bytes: int, factor: float, hint: int | None) -> tuple[int, str]:
@@ -41,6 +92,7 @@ def check(
     *,
     gpu_free: Mapping[str, int] | None,
     host_available: int | None,
+    shm: ShmNeed | None = None,
 ) -> Headroom:
     problems = []
     least = min(gpu_free.values()) if gpu_free else None
@@ -54,7 +106,9 @@ def check(
             f"the load needs about {_size(need)} ({basis}) but the host has "
             f"{_size(host_available)} available"
         )
-    return Headroom(need, basis, least, host_available, tuple(problems))
+    if shm is not None and not shm.ok:
+        problems.append(shm.problem())
+    return Headroom(need, basis, least, host_available, tuple(problems), shm)
 
 
 def _size(n: int) -> str:

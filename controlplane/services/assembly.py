@@ -36,6 +36,7 @@ from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
 from controlplane.services.signing import SignaturePolicy
 from controlplane.services.slots import SlotBook
+from controlplane.services.stress import StressCheck
 from controlplane.services.telemetry import NO_TELEMETRY
 
 
@@ -82,6 +83,7 @@ def assemble(
     fleet: FleetLedger | None = None,
     member: str | None = None,
     signatures: SignaturePolicy | None = None,
+    stress: StressCheck | None = None,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -115,6 +117,7 @@ def assemble(
         timers=timers,
         policy_for=policy_for,
         bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
+        stress=stress,
     )
     inplace = Inplace(
         preparer=preparer,

@@ -1,16 +1,18 @@
 """Blue-green: load the new release beside the old one, prove it, move all traffic at once.
 
 Deploy: stage -> place into an idle slot -> load -> preflight (signature, smoke inference)
--> switch (re-point the alias, then READY and one inference through it) -> record. The old
+-> stress (optional: the new slot load-tested beside the active one, :mod:`.stress`) -> switch
+(re-point the alias, then READY and one inference through it) -> record. The old
 slot stays loaded for ``retire_after`` so that a rollback is one re-point; then a retire
 operation drains it (Triton's pending-request gauge at 0, or a maximum drain time), unloads
 it, waits for UNAVAILABLE and removes its dir.
 
 Invariants:
 
-* Nothing touches the active slot or the alias before the switch, so any failure before it
-  leaves the serving release serving; a failed re-point is pointed back at once (Triton leaves
-  a failed ensemble reload unavailable, checked against the real server).
+* Nothing changes the active slot or the alias before the switch (the stress step only sends
+  the active slot requests), so any failure before it leaves the serving release serving; a
+  failed re-point is pointed back at once (Triton leaves a failed ensemble reload
+  unavailable, checked against the real server).
 * What serves and both slots are recorded in one transaction (:meth:`SlotBook.commit`).
 * A load that times out is abandoned (its unload asked for, never waited on past a few
   seconds): Triton may hold the slot LOADING until it restarts, since a Python ``initialize()``
@@ -41,6 +43,7 @@ from controlplane.services.memory import MemoryWatch
 from controlplane.services.prepare import Preparer
 from controlplane.services.runner import OperationRunner, Run
 from controlplane.services.slots import SlotBook, serving_after, unload_best_effort
+from controlplane.services.stress import StressCheck
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class BlueGreen:
         timers: TaskOwner,
         policy_for: Callable[[str], TrafficPolicy],
         bounds: Bounds,
+        stress: StressCheck | None = None,
     ) -> None:
         self._preparer = preparer
         self._staging = staging
@@ -91,6 +95,7 @@ class BlueGreen:
         self._timers = timers
         self._policy_for = policy_for
         self._bounds = bounds
+        self._stress = stress
 
     # --- reading the model's slots ------------------------------------------------------
 
@@ -190,6 +195,15 @@ class BlueGreen:
                         }
                     )
                 tracker.detail(outputs=await self._triton.smoke(slot.name, sample))
+            if self._stress is not None and self._stress.enabled(model):
+                async with tracker.step("stress"):
+                    await self._stress.run(
+                        tracker,
+                        model,
+                        new=slot.name,
+                        active=active.name if active else None,
+                        sample=sample,
+                    )
             async with tracker.step("switch"):
                 await self._switch(tracker, model, slot.name, signature, sample, back_to=active)
         except BaseException as exc:

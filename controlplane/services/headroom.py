@@ -1,4 +1,5 @@
-"""The ``headroom`` step: refuse a load the GPU or the host has no room for, unless forced.
+"""The ``headroom`` step: refuse a load the GPU, the host or ``/dev/shm`` has no room for,
+unless forced.
 
 Runs after the release is verified and before anything is placed (blue-green: after the idle
 slot is freed, since that frees memory too). A refusal is ``insufficient_memory`` with the
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 class HeadroomPolicy:
     figures: MemoryFigures | None = None  # None: the check is off
     factor: float = 1.5
+    shm_per_instance: int = 1024**2
+    shm_backends: tuple[str, ...] = ("python",)
+    shm_margin: int = 32 * 1024**2
 
 
 async def check_headroom(
@@ -39,11 +43,20 @@ async def check_headroom(
         )
         gpus = await policy.figures.gpu_memory() if summary.may_use_gpu else {}
         host = await asyncio.to_thread(policy.figures.host_available)
+        shm = await asyncio.to_thread(policy.figures.shm)
         found = headroom.check(
             need,
             basis,
             gpu_free=None if gpus is None else {uuid: g.free for uuid, g in gpus.items()},
             host_available=host,
+            shm=headroom.shm_need(
+                summary.backend,
+                summary.instances,
+                per_instance=policy.shm_per_instance,
+                backends=policy.shm_backends,
+                free=None if shm is None else shm.free,
+                margin=policy.shm_margin,
+            ),
         )
         tracker.detail(
             need_bytes=found.need,
@@ -51,6 +64,7 @@ async def check_headroom(
             gpu_free_bytes=found.gpu_free,
             gpus="unreadable" if gpus is None else len(gpus),
             host_available_bytes=found.host_available,
+            **_shm_detail(found.shm, summary.backend, policy.shm_backends),
             forced=force and not found.ok,
         )
         if found.ok:
@@ -65,3 +79,16 @@ async def check_headroom(
         raise InsufficientMemory(
             f"{found.describe()}; free memory first (unload a model) or deploy with force"
         )
+
+
+def _shm_detail(
+    shm: headroom.ShmNeed | None, backend: str, backends: tuple[str, ...]
+) -> dict[str, object]:
+    if shm is None:
+        return {"shm": "unreadable" if backend in backends else f"not used by {backend}"}
+    return {
+        "shm_need_bytes": shm.need,
+        "shm_basis": shm.basis,
+        "shm_free_bytes": shm.free,
+        "shm_margin_bytes": shm.margin,
+    }

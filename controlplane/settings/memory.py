@@ -20,6 +20,31 @@ class MemorySettings(Group):
         description="Estimated need = release size on disk x this, unless the release's "
         "config.pbtxt gives parameters 'controlplane.memory_hint_bytes'.",
     )
+    shm_path: str = Field(
+        "/dev/shm",  # noqa: S108 - read only: statvfs of Triton's shared memory
+        description="Where Triton's shared memory is mounted as this daemon sees it: /dev/shm "
+        "on the same host or container; in a pod, the mount of the Memory emptyDir that both "
+        "containers mount at /dev/shm (a sidecar's own /dev/shm is not Triton's).",
+    )
+    shm_per_instance_bytes: int = Field(
+        1024**2,
+        ge=0,
+        description="Shared memory one instance of a backend in shm_backends takes at load: "
+        "the Python backend's shm-default-byte-size (1 MiB unless Triton runs with "
+        "--backend-config=python,shm-default-byte-size=N; then give N).",
+    )
+    shm_backends: tuple[str, ...] = Field(
+        ("python",),
+        description="Backends whose instances each take shm_per_instance_bytes of /dev/shm; "
+        "add Python-based backends (e.g. vllm) that run in the Python backend's stub.",
+    )
+    shm_margin_bytes: int = Field(
+        32 * 1024**2,
+        ge=0,
+        description="Refuse a load (insufficient_memory) that would leave less than this free "
+        "in shm_path: the Python backend grows its regions with the tensors it passes, and a "
+        "full /dev/shm fails every Python model's requests, not just the new one's.",
+    )
     gpu_metrics_url: str | None = Field(
         None,
         description="Where GPU memory figures (nv_gpu_memory_*) are read. "

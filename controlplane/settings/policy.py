@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_release_name, validate_slot_suffix
@@ -31,6 +31,62 @@ class RolloutSettings(Group):
         ge=0,
         description="Fleet rollout: how long the canaries serve the release, with healthy GPU "
         "verdicts and no failed deploy, before every member follows.",
+    )
+
+
+class StressSettings(Group):
+    enabled: bool = Field(
+        False,
+        description="blue-green: before the switch, drive the new slot and the serving one with "
+        "the smoke sample (smoke.json, or generated inputs) in alternating phases of one window, "
+        "and refuse the release (preflight_failed) on any failed request, a p99 latency above "
+        "max_p99_ratio x the serving slot's (and min_p99_gap_ms slower), or memory growth above "
+        "max_memory_growth_bytes. Needs strategy blue-green.",
+    )
+    seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Length of the stress window, both slots together (about 0.5 s phases, "
+        "alternating); the deploy takes this much longer. 10 s gives each slot a few thousand "
+        "requests for a fast model; give a slow model (100 ms and more) 30 s or more so its "
+        "p99 rests on enough requests.",
+    )
+    concurrency: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Requests in flight at once on each slot: about the concurrency the model "
+        "sees in production per Triton, so queueing behind too few instances shows up.",
+    )
+    max_p99_ratio: float = Field(
+        2.0,
+        gt=1,
+        description="Refuse when the new slot's p99 latency is above this times the serving "
+        "slot's (measured in the same window). 2.0 catches a release twice as slow under load; "
+        "raise it for sub-millisecond models, whose p99 is mostly machine noise.",
+    )
+    min_p99_gap_ms: float = Field(
+        5.0,
+        ge=0,
+        description="A new p99 above max_p99_ratio x the serving one is refused only when it is "
+        "also slower by more than this: on a busy host a fast model's p99 moves by a few ms on "
+        "noise alone. Lower it for models that must answer in a few ms; 0 compares the ratio "
+        "only.",
+    )
+    max_memory_growth_bytes: int = Field(
+        64 * 1024**2,
+        ge=0,
+        description="Refuse when /dev/shm (used bytes) or GPU memory (Triton's metrics, when it "
+        "has GPUs) grew by more than this over the window, measured after the new slot loaded, "
+        "so its steady allocation is not counted: growth under load is a leak per request.",
+    )
+
+
+class PreflightSettings(Group):
+    stress: StressSettings = Field(
+        default_factory=StressSettings,
+        description="A load test of the new slot against the serving one before the switch.",
     )
 
 
@@ -81,6 +137,22 @@ class ModelPolicy(Group):
         description="How a new release spreads across the fleet: canary_members first, for "
         "bake_seconds, then the rest.",
     )
+
+    preflight: PreflightSettings = Field(
+        default_factory=PreflightSettings,
+        description="Checks of the new release before it takes traffic, beyond the smoke "
+        "inference.",
+    )
+
+    @model_validator(mode="after")
+    def _stress_needs_two_slots(self) -> ModelPolicy:
+        if self.strategy == "inplace" and self.preflight.stress.enabled:
+            raise ValueError(
+                "preflight.stress.enabled needs strategy blue-green: under inplace the new "
+                "release replaces the serving one as it loads, so there is no moment to load-test "
+                "it before it takes traffic. Set strategy: blue-green, or turn stress off"
+            )
+        return self
 
     @field_validator("slot_suffixes")
     @classmethod

@@ -62,8 +62,9 @@ def settings_help() -> str:
 
 def _yaml_value(value: object) -> str:
     if isinstance(value, BaseModel):
-        fields = value.model_dump()
-        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in fields.items()) + "}"
+        value = value.model_dump()
+    if isinstance(value, dict):  # a group inside a group (model_defaults.preflight.stress)
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_member_name, validate_model_name
 from controlplane.domain.rollout import RolloutPolicy
+from controlplane.domain.stress import StressPolicy
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.settings.api import ApiSettings
 from controlplane.settings.fleet import FleetSettings
@@ -133,6 +134,17 @@ class Settings(BaseSettings):
             blue_suffix=policy.slot_suffixes[0],
             green_suffix=policy.slot_suffixes[1],
             keep_warm=policy.keep_fallback_warm,
+        )
+
+    def stress(self, model: str) -> StressPolicy:
+        stress = self.policy(model).preflight.stress
+        return StressPolicy(
+            enabled=stress.enabled,
+            seconds=stress.seconds,
+            concurrency=stress.concurrency,
+            max_p99_ratio=stress.max_p99_ratio,
+            min_p99_gap_ms=stress.min_p99_gap_ms,
+            max_memory_growth=stress.max_memory_growth_bytes,
         )
 
     def rollout(self, model: str) -> RolloutPolicy:

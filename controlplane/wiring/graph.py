@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from functools import partial
+from pathlib import Path
 
 from controlplane import __version__
 from controlplane.adapters.clock import SystemClock
@@ -40,6 +41,7 @@ from controlplane.services.overview import OverviewService
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from controlplane.services.signing import SignaturePolicy
 from controlplane.services.status import StatusService
+from controlplane.services.stress import StressCheck
 from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
@@ -90,7 +92,9 @@ def build(settings: Settings) -> Container:
         return readers.setdefault(url, TritonMetrics(url))
 
     metrics = metrics_at(None)
-    memory = HostAndGpuMemory(metrics_at(settings.memory.gpu_metrics_url))
+    memory = HostAndGpuMemory(
+        metrics_at(settings.memory.gpu_metrics_url), shm_path=Path(settings.memory.shm_path)
+    )
     memory_watch = MemoryWatch(
         processes=(
             ProcessAuditor(settings.repository.path, pid=settings.memory.triton_pid)
@@ -109,6 +113,9 @@ def build(settings: Settings) -> Container:
     headroom = HeadroomPolicy(
         figures=memory if settings.memory.headroom_check else None,
         factor=settings.memory.load_factor,
+        shm_per_instance=settings.memory.shm_per_instance_bytes,
+        shm_backends=settings.memory.shm_backends,
+        shm_margin=settings.memory.shm_margin_bytes,
     )
     pipelines = assemble(
         store=store,
@@ -143,6 +150,7 @@ def build(settings: Settings) -> Container:
             required=settings.require_signature,
             telemetry=telemetry,
         ),
+        stress=StressCheck(load=triton, figures=memory, policy_for=settings.stress),
     )
     deploy, reconciler, runner = pipelines.deploy, pipelines.reconciler, pipelines.runner
 

@@ -6,6 +6,7 @@ figures apply to it; on this CPU-only Triton it then loads on CPU when forced.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tests.support.models import write_scale_release, write_sha256sums
 pytestmark = pytest.mark.triton
 
 GIB = 1024**3
+MIB = 1024**2
 
 
 def _release_needing(store: Path, model: str, release: str, hint: int) -> None:
@@ -84,3 +86,43 @@ def test_a_cpu_model_is_checked_against_the_host_only(
     assert headroom["detail"]["forced"] is False
     assert headroom["detail"]["host_available_bytes"] > 0
     assert infer_once(triton.grpc_url, model_name) == 1.0
+
+
+def test_a_python_model_that_would_leave_too_little_dev_shm_is_refused(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    release_dir = write_scale_release(store, model_name, "r1", k=2.0)
+    config = release_dir / "config.pbtxt"
+    text = config.read_text(encoding="utf-8").replace("count: 1", "count: 2")
+    config.write_text(text, encoding="utf-8")
+    (release_dir / "SHA256SUMS").unlink()
+    write_sha256sums(release_dir)
+    # A margin as large as /dev/shm itself: no load can leave that much free.
+    shm = os.statvfs("/dev/shm")
+    margin = shm.f_blocks * shm.f_frsize
+    daemon = daemons(store, config=f"memory:\n  shm_margin_bytes: {margin}\n")
+
+    refused = daemon.deploy(model_name, "r1")
+
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "insufficient_memory"
+    assert (
+        "the load needs about 2.0 MiB of /dev/shm (2 instances of the python backend x 1.0 MiB) "
+        "but /dev/shm has "
+    ) in error["message"]
+    assert "margin (memory.shm_margin_bytes)" in error["message"]
+    headroom = refused.json()["operation"]["steps"][-1]
+    assert headroom["name"] == "headroom"
+    assert headroom["detail"]["shm_need_bytes"] == 2 * MIB
+    assert headroom["detail"]["shm_margin_bytes"] == margin
+    assert 0 < headroom["detail"]["shm_free_bytes"] < margin
+    assert not (daemon.repository / f"{model_name}__blue").exists()
+
+    daemon.stop()
+    normal = daemons(store)  # the default margin (32 MiB) leaves room on this host
+    deployed = normal.deploy(model_name, "r1")
+    assert deployed.status_code == 200, deployed.text
+    step = next(s for s in deployed.json()["operation"]["steps"] if s["name"] == "headroom")
+    assert step["detail"]["shm_need_bytes"] == 2 * MIB
+    assert infer_once(triton.grpc_url, model_name) == 2.0

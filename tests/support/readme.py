@@ -39,6 +39,7 @@ DOCUMENTS = (
     "docs/signatures.md",
     "docs/notifications.md",
     "docs/deploys.md",
+    "docs/preflight.md",
     "docs/rollback.md",
     "docs/fleet.md",
     "docs/kubernetes.md",

@@ -16,7 +16,7 @@ from controlplane.domain.operations import (
     OperationStatus,
     Trigger,
 )
-from controlplane.ports import GpuMemory, TritonMemory
+from controlplane.ports import GpuMemory, ShmSpace, TritonMemory
 from controlplane.services.memory import LeakPolicy, MemoryWatch
 from controlplane.services.tracker import OperationTracker
 from tests.support.fakes import FakeClock
@@ -35,6 +35,9 @@ class ScriptedGpu:
 
     def host_available(self) -> int | None:
         return 64 * GIB
+
+    def shm(self) -> ShmSpace | None:
+        return None
 
 
 class VisibleTriton:

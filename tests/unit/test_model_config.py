@@ -72,6 +72,7 @@ def test_prepare_rewrites_the_name_and_keeps_the_rest(tmp_path: Path) -> None:
         decoupled=False,
         sequence_batching=False,
         instance_kinds=("KIND_CPU", "KIND_GPU"),
+        instances=3,  # the /dev/shm regions a Python-backend load takes
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.pbtxt"]  # no temp file left
 
@@ -82,6 +83,7 @@ def test_a_config_without_a_name_gets_one(tmp_path: Path) -> None:
     assert parse(path.read_text(encoding="utf-8")).name == "m"
     assert summary.backend == "onnxruntime_onnx"
     assert summary.instance_kinds == ()
+    assert summary.instances == 1  # Triton makes one instance without an instance_group
 
 
 def test_decoupled_is_detected(tmp_path: Path) -> None:

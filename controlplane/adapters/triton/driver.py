@@ -1,8 +1,8 @@
 """The Triton driver: the only module that talks to Triton's gRPC API.
 
 It speaks the daemon's intents (load, unload, abandon a load, point an alias, reload on CPU,
-a checked inference) and owns Triton's JSON for them (:mod:`.overrides`). Every call has a
-timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by
+a checked inference, a stress load) and owns Triton's JSON for them (:mod:`.overrides`). Every
+call has a timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by
 tenacity, a bounded number of times; everything else is mapped to the project's own errors,
 most specific first, and never retried. ``load`` returns only when the model is READY in the
 repository index, or raises with Triton's reason; its timeout bounds the whole call, retries
@@ -28,6 +28,7 @@ from tenacity import (
 from tritonclient.grpc import aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from controlplane.adapters.triton.load import closed_loop
 from controlplane.adapters.triton.overrides import (
     alias_config,
     alias_target,
@@ -51,6 +52,7 @@ from controlplane.domain.errors import (
     TritonUnavailable,
 )
 from controlplane.domain.smoke import SmokeSample, check_answer
+from controlplane.domain.stress import Load
 from controlplane.domain.traffic import Signature
 from controlplane.ports import IndexEntry
 
@@ -235,11 +237,7 @@ class TritonDriver:
         self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]]
     ) -> dict[str, np.ndarray[Any, Any]]:
         """One inference (smoke checks): named numpy inputs in, every output out."""
-        tensors = []
-        for name, array in inputs.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
+        tensors = _tensors(inputs)
 
         async def call() -> Any:
             return await self._client.infer(model, tensors, client_timeout=self._call_timeout)
@@ -265,6 +263,24 @@ class TritonDriver:
             signature_of(config).outputs, {name: array.shape for name, array in outputs.items()}
         )
         return check_outputs(outputs, sample)
+
+    async def drive(
+        self, model: str, sample: SmokeSample | None, *, concurrency: int, seconds: float
+    ) -> Load:
+        """The stress preflight's load (:mod:`.load`), with the smoke sample's inputs or
+        inputs generated from the served config."""
+        if sample is not None:
+            inputs = sample_inputs(sample)
+        else:
+            inputs = generated_inputs(await self.model_config(model))
+        return await closed_loop(
+            self._client,
+            model,
+            _tensors(inputs),
+            concurrency=concurrency,
+            seconds=seconds,
+            timeout=self._call_timeout,
+        )
 
     async def close(self) -> None:
         await self._client.close()
@@ -327,6 +343,15 @@ class TritonDriver:
                 except InferenceServerException as exc:
                     raise _translate(exc, what=what, url=self._url, load_of=load_of) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+def _tensors(inputs: Mapping[str, np.ndarray[Any, Any]]) -> list[grpcclient.InferInput]:
+    tensors = []
+    for name, array in inputs.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
 
 
 def _channel_args() -> list[tuple[str, int]]:

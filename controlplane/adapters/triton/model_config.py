@@ -51,7 +51,17 @@ class ProtobufConfigEditor:
                 for group in config.instance_group
             ),
             memory_hint=hint,
+            instances=_instances(config),
         )
+
+
+def _instances(config: model_config_pb2.ModelConfig) -> int:
+    """Model instances the config asks for: each group's count (Triton reads 0 as 1) on each
+    GPU it names; a group on every GPU counts once, since the GPUs are not known here."""
+    total = sum(
+        max(1, int(group.count)) * max(1, len(group.gpus)) for group in config.instance_group
+    )
+    return max(1, total)
 
 
 def _memory_hint(config: model_config_pb2.ModelConfig) -> int | None:
