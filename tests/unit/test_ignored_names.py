@@ -38,6 +38,9 @@ class Events:
         self.models, self.others = set(), False
         return changes
 
+    def handled(self, models: frozenset[str]) -> None:
+        """Nothing to acknowledge: these events are not kept anywhere."""
+
 
 class CountingStore(LocalStore):
     """The local store, its listings of the models counted."""
