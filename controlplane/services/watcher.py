@@ -37,7 +37,8 @@ instead. Whether the signature verifies is the deploy's ``signature`` step to fi
 
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
-release is republished.
+release is republished. A new release found while its model is busy with another operation
+(a deploy, its old slot retiring) is tried again as soon as that operation ends.
 
 Dirs (or S3 prefixes) the listings leave out because their names are no model's or release's
 (:mod:`controlplane.domain.ignored`) are kept in the catalog with the listing, for the API to
@@ -301,8 +302,10 @@ class ReleaseWatcher:
             return
         if self._held_unsigned(newest, key):
             return
-        if self._deploy.holder(model) is not None:
-            self._retry.add(key)  # busy now: try again at the next scan
+        holder = self._deploy.holder(model)
+        if holder is not None:
+            self._retry.add(key)  # busy now: try again as soon as that operation has ended
+            self._tasks.spawn(f"watch-busy-{model}", self._scan_after(holder))
             return
         self._retry.discard(key)
         fleet = self._deploy.fleet
@@ -354,6 +357,14 @@ class ReleaseWatcher:
                 extra={"model": model, "release": newest.name},
             )
         return True
+
+    async def _scan_after(self, operation_id: str) -> None:
+        """Scan again once the operation holding a model has ended: a release heard while the
+        model was busy (retiring its old slot, say) is deployed then, not a poll later (which
+        with notifications may be minutes)."""
+        with contextlib.suppress(ControlPlaneError):
+            await self._deploy.wait(operation_id)
+        self.wake.set()
 
     def _retrying(self, model: str) -> bool:
         """An auto-deploy of ``model`` waits to be tried again at this scan."""

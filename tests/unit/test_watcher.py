@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,8 +11,17 @@ from controlplane.domain.operations import OperationStatus, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
-from tests.support.fakes import LoadFails, Parts, deploy_service, release_watcher, started_rollback
+from tests.support.fakes import (
+    LoadBlocks,
+    LoadFails,
+    Parts,
+    deploy_service,
+    release_watcher,
+    started,
+    started_rollback,
+)
 from tests.support.models import write_scale_release, write_sha256sums
+from tests.support.polling import until
 
 Policy = Callable[[str], bool]
 
@@ -132,3 +142,44 @@ def test_a_release_latched_degraded_is_not_pushed_even_when_republished(tmp_path
             assert record.active_release == "r1"
 
     asyncio.run(scenario())
+
+
+def test_a_release_seen_while_its_model_is_busy_is_deployed_as_soon_as_that_ends(
+    tmp_path: Path,
+) -> None:
+    """Not a poll later: with notifications the poll may be minutes away, and a model is busy
+    after every blue-green deploy while its old slot retires."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            blocked = LoadBlocks()
+            parts.triton.script_load("m", blocked)
+            busy = await started(service, "m", "r1", trigger=Trigger.API)
+            async with asyncio.timeout(5.0):
+                await blocked.entered.wait()
+            write_scale_release(parts.store_path, "m", "r2", k=2.0)
+            watcher = release_watcher(service, parts, auto_deploy=lambda _m: True, interval=300.0)
+            watching = asyncio.create_task(watcher.run())
+            try:
+                await until(lambda: _seen(parts, "r2"), "the watcher seeing r2")
+                assert [op.release for op in await service.list_operations("m", 10)] == ["r1"]
+
+                blocked.release.set()
+                assert (await service.wait(busy.id)).status is OperationStatus.SUCCEEDED
+                await until(lambda: _serving(parts, "r2"), "r2 deployed after r1's operation")
+            finally:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
+
+    asyncio.run(scenario())
+
+
+async def _seen(parts: Parts, release: str) -> bool:
+    return release in {r.name for r in await parts.repos.releases.seen("m")}
+
+
+async def _serving(parts: Parts, release: str) -> bool:
+    record = await parts.repos.serving.get("m")
+    return record is not None and record.active_release == release
