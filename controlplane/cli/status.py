@@ -17,6 +17,7 @@ from controlplane.cli.client import Client
 from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption
 from controlplane.cli.output import Format, Out
 from controlplane.cli.watch import Look, watch
+from controlplane.domain.notifications import unreachable_line
 
 
 def status(
@@ -76,6 +77,9 @@ def problems(health: dict[str, Any], model: str | None) -> list[str]:
     conflict = (health.get("fleet") or {}).get("name_conflict")
     if conflict and not model:  # one model's view says it under that model
         found.append(f"fleet: NAME CONFLICT: {conflict}")
+    queue = (health.get("store") or {}).get("notifications") or {}
+    if queue.get("state") == "unreachable":
+        found.append(unreachable_line(queue["queue"], queue.get("problem"), queue.get("since")))
     for job in health.get("jobs", []):
         if job["state"] != "running":
             found.append(

@@ -28,3 +28,20 @@ class NotificationHealth:
     @property
     def up(self) -> bool:
         return self.state is NotificationState.LIVE
+
+    def problem_line(self) -> str | None:
+        """What a person reading status should know, when anything: the queue is unreachable
+        and releases are found by polling only."""
+        if self.state is not NotificationState.UNREACHABLE:
+            return None
+        return unreachable_line(self.source, self.problem, self.since.isoformat(timespec="seconds"))
+
+
+def unreachable_line(queue: str, problem: str | None, since: str | None) -> str:
+    """The one wording of an unreachable queue, for the page and the CLI (which reads it from
+    ``/healthz``)."""
+    why = f": {problem}" if problem else ""
+    return (
+        f"store notifications: the SQS queue {queue} cannot be reached since {since}{why}; "
+        "new releases are found by polling the store until it answers again"
+    )

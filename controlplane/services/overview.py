@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.ignored import IgnoredName
+from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.operations import Operation
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.ports import Clock, OperationLog, RollbackBook
@@ -103,6 +104,7 @@ class Overview:
     gpu: GpuHistory
     overload: OverloadView | None
     ignored_models: tuple[IgnoredName, ...] = ()  # store entries left out for their names
+    notifications_problem: str | None = None  # the store's SQS queue cannot be reached
 
 
 class OverviewService:
@@ -116,7 +118,9 @@ class OverviewService:
         overload: OverloadWatcher | None = None,
         fleet: FleetService | None = None,
         source: str = "none",
+        notifications: Callable[[], NotificationHealth] | None = None,
     ) -> None:
+        self._notifications = notifications
         self._status = status
         self._journal = journal
         self._rollbacks = rollbacks
@@ -154,6 +158,9 @@ class OverviewService:
             gpu=self._gpu(since, now),
             overload=page.overload,
             ignored_models=page.ignored_models,
+            notifications_problem=(
+                self._notifications().problem_line() if self._notifications is not None else None
+            ),
         )
 
     def _gpu(self, since: datetime, now: datetime) -> GpuHistory:

@@ -325,6 +325,7 @@ def build(settings: Settings) -> Container:
             overload=overload,
             fleet=fleet_view,
             source=settings.rollback.source,
+            notifications=notifications,
         ),
         figures=figures,
         fleet=fleet,

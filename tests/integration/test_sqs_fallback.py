@@ -4,6 +4,7 @@ the next poll, and the daemon hears the queue again once it is back, by itself."
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
+from tests.integration.test_cli import cli
 from tests.support.daemon import Daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
@@ -62,6 +64,13 @@ def test_a_queue_that_goes_away_falls_back_to_polling_and_is_heard_again_when_ba
         assert "does not exist" in health["problem"], health
         assert health["retry_at"] is not None
         assert _up(daemon) == "controlplane_store_notifications_up 0.0"
+        # Said where people look: controlplane status and the status page.
+        said = f"store notifications: the SQS queue {url} cannot be reached since"
+        status = cli(daemon.url, "status")
+        assert status.returncode == 0, status.stderr
+        assert said in status.stderr, status.stderr
+        assert "found by polling" in status.stderr, status.stderr
+        assert said in html.unescape(daemon.get("/").text)
 
         # Polling still finds a release.
         release = write_scale_release(tmp_path / "releases", model_name, "r1", k=2.0)
@@ -71,6 +80,8 @@ def test_a_queue_that_goes_away_falls_back_to_polling_and_is_heard_again_when_ba
         assert notify_queue(s3, sqs, bucket, queue) == url  # the queue is back
         eventually(lambda: _notifications(daemon)["state"] == "live", 60, "the queue heard again")
         assert _up(daemon) == "controlplane_store_notifications_up 1.0"
+        assert said not in cli(daemon.url, "status").stderr
+        assert said not in html.unescape(daemon.get("/").text)
         log = daemon.log()
         # One line per change of state, however many retries were made in between.
         assert log.count("cannot be reached") == 1, log

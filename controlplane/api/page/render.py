@@ -79,6 +79,11 @@ def content(overview: Overview) -> str:
     parts = [_summary(overview)]
     if overview.fleet_problem:
         parts.append(f'<p class="problem">{esc(overview.fleet_problem)}</p>')
+    if overview.notifications_problem:
+        parts.append(
+            '<p class="problem" data-field="notifications">'
+            f"{esc(overview.notifications_problem)}</p>"
+        )
     if overview.ignored_models:
         parts.append(
             '<p class="problem">Ignored in the store, names that are no model\'s (rename '
