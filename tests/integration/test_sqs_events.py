@@ -73,6 +73,9 @@ def heard(
     bucket = f"sqs-{os.getpid()}"
     s3.create_bucket(Bucket=bucket)
     queue_url = notify_queue(s3, sqs, bucket, f"releases-{os.getpid()}")
+    # A message a stopped daemon's last long poll took comes back after this (SQS's default
+    # is 30 s); a handled one is deleted well within it.
+    sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"VisibilityTimeout": "5"})
     config = (
         f"store:\n  poll_interval_seconds: 300\n  notifications:\n"
         f"    sqs_queue_url: {queue_url}\nmodel_defaults:\n  auto_deploy: true\n"
