@@ -227,7 +227,9 @@ class ReleaseWatcher:
         due = self._next_full is None or self._clock.monotonic() >= self._next_full
         if changes is None or not changes.complete or due:
             return _Plan(None, top=True)
-        retrying = {model for model, _release, _revision in self._retry}
+        # Listed every beat: models whose auto-deploy waits for a retry, or for the signature
+        # of a release held unsigned (a SHA256SUMS.sig uploaded after SHA256SUMS).
+        retrying = {model for model, _release, _revision in self._retry | self._unsigned}
         named = {model for model in changes.models if _is_model_name(model)}
         return _Plan(named | retrying | self.catalog.failing(), top=changes.others)
 

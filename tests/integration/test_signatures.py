@@ -194,6 +194,17 @@ def test_signed_releases_deploy_with_their_signer_and_bad_ones_are_refused(
     assert answers(triton, auto) == 1.0
     assert daemon.log().count(f"not auto-deploying {auto} r2") == 1
 
+    # Its signature uploaded after SHA256SUMS (the wrong order): then it is deployed.
+    held = store / auto / "r2"
+    alpha.sign(held / "SHA256SUMS", out=builds / "r2.sig")
+    os.rename(builds / "r2.sig", held / "SHA256SUMS.sig")
+    eventually(lambda: answers(triton, auto) == 2.0, 60, "r2 auto-deployed once signed")
+    assert [(op["release"], op["detail"].get("signer")) for op in operations_of(daemon, auto)] == [
+        ("r2", "alpha"),
+        ("r1", "alpha"),
+    ]
+    assert daemon.log().count(f"not auto-deploying {auto} r2") == 1
+
 
 def test_on_s3_a_signed_release_auto_deploys_and_an_unsigned_or_forged_one_does_not(
     daemons: DaemonFactory,

@@ -2,9 +2,9 @@
 
 The watch wakes the release watcher as soon as a model's dir changes, and remembers which
 models had events until the watcher :meth:`~LocalStoreEvents.take` s them. Only what a listing
-shows wakes it: a model dir, a release dir, a release's ``SHA256SUMS``; not the files of a
-release being copied in, and never the fleet's records under ``_controlplane/``, which every
-member writes every few seconds.
+shows wakes it: a model dir, a release dir, a release's ``SHA256SUMS`` or its signature; not
+the files of a release being copied in, and never the fleet's records under
+``_controlplane/``, which every member writes every few seconds.
 
 When are events trusted (``complete``)? Only once the watch is set up (its first answer), and
 only for the time it ran without a break: whatever happened before that, while the store dir
@@ -32,7 +32,7 @@ from pathlib import Path
 from watchfiles import Change, awatch
 
 from controlplane.adapters.stores.mounts import events_miss_remote_changes, filesystem_of
-from controlplane.domain.checksums import MANIFEST_NAME
+from controlplane.domain.checksums import MANIFEST_NAME, SIGNATURE_NAME
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
 from controlplane.domain.ignored import ignored_model
@@ -189,7 +189,10 @@ class LocalStoreEvents:
         parts = path[len(self._prefix) :].split("/")
         if parts[0] == RESERVED_PREFIX:
             return False
-        return len(parts) <= 2 or (len(parts) == 3 and parts[2] == MANIFEST_NAME)
+        return len(parts) <= 2 or (len(parts) == 3 and parts[2] in MARKERS)
+
+
+MARKERS = frozenset({MANIFEST_NAME, SIGNATURE_NAME})  # a release's files a listing shows
 
 
 def _is_model(name: str) -> bool:
