@@ -38,7 +38,10 @@ instead. Whether the signature verifies is the deploy's ``signature`` step to fi
 A deploy that failed for a transient reason (the store throttled, objects changed during the
 download) is retried at the next scan; one that failed permanently is not retried until the
 release is republished. A new release found while its model is busy with another operation
-(a deploy, its old slot retiring) is tried again as soon as that operation ends.
+(a deploy, its old slot retiring) is tried again as soon as that operation ends. After a
+restart the newest release is deployed again if its auto-deploy was cut short by the stop
+(its deploy left interrupted, or never begun): what is new is not remembered across restarts,
+what the journal says is.
 
 Dirs (or S3 prefixes) the listings leave out because their names are no model's or release's
 (:mod:`controlplane.domain.ignored`) are kept in the catalog with the listing, for the API to
@@ -58,7 +61,13 @@ from dataclasses import dataclass, field
 from controlplane.domain.errors import ControlPlaneError, InvalidName, ModelNotFound
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
+from controlplane.domain.operations import (
+    Cause,
+    Operation,
+    OperationKind,
+    OperationStatus,
+    Trigger,
+)
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.ports import (
     ChangeEvents,
@@ -78,6 +87,7 @@ TRANSIENT_CODES = frozenset(
     {"store_unavailable", "release_changed", "triton_unavailable", "triton_timeout"}
 )
 FULL_SCAN_SECONDS = 300.0
+RESUME_LOOKBACK = 200  # a model's operations read for what became of its newest release
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,7 @@ class ReleaseWatcher:
         # Newest releases held back for want of a signature (each logged once): deployed once
         # their SHA256SUMS.sig appears, forgotten once a newer release is the newest.
         self._unsigned: set[tuple[str, str, str | None]] = set()
+        self._looked: set[str] = set()  # auto-deploy models looked at since the start
         self._ignored_log = IgnoredNamesLog()
         self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
 
@@ -285,7 +296,8 @@ class ReleaseWatcher:
             return
         newest = max(complete, key=lambda r: natural_key(r.name))
         key = (model, newest.name, newest.revision)
-        if newest not in new and key not in self._retry and key not in self._unsigned:
+        fresh = newest in new or key in self._retry or key in self._unsigned
+        if not fresh and not await self._cut_short(model, newest.name):
             return
         record = await self._serving.get(model)
         known = {r.name for r in recorded if r.complete}
@@ -340,6 +352,37 @@ class ReleaseWatcher:
             return
         result.deploys.append(operation)
         self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+
+    async def _cut_short(self, model: str, release: str) -> bool:
+        """At this daemon's first look at ``model`` since it started: was the auto-deploy of
+        its newest complete release cut short when the daemon stopped (killed, restarted)? It
+        was if that release's last operation is a deploy left interrupted, or if no operation
+        names it and it is newer than what serves (seen, and the daemon died before the deploy
+        began). One that failed, was rolled back from or serves is left alone, as before."""
+        if model in self._looked:
+            return False
+        self._looked.add(model)
+        record = await self._serving.get(model)
+        active = record.active_release if record else None
+        if active == release:
+            return False
+        for operation in await self._deploy.list_operations(model, RESUME_LOOKBACK):
+            if release in (operation.release, operation.from_release):
+                cut = (
+                    operation.kind is OperationKind.DEPLOY
+                    and operation.status is OperationStatus.INTERRUPTED
+                )
+                break
+        else:
+            cut = active is None or natural_key(release) > natural_key(active)
+        if cut:
+            log.info(
+                "resuming the auto-deploy of %s %s, cut short when the daemon stopped",
+                model,
+                release,
+                extra={"model": model, "release": release},
+            )
+        return cut
 
     def _held_unsigned(self, newest: ReleaseInfo, key: tuple[str, str, str | None]) -> bool:
         """Whether the newest release is held back: a signature is required and it has none.

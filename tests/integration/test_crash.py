@@ -159,3 +159,46 @@ def test_sigkill_during_a_blue_green_load_leaves_the_alias_on_the_last_good_rele
     )
     assert restarted.deploy(model_name, "r2").status_code == 200
     assert infer_once(triton.grpc_url, model_name) == 2.0
+
+
+def test_an_auto_deploy_cut_short_by_sigkill_is_resumed_after_the_restart(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, tmp_path: Path
+) -> None:
+    """What is new is not remembered across a restart, so the watcher reads the journal: the
+    newest release, whose deploy the kill left interrupted, is deployed after all."""
+    auto = "store:\n  poll_interval_seconds: 0.5\nmodel_defaults:\n  auto_deploy: true\n"
+    workdir = tmp_path / "state"
+    workdir.mkdir()
+    write_scale_release(store, model_name, "r1", k=1.0)
+    daemon = daemons(store, workdir=workdir, config=auto)
+    eventually(lambda: _answers(triton, model_name) == 1.0, 60, "r1 auto-deployed")
+    write_scale_release(store, model_name, "r2", k=2.0, init_sleep=4.0)
+    eventually(lambda: _deploy_of(daemon, model_name, "r2") is not None, 30, "r2's deploy")
+    operation_id = _deploy_of(daemon, model_name, "r2")
+    assert operation_id is not None
+    _wait_for_step(daemon, operation_id, "load")
+
+    daemon.kill()
+    restarted = daemons(store, workdir=workdir, log_name="daemon-restarted.log", config=auto)
+
+    eventually(lambda: _answers(triton, model_name) == 2.0, 60, "r2 served after the restart")
+    assert restarted.get(f"/v1/models/{model_name}").json()["active_release"] == "r2"
+    cut = restarted.get(f"/v1/operations/{operation_id}").json()["operation"]
+    assert cut["status"] == "interrupted"
+    resumed = _deploy_of(restarted, model_name, "r2")
+    assert resumed != operation_id
+    assert "resuming the auto-deploy" in restarted.log()
+
+
+def _answers(triton: RunningTriton, model: str) -> float | None:
+    try:
+        return infer_once(triton.grpc_url, model)
+    except Exception:  # not loaded (yet)
+        return None
+
+
+def _deploy_of(daemon: Daemon, model: str, release: str) -> str | None:
+    """The id of the newest deploy of ``release``, if any."""
+    operations = daemon.get(f"/v1/operations?model={model}").json()["operations"]
+    ids = [o["id"] for o in operations if o["kind"] == "deploy" and o["release"] == release]
+    return ids[0] if ids else None

@@ -89,11 +89,37 @@ def test_a_rollback_by_a_person_is_not_undone(tmp_path: Path) -> None:
             await service.wait(rollback.id)
 
             after = await watcher.scan()
+            restarted = await _watcher(service, parts, lambda _model: True).scan()
 
             assert after.deploys == []
+            assert restarted.deploys == []  # nor by the watcher of a restarted daemon
             record = await parts.repos.serving.get("m")
             assert record is not None
             assert record.active_release == "r1"
+
+    asyncio.run(scenario())
+
+
+def test_a_release_seen_by_a_daemon_that_died_before_deploying_it_is_deployed_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            await _settle(
+                [
+                    op.id
+                    for op in (await _watcher(service, parts, lambda _model: True).scan()).deploys
+                ],
+                service,
+            )
+            write_scale_release(parts.store_path, "m", "r2", k=2.0)
+            seen = await _watcher(service, parts, lambda _model: False).scan()  # then it died
+            assert [r.name for r in seen.new] == ["r2"]
+
+            restarted = await _watcher(service, parts, lambda _model: True).scan()
+
+            assert [op.release for op in restarted.deploys] == ["r2"]
 
     asyncio.run(scenario())
 
