@@ -442,6 +442,7 @@ class MemoryFigures(Protocol):
 class ShmSpace:
     total: int
     free: int  # what an unprivileged process can still write
+    path: str = "/dev/shm"  # noqa: S108 - the mount read (memory.shm_path), for messages
 
     @property
     def used(self) -> int:

@@ -67,4 +67,8 @@ class HostAndGpuMemory:
             found = os.statvfs(self._shm)
         except OSError:
             return None
-        return ShmSpace(total=found.f_blocks * found.f_frsize, free=found.f_bavail * found.f_frsize)
+        return ShmSpace(
+            total=found.f_blocks * found.f_frsize,
+            free=found.f_bavail * found.f_frsize,
+            path=str(self._shm),
+        )

@@ -41,6 +41,7 @@ class ShmNeed:
     basis: str  # e.g. "2 instances of the python backend x 1.0 MiB"
     free: int
     margin: int
+    where: str = "/dev/shm"  # noqa: S108 - the mount read (memory.shm_path)
 
     @property
     def left(self) -> int:
@@ -52,9 +53,10 @@ class ShmNeed:
 
     def problem(self) -> str:
         return (
-            f"the load needs about {_size(self.need)} of /dev/shm ({self.basis}) but /dev/shm "
-            f"has {_size(self.free)} free, which would leave {_size(max(0, self.left))}, under "
-            f"the {_size(self.margin)} margin (memory.shm_margin_bytes)"
+            f"the load needs about {_size(self.need)} of {self.where} ({self.basis}) but "
+            f"{self.where} has {_size(self.free)} free, which would leave "
+            f"{_size(max(0, self.left))}, under the {_size(self.margin)} margin "
+            "(memory.shm_margin_bytes)"
         )
 
 
@@ -66,6 +68,7 @@ def shm_need(
     backends: Collection[str],
     free: int | None,
     margin: int,
+    where: str = "/dev/shm",  # noqa: S108 - the mount read (memory.shm_path)
 ) -> ShmNeed | None:
     """The ``/dev/shm`` figures of a load; None when ``backend`` maps none or ``free`` is
     unknown."""
@@ -77,6 +80,7 @@ def shm_need(
         basis=f"{instances} {plural} of the {backend} backend x {_size(per_instance)}",
         free=free,
         margin=margin,
+        where=where,
     )
 
 

@@ -195,7 +195,10 @@ class BlueGreen:
                         }
                     )
                 tracker.detail(outputs=await self._triton.smoke(slot.name, sample))
-            if self._stress is not None and self._stress.enabled(model):
+            # Not on the way back: a rollback returns to a release that has served, and must
+            # be quick (an automatic one has a budget of seconds, on a GPU already overloaded).
+            rollback = run.operation.kind is OperationKind.ROLLBACK
+            if self._stress is not None and self._stress.enabled(model) and not rollback:
                 async with tracker.step("stress"):
                     await self._stress.run(
                         tracker,

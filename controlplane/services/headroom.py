@@ -56,6 +56,7 @@ async def check_headroom(
                 backends=policy.shm_backends,
                 free=None if shm is None else shm.free,
                 margin=policy.shm_margin,
+                where="/dev/shm" if shm is None else shm.path,  # noqa: S108
             ),
         )
         tracker.detail(

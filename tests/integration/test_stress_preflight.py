@@ -196,3 +196,14 @@ def test_a_good_release_passes_the_stress_test_and_shows_its_figures(
     assert detail["p99_ratio"] <= 2.0
     assert detail["shm"]["grew_bytes"] < 64 * MIB
     assert infer_once(triton.grpc_url, GOOD) == 2.0
+
+    # A rollback to a release whose slot is cold loads it again, but without the stress test:
+    # it goes back to a release that has served, and must be quick.
+    write_scale_release(store, GOOD, "r3", k=3.0, execute_sleep=0.02)
+    assert daemon.deploy(GOOD, "r3").status_code == 200  # r1's warm slot is freed for r3
+    back = daemon.post(f"/v1/models/{GOOD}/rollback", {"to": "r1", "wait": True})
+    assert back.status_code == 200, back.text
+    steps = [step["name"] for step in back.json()["operation"]["steps"]]
+    assert "load" in steps
+    assert "stress" not in steps
+    assert infer_once(triton.grpc_url, GOOD) == 1.0

@@ -40,3 +40,19 @@ def test_a_backend_without_shared_memory_or_an_unreadable_shm_is_not_checked() -
     assert need(backend="onnxruntime") is None
     assert need(free=None) is None
     assert check(MIB, "size", gpu_free=None, host_available=None, shm=None).ok
+
+
+def test_the_message_names_the_mount_that_was_read() -> None:
+    """memory.shm_path may point elsewhere (where a pod mounts Triton's /dev/shm)."""
+    found = shm_need(
+        "python",
+        9,
+        per_instance=MIB,
+        backends=("python",),
+        free=40 * MIB,
+        margin=32 * MIB,
+        where="/triton-shm",
+    )
+    assert found is not None
+    assert "of /triton-shm (9 instances" in found.problem()
+    assert "but /triton-shm has 40.0 MiB free" in found.problem()

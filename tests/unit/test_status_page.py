@@ -245,6 +245,14 @@ def test_without_a_fleet_the_daemons_own_record_is_the_desired_release() -> None
     assert fields["desired"] == "r2 (this daemon's record)"
     assert fields["phase"] == "no fleet"
     assert fields["degraded"] == "none"
+    assert fields["signer"] == "no signature"
+
+
+def test_the_key_that_signed_the_serving_release_is_shown() -> None:
+    tree = Tree(content(_overview(_model(view=_view(signer="ci-2026")))))
+
+    fields = {e.attrs["data-field"]: e.text for e in tree.having("data-field")}
+    assert fields["signer"] == "ci-2026"
 
 
 def test_the_plot_draws_samples_with_their_gaps_and_the_threshold() -> None:

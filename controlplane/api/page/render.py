@@ -173,6 +173,7 @@ def _releases(model: ModelOverview) -> str:
             "desired",
         ),
         ("serving here", text_or(view.active_release, "nothing"), "serving"),
+        ("signed by", text_or(view.signer, "no signature"), "signer"),
         ("previous", text_or(view.previous_release), "previous"),
         ("fallback", text_or(view.fallback, "none"), "fallback"),
         ("rollout phase", phase, "phase"),
