@@ -99,5 +99,23 @@ def step_line(step: dict[str, Any]) -> str:
     extra = ""
     if "bytes" in detail:
         extra = f"  {detail.get('files', '?')} files, {detail['bytes']} bytes"
+    elif step["name"] == "stress" and isinstance(detail.get("new"), dict):
+        extra = "  " + _stress_figures(detail)
     mark = "ok " if step["status"] == "succeeded" else "FAILED"
     return f"  {mark} {step['name']:<8} {duration * 1000:8.1f} ms{extra}"
+
+
+def _stress_figures(detail: dict[str, Any]) -> str:
+    """The stress step in a few words: the new slot's requests, errors and p99, and the
+    serving slot's p99 beside it."""
+    new = detail["new"]
+    said = f"{new.get('requests', '?')} requests, {new.get('errors', '?')} errors"
+    said += f", p99 {_ms(new.get('p99_ms'))}"
+    active = detail.get("active")
+    if isinstance(active, dict):
+        said += f" vs {_ms(active.get('p99_ms'))} serving"
+    return said
+
+
+def _ms(value: object) -> str:
+    return f"{value:.1f} ms" if isinstance(value, int | float) else "-"

@@ -13,7 +13,7 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ChecksumMismatch       checksum_mismatch
     │   ├── SignatureMissing       signature_missing (a signature is required, none was published)
     │   ├── SignatureInvalid       signature_invalid (no key of the keyring verifies it)
-    │   ├── UnknownSigner          unknown_signer    (a key the keyring no longer trusts signed it)
+    │   ├── UnknownSigner          unknown_signer    (a key the keyring does not trust now signed it)
     │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
     │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
@@ -115,7 +115,7 @@ class SignatureInvalid(PermanentError):
 
 
 class UnknownSigner(PermanentError):
-    """A key the keyring holds but no longer trusts (retired, its certificate expired or not
+    """A key the keyring holds but does not trust now (retired, its certificate expired or not
     yet valid) verifies the signature."""
 
     code = "unknown_signer"

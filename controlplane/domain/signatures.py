@@ -6,7 +6,7 @@ signature carries no key id, so the verifier tries every key of the keyring; thi
 what the tries found (:func:`judge`). The split of the refusals follows from that:
 
 * a key the keyring trusts verifies it: the release is signed by that key (the *signer*);
-* only a key the keyring holds but no longer trusts verifies it (``unknown_signer``): the key
+* only a key the keyring holds but does not trust now verifies it (``unknown_signer``): the key
   was retired (moved into the keyring dir's ``retired/``) or its certificate is expired or not
   yet valid;
 * no key verifies it (``signature_invalid``): ``SHA256SUMS`` changed after it was signed, or a
@@ -88,7 +88,7 @@ def judge(
     if verified:
         reasons = "; ".join(key.why() for key in verified)
         raise UnknownSigner(
-            f"{SIGNATURE_NAME} of {where} was made by a key the keyring no longer trusts: "
+            f"{SIGNATURE_NAME} of {where} was made by a key the keyring does not trust now: "
             f"{reasons}. Sign the release again with a trusted key and publish it again (or, "
             "if the key is to be trusted again, put it back in the keyring)",
             details={"keys": [key.name for key in verified]},
