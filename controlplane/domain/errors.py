@@ -13,7 +13,7 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ChecksumMismatch       checksum_mismatch
     │   ├── SignatureMissing       signature_missing (a signature is required, none was published)
     │   ├── SignatureInvalid       signature_invalid (no key of the keyring verifies it)
-    │   ├── UnknownSigner          unknown_signer    (a key the keyring does not trust now signed it)
+    │   ├── UnknownSigner          unknown_signer    (signed by a key not trusted now)
     │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
     │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
