@@ -124,6 +124,28 @@ def test_an_s3_compatible_endpoint_is_given_as_a_value_or_by_the_secret() -> Non
     assert variable == {"name": "AWS_ENDPOINT_URL_S3", "value": "https://minio.example:9000"}
 
 
+def test_a_keyring_configmap_is_mounted_as_the_keyring_and_the_queue_is_given() -> None:
+    plain = container(chart("s3-keys"), "controlplane")
+    assert "CONTROLPLANE_STORE__KEYRING" not in env(plain)
+    assert "CONTROLPLANE_STORE__NOTIFICATIONS__SQS_QUEUE_URL" not in env(plain)
+
+    queue = "https://sqs.eu-west-1.amazonaws.com/111122223333/controlplane-releases"
+    objects = chart(
+        "s3-keys", **{"store.keyring.configMap": "publisher-keys", "store.s3.sqsQueueUrl": queue}
+    )
+    daemon = container(objects, "controlplane")
+    variables = env(daemon)
+    assert variables["CONTROLPLANE_STORE__KEYRING"]["value"] == "/etc/controlplane-keyring"
+    assert variables["CONTROLPLANE_STORE__NOTIFICATIONS__SQS_QUEUE_URL"]["value"] == queue
+    assert volume(objects, "keyring") == {
+        "name": "keyring",
+        "configMap": {"name": "publisher-keys"},
+    }
+    [mount] = [m for m in daemon["volumeMounts"] if m["name"] == "keyring"]
+    assert mount == {"name": "keyring", "mountPath": "/etc/controlplane-keyring", "readOnly": True}
+    assert "keyring" not in {m["name"] for m in container(objects, "tritonserver")["volumeMounts"]}
+
+
 # --- GPUs, images, settings ---------------------------------------------------------------------
 
 
