@@ -72,8 +72,12 @@ def _live(member: Member) -> bool:
 
 
 def _deploy_trigger(member: Member) -> str:
+    """What started the member's one deploy, once it has ended (it serves the release from its
+    record step on, a step or two before the operation ends)."""
     operations = member.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
-    deploys = [o for o in operations if o["kind"] == "deploy" and o["status"] == "succeeded"]
+    deploys = [o for o in operations if o["kind"] == "deploy"]
     assert len(deploys) == 1, (member.name, operations)
-    trigger: str = deploys[0]["trigger"]
+    ended = member.api.wait_operation(deploys[0]["id"])
+    assert ended["status"] == "succeeded", (member.name, ended)
+    trigger: str = ended["trigger"]
     return trigger
