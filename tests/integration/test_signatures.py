@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
+from tests.integration.test_cli import cli
 from tests.support.daemon import Daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release, write_sha256sums
@@ -30,19 +29,6 @@ from tests.support.signing import PublisherKey, make_key
 
 pytestmark = pytest.mark.triton
 PREFIX = "models"
-
-
-def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
-    env["CONTROLPLANE_URL"] = daemon.url
-    return subprocess.run(
-        [sys.executable, "-m", "controlplane", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def build(build_dir: Path, model: str, release: str, k: float, key: PublisherKey | None) -> Path:
@@ -128,10 +114,10 @@ def test_signed_releases_deploy_with_their_signer_and_bad_ones_are_refused(
         assert names[:4] == ["resolve", "signature", "fetch", "verify"], names
         assert daemon.get(f"/v1/models/{model}").json()["signer"] == key.name
         assert answers(triton, model) == k
-    shown = cli(daemon, "status", model)
+    shown = cli(daemon.url, "status", model)
     assert shown.returncode == 0, shown.stderr
     assert "signed by: beta" in shown.stdout
-    shown = cli(daemon, "operations", operation["id"])
+    shown = cli(daemon.url, "operations", operation["id"])
     assert "signed by: beta" in shown.stdout, shown.stdout
 
     # Each refused with its code while r2 keeps serving.
