@@ -45,6 +45,7 @@ from controlplane.services.runner import OperationRunner, Run
 from controlplane.services.slots import SlotBook, serving_after, unload_best_effort
 from controlplane.services.stress import StressCheck
 from controlplane.services.tracker import OperationTracker
+from controlplane.timing import poll
 
 log = logging.getLogger(__name__)
 DRAIN_POLL = 0.2
@@ -341,7 +342,7 @@ class BlueGreen:
         return self._timers.get(f"retire-{slot_name}") is not None
 
     async def _retire_later(self, model: str, slot_name: str, delay: float) -> None:
-        await asyncio.sleep(delay)
+        await self._clock.sleep(delay)
         while True:
             try:
                 await self._runner.run_now(
@@ -359,7 +360,7 @@ class BlueGreen:
                     ),
                 )
             except OperationInProgress:
-                await asyncio.sleep(RETIRE_RETRY)  # another operation first; then retire
+                await self._clock.sleep(RETIRE_RETRY)  # another operation first; then retire
                 continue
             return
 
@@ -469,14 +470,16 @@ class BlueGreen:
         return await self._triton.signature(model)
 
     async def _drain_and_remove(self, tracker: OperationTracker, model: str, slot: Slot) -> None:
-        # The deadline is on the injected clock; the pause between polls is real time.
         policy = self._policy_for(model)
         async with tracker.step("drain"):
-            deadline = self._clock.monotonic() + policy.drain_timeout
-            pending = await self._metrics.pending_requests(slot.name)
-            while pending and self._clock.monotonic() < deadline:
-                await asyncio.sleep(DRAIN_POLL)
+            pending: int | None = None
+
+            async def drained() -> bool:
+                nonlocal pending
                 pending = await self._metrics.pending_requests(slot.name)
+                return not pending
+
+            await poll(self._clock, drained, every=DRAIN_POLL, timeout=policy.drain_timeout)
             tracker.detail(slot=slot.name, pending=pending, timed_out=bool(pending))
         async with tracker.step("unload"):
             await self.take_down(model, slot, tracker.operation.trigger, "retired", tracker)

@@ -98,8 +98,7 @@ class FleetService:
         when the desired state moved to something else, :class:`FleetTimeout` past
         ``timeout`` s. Each error's details carry every member's state."""
         self._sync.wake.set()  # this member's own state first: beat it now
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = self._clock.monotonic() + timeout
         while True:
             snapshot = await self.snapshot(model)
             wanted = snapshot.desired.get(model)
@@ -130,7 +129,7 @@ class FleetService:
                 )
             if wanted.rollout.phase is RolloutPhase.COMPLETE and snapshot.converged(model):
                 return snapshot
-            if loop.time() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 waiting = [
                     beat.member
                     for beat in snapshot.beats.values()
@@ -143,7 +142,7 @@ class FleetService:
                     f"{', '.join(waiting) or 'the rollout'}); they go on converging",
                     details=details,
                 )
-            await asyncio.sleep(WAIT_POLL)
+            await self._clock.sleep(WAIT_POLL)
 
 
 def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, str]:

@@ -27,7 +27,6 @@ canary rollouts and, on its first pass, records what serves here that the fleet 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -49,20 +48,22 @@ from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
+from controlplane.timing import Backoff, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
-RETRY_FIRST, RETRY_MAX = 2.0, 300.0
+RETRY = Backoff(first=2.0, limit=300.0)
 POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
 FORGET_EVERY = 300.0  # s between looks for departed members
 
 
 @dataclass(frozen=True)
 class _Failure:
+    """A target this member could not serve: retried on :data:`RETRY`, from its first delay
+    again when the target changes."""
+
     target: str | None
     generation: int
     error: str
-    next_try: float
-    delay: float
 
 
 @dataclass
@@ -81,20 +82,20 @@ class PokeGap:
     ``gap`` s apart, however many pokes come; a poke is never lost: one that comes during a
     pass, or during the wait, is answered by the next pass, which starts after it."""
 
-    def __init__(self, gap: float) -> None:
+    def __init__(self, gap: float, clock: Clock) -> None:
         self.gap = gap
         self.poked = False
-        self._last = -math.inf  # loop time of the last pass that answered a poke
+        self._clock = clock
+        self._last = -math.inf  # clock time of the last pass that answered a poke
 
     async def spaced(self) -> None:
         """Call just before a pass: wait out the gap if that pass answers a poke."""
         if not self.poked:
             return
-        loop = asyncio.get_running_loop()
-        if (left := self._last + self.gap - loop.time()) > 0:
-            await asyncio.sleep(left)
+        if (left := self._last + self.gap - self._clock.monotonic()) > 0:
+            await self._clock.sleep(left)
         self.poked = False  # pokes from now on come after the read this pass makes
-        self._last = loop.time()
+        self._last = self._clock.monotonic()
 
 
 class FleetSync:
@@ -109,7 +110,7 @@ class FleetSync:
         poll_interval: float,
         beat_interval: float,
         overload: Callable[[], str | None] = lambda: None,
-        wake: asyncio.Event | None = None,
+        wake: Wake | None = None,
     ) -> None:
         self._ledger = ledger
         self._records = ledger.records
@@ -121,15 +122,17 @@ class FleetSync:
         self._poll = poll_interval
         self._beat_interval = beat_interval
         self._overload = overload
-        self.wake = wake or asyncio.Event()
+        self.wake = wake or Wake(clock)
         self.last: SyncReport | None = None
         self.last_read: datetime | None = None  # when the desired state was last read
         self.stale_since: datetime | None = None  # reads fail since then
-        self._heart = HeartbeatWriter(records=self._records, interval=beat_interval)
-        self._failures: dict[str, _Failure] = {}
+        self._heart = HeartbeatWriter(records=self._records, interval=beat_interval, clock=clock)
+        self._failures: RetryBook[str, _Failure] = RetryBook(
+            RETRY, clock, same=lambda last, new: last.target == new.target
+        )
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
-        self._pokes = PokeGap(POKE_GAP)
+        self._pokes = PokeGap(POKE_GAP, clock)
 
     @property
     def last_beat_error(self) -> str | None:
@@ -173,18 +176,14 @@ class FleetSync:
 
     async def _until_next_pass(self) -> None:
         """Sleep a poll interval (less when a retry is due, or when woken), beating on the way."""
-        loop = asyncio.get_running_loop()
         pause = self._poll
-        if self._failures:
-            soonest = min(f.next_try for f in self._failures.values())
-            pause = max(0.1, min(pause, soonest - self._clock.monotonic()))
-        deadline = loop.time() + pause
-        while (left := deadline - loop.time()) > 0:
-            # asyncio.timeout, not wait_for: see the reconcile loop (Python 3.11 cancellation).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, max(0.0, self._heart.wake_at - loop.time()))):
-                    await self.wake.wait()
-            if self.wake.is_set():
+        soonest = self._failures.soonest()
+        if soonest is not None:
+            pause = max(0.1, min(pause, soonest))
+        deadline = self._clock.monotonic() + pause
+        while (left := deadline - self._clock.monotonic()) > 0:
+            beat_in = max(0.0, self._heart.wake_at - self._clock.monotonic())
+            if await self.wake.sleep(min(left, beat_in)) is Woke.WAKE:
                 break
             await self._heart.write_if_due(self.heartbeat())
         await self._pokes.spaced()
@@ -255,17 +254,18 @@ class FleetSync:
         serving = record.active_release if record is not None else None
         state = partial(MemberModel, serving, target=target, generation=wanted.generation)
         if target == serving:
-            self._failures.pop(model, None)
+            self._failures.succeeded(model)
             return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
         if model in self._follows or self._deploy.holder(model) is not None:
             return state(MemberState.CONVERGING)
         if await self._held(model, target, wanted):
             return state(MemberState.HELD, error=f"{target} was rolled back on this member")
-        failure = self._failures.get(model)
+        retry = self._failures.get(model)
+        failure = retry.note if retry is not None else None
         if failure is not None and failure.target == target:
             if wanted.generation > failure.generation and wanted.trigger != "rollout":
-                self._failures.pop(model)  # set again since: try again now
-            elif self._clock.monotonic() < failure.next_try or report is None:
+                self._failures.succeeded(model)  # set again since: try again now
+            elif self._failures.left(model) > 0 or report is None:
                 return state(MemberState.FAILED, error=failure.error)
         if report is None:
             return state(MemberState.CONVERGING)
@@ -283,7 +283,7 @@ class FleetSync:
         task.add_done_callback(partial(self._followed, model))
         report.started[model] = target or "unload"
         failed = self._failures.get(model)
-        return state(MemberState.CONVERGING, error=failed.error if failed else None)
+        return state(MemberState.CONVERGING, error=failed.note.error if failed else None)
 
     def _followed(self, model: str, task: asyncio.Task[None]) -> None:
         if self._follows.get(model) is task:
@@ -317,19 +317,14 @@ class FleetSync:
             return
         done = await self._deploy.wait(started.id)
         if done.status is OperationStatus.SUCCEEDED:
-            self._failures.pop(model, None)
+            self._failures.succeeded(model)
             log.info("%s: serves %s, as the fleet wants (operation %s)", model, target, done.id)
             return
         error = f"{done.error.code}: {done.error.message}" if done.error else done.status.value
         self._failed(model, wanted, target, f"{error} (operation {done.id})")
 
     def _failed(self, model: str, wanted: DesiredModel, target: str | None, error: str) -> None:
-        last = self._failures.get(model)
-        delay = RETRY_FIRST if last is None or last.target != target else last.delay * 2
-        delay = min(RETRY_MAX, delay)
-        self._failures[model] = _Failure(
-            target, wanted.generation, error, self._clock.monotonic() + delay, delay
-        )
+        delay = self._failures.failed(model, _Failure(target, wanted.generation, error)).delay
         log.error(
             "%s: cannot serve %s as the fleet wants: %s; serving what it had, trying again "
             "in %.0f s",

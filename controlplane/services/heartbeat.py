@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from datetime import datetime
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import MemberBeat
-from controlplane.ports import DesiredStates
+from controlplane.ports import Clock, DesiredStates
 
 log = logging.getLogger(__name__)
 NAME_CHECK_BEATS = 6  # beats between looks at whether another daemon writes under this name
@@ -34,35 +35,40 @@ RETRY_SECONDS = 1.0  # after a write failed: the soonest the sync loop wakes to 
 
 class HeartbeatWriter:
     def __init__(
-        self, *, records: DesiredStates, interval: float, name_check: float | None = None
+        self,
+        *,
+        records: DesiredStates,
+        interval: float,
+        clock: Clock,
+        name_check: float | None = None,
     ) -> None:
         self._records = records
+        self._clock = clock
         self._interval = interval
         self._name_check = NAME_CHECK_BEATS * interval if name_check is None else name_check
-        self.due_at = 0.0  # loop time when a heartbeat is due even if nothing changed
-        self._retry_at = 0.0  # loop time before which a failed write is not tried between passes
+        self.due_at = -math.inf  # clock time when a heartbeat is due even if nothing changed
+        self._retry_at = -math.inf  # before then a failed write is not tried between passes
         self.last_error: str | None = None  # why the last write failed; None: it did not
         self._said: tuple[object, ...] | None = None  # what the last one written said
         self._last_at: datetime | None = None  # the time the last one written carried
-        self._check_at = 0.0  # loop time of the next look at who writes under this name
+        self._check_at = -math.inf  # clock time of the next look at who writes as this member
         self.name_conflict: str | None = None  # another daemon writes as this member: who
 
     @property
     def wake_at(self) -> float:
-        """Loop time at which the sync loop, between its passes, should wake to write: when
+        """Clock time at which the sync loop, between its passes, should wake to write: when
         the next beat is due, but never sooner than a second after a write failed (a store
         that refuses every write, a bucket that does not exist, is not asked again and again
         in a busy loop; the next pass still tries at once)."""
         return max(self.due_at, self._retry_at)
 
     async def write_if_due(self, beat: MemberBeat) -> None:
-        if asyncio.get_running_loop().time() >= self.due_at or _said(beat) != self._said:
+        if self._clock.monotonic() >= self.due_at or _said(beat) != self._said:
             await self.write(beat)
 
     async def write(self, beat: MemberBeat) -> None:
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._check_at:
-            self._check_at = loop.time() + self._name_check
+        if self._clock.monotonic() >= self._check_at:
+            self._check_at = self._clock.monotonic() + self._name_check
             try:
                 await self._check_name(beat)
             except ControlPlaneError as exc:  # a look that failed must not cost the beat
@@ -73,9 +79,9 @@ class HeartbeatWriter:
             if self.last_error is None:
                 log.warning("cannot write this member's heartbeat: %s", exc)
             self.last_error = str(exc)
-            self._retry_at = loop.time() + min(self._interval, RETRY_SECONDS)
+            self._retry_at = self._clock.monotonic() + min(self._interval, RETRY_SECONDS)
             return  # not written: due still, so the next pass tries again
-        self.due_at = loop.time() + self._interval
+        self.due_at = self._clock.monotonic() + self._interval
         self._said = _said(beat)
         self._last_at = beat.at
         if self.last_error is not None:

@@ -14,7 +14,6 @@ the wall clock (rollback records are), in memory only and never more than
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -114,7 +113,7 @@ class OverloadWatcher:
             beat += self._config.interval
             now = self._clock.monotonic()
             beat = max(beat, now)  # after a stall, resume the beat rather than rush
-            await asyncio.sleep(beat - now)
+            await self._clock.sleep(beat - now)
 
     async def tick(self, at: float | None = None) -> Evaluation:
         """One sample, stamped ``at`` (the beat it belongs to): how late the loop woke up or

@@ -28,7 +28,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
@@ -60,6 +59,7 @@ from controlplane.services.runner import OperationRunner, Run
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker
+from controlplane.timing import Backoff, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
 DOWN_POLL = 0.1  # while Triton is down: how often its liveness is checked (a failed connect)
@@ -68,7 +68,7 @@ INDEX_LOOK = 1.0  # between beats: how often Triton's index is looked at (one gR
 # A repair that failed is tried again after RETRY_FIRST, then twice as long each time: the
 # first retry is soon, because the commonest cause is a world that changed under the pass
 # (Triton restarted between reading its index and acting on it).
-RETRY_FIRST, RETRY_MAX = 0.5, 300.0
+RETRY = Backoff(first=0.5, limit=300.0)
 _LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 
 
@@ -149,9 +149,9 @@ class Reconciler:
         self._probing_since: float | None = None
         self._said: str | None = None  # Triton's problem as last logged, and when
         self._said_at = 0.0
-        self.wake = asyncio.Event()
+        self.wake = Wake(clock)
         self._started = False
-        self._retry: dict[str, tuple[float, float]] = {}  # model -> (next try, last delay)
+        self._retry: RetryBook[str, str] = RetryBook(RETRY, clock)  # model -> its last error
         self._repairs: dict[str, asyncio.Task[None]] = {}  # model -> its repair in flight
         self._ready_seen: set[str] = set()  # managed names Triton had READY at the last look
 
@@ -225,9 +225,9 @@ class Reconciler:
                 if report.triton_live:
                     ready.set()
                 pause = interval if report.triton_live else DOWN_POLL
-                if self._retry:  # a repair failed: its retry may come before the next beat
-                    soonest = min(next_try for next_try, _delay in self._retry.values())
-                    pause = max(DOWN_POLL, min(pause, soonest - self._clock.monotonic()))
+                soonest = self._retry.soonest()
+                if soonest is not None:  # a repair failed: its retry may come before the beat
+                    pause = max(DOWN_POLL, min(pause, soonest))
                 await self._until_next_pass(pause, watch=report.triton_live)
         finally:
             for task in self._repairs.values():
@@ -238,37 +238,28 @@ class Reconciler:
         pass) as soon as the connection to Triton breaks (a restart, however quick) or a
         model it had READY is no longer (an unload behind the daemon's back), so that drift is
         met at once rather than at the next beat."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + pause
-        woken: asyncio.Future[Any] = asyncio.ensure_future(self.wake.wait())
-        waiters = {woken}
-        if watch:
-            waiters.add(asyncio.ensure_future(self._triton.connection_lost()))
+        deadline = self._clock.monotonic() + pause
+        lost = asyncio.ensure_future(self._triton.connection_lost()) if watch else None
         try:
-            while (left := deadline - loop.time()) > 0:
+            while (left := deadline - self._clock.monotonic()) > 0:
                 look = watch and bool(self._ready_seen)
-                # asyncio.wait, not wait_for: on Python 3.11, wait_for loses a cancellation
-                # that arrives as the event is set, and the loop would never stop.
-                done, _ = await asyncio.wait(
-                    waiters,
-                    timeout=min(left, INDEX_LOOK) if look else left,
-                    return_when=asyncio.FIRST_COMPLETED,
+                woke = await self.wake.sleep(
+                    min(left, INDEX_LOOK) if look else left,
+                    watch=[lost] if lost is not None else [],
                 )
-                if woken in done:
-                    break
-                if done:  # the connection broke, or watching it failed
-                    [lost] = done
-                    if lost.exception() is None:
-                        break
+                if woke is Woke.WAKE:
+                    return
+                if woke is Woke.WATCHED and lost is not None:  # the connection broke, or
+                    if lost.exception() is None:  # watching it failed
+                        return
                     log.warning("cannot watch the connection to Triton: %s", lost.exception())
-                    waiters.discard(lost)  # the index looks and the beats carry on
+                    lost = None  # the index looks and the beats carry on
                 elif look and await self._lost_a_model():
-                    break
+                    return
         finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
-        self.wake.clear()
+            if lost is not None:
+                lost.cancel()
+                await asyncio.gather(lost, return_exceptions=True)
 
     async def _lost_a_model(self) -> bool:
         try:
@@ -329,11 +320,10 @@ class Reconciler:
             if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
                 if "record" in assessment.notes and assessment.slot is not None:
                     await self._record_serving(model, assessment.slot, record.active_release)
-                self._retry.pop(model, None)
+                self._retry.succeeded(model)
                 continue
-            next_try, _delay = self._retry.get(model, (0.0, 0.0))
-            if self._clock.monotonic() < next_try:  # it failed lately: do not hammer it
-                report.deferred[model] = next_try - self._clock.monotonic()
+            if (left := self._retry.left(model)) > 0:  # it failed lately: do not hammer it
+                report.deferred[model] = left
                 continue
             task = asyncio.create_task(
                 self._repair(seen, assessment, report), name=f"repair-{model}"
@@ -471,7 +461,7 @@ class Reconciler:
             error = done.error.message if done.error else done.status.value
             self._failed(model, report, error, done.id)
             return
-        self._retry.pop(model, None)
+        self._retry.succeeded(model)
         if action is not Action.NONE:
             log.info("repaired %s (%s, operation %s)", model, action.value, done.id)
         report.assessments[model] = dataclasses.replace(
@@ -483,9 +473,7 @@ class Reconciler:
 
     def _failed(self, model: str, report: PassReport, error: str, operation: str | None) -> None:
         """A repair failed: say so, and try again later, waiting longer each time."""
-        _next, last = self._retry.get(model, (0.0, 0.0))
-        delay = min(RETRY_MAX, max(RETRY_FIRST, last * 2))
-        self._retry[model] = (self._clock.monotonic() + delay, delay)
+        delay = self._retry.failed(model, error).delay
         report.failed[model] = error
         log.error(
             "repair of %s failed%s: %s; trying again in %.0f s",

@@ -50,6 +50,7 @@ from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Te
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.telemetry import NO_TELEMETRY
+from controlplane.timing import seconds_left, within
 
 log = logging.getLogger(__name__)
 LOCK_POLL = 0.05
@@ -190,12 +191,12 @@ class AutoRollback:
         self, model: str, active: str, *, trigger: Trigger, reason: str
     ) -> RollbackRecord:
         started = self._clock.now()
-        loop = asyncio.get_running_loop()
         budget = self._budgets
         fallback = await self.fallback(model)
         warm = fallback is not None and await self._deploy.is_warm(model, fallback)
         fallback_budget = budget.fallback if warm else budget.cold_fallback
-        deadline = loop.time() + (fallback_budget if fallback is not None else 0.0) + budget.cpu
+        chain = (fallback_budget if fallback is not None else 0.0) + budget.cpu
+        deadline = self._clock.monotonic() + chain
         await self._book.latch(DegradedRelease(model, active, started, reason))
         log.warning("rolling back %s from %s: %s", model, active, reason, extra={"model": model})
         detail: dict[str, Any] = {}
@@ -230,7 +231,7 @@ class AutoRollback:
             if attempt.succeeded:
                 outcome, target = RollbackOutcome.FALLBACK, fallback
         if not outcome.acted:
-            cpu_budget = max(0.0, min(budget.cpu, deadline - loop.time()))
+            cpu_budget = min(budget.cpu, seconds_left(self._clock, deadline))
             attempt = await self._attempt(
                 lambda: self._deploy.serve_on_cpu(
                     model, trigger=trigger, cause=Cause(reason=reason)
@@ -314,8 +315,7 @@ class AutoRollback:
     ) -> _Attempt:
         """Start an operation (waiting for the model's lock) and see it end within budget;
         past it, the operation is cut short (reason: budget) and its clean-up runs."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
+        deadline = self._clock.monotonic() + budget
         while True:
             try:
                 started = await start()
@@ -324,14 +324,15 @@ class AutoRollback:
                 operation = started
                 break
             except OperationInProgress:
-                if loop.time() >= deadline:
+                if self._clock.monotonic() >= deadline:
                     return _Attempt(None, f"another operation held the model past {budget:g} s")
-                await asyncio.sleep(LOCK_POLL)
+                await self._clock.sleep(LOCK_POLL)
             except ControlPlaneError as exc:
                 return _Attempt(None, f"{exc.code}: {exc.message}")
         try:
-            async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                finished = await self._deploy.wait(operation.id)
+            finished = await within(
+                self._clock, seconds_left(self._clock, deadline), self._deploy.wait(operation.id)
+            )
         except TimeoutError:
             cut = await self._deploy.cancel(operation.id, CancelReason.BUDGET)
             return _Attempt(cut, f"{what} did not finish within {budget:g} s; cut short")

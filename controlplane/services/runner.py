@@ -39,6 +39,7 @@ from controlplane.ports import Clock, OperationLog, Staging, Telemetry
 from controlplane.services.coordination import ModelLocks
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker, current_operation
+from controlplane.timing import first_of, seconds_left
 
 log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0  # what a cut-short operation may take to put things back
@@ -228,8 +229,7 @@ class OperationRunner:
         if task is not None and run is not None and not task.done():
             run.cancel_reason = reason
             task.cancel(f"cancelled: {reason.value}")
-            _done, pending = await asyncio.wait([task], timeout=CANCEL_GRACE)
-            if pending:
+            if await first_of(self._clock, CANCEL_GRACE, [task]) < 0:
                 log.error(
                     "operation %s did not end within %.1f s of being cut short (%s)",
                     operation_id,
@@ -246,10 +246,10 @@ class OperationRunner:
             if run is not None:
                 run.cancel_reason = CancelReason.SHUTDOWN
             task.cancel("cancelled: shutdown")
-        if tasks:
-            _done, pending = await asyncio.wait([t for _, t in tasks], timeout=timeout)
-            for task in pending:
-                log.warning("operation task %s did not stop within %.0f s", task, timeout)
+        deadline = self._clock.monotonic() + timeout
+        for operation_id, task in tasks:
+            if await first_of(self._clock, seconds_left(self._clock, deadline), [task]) < 0:
+                log.warning("operation %s did not stop within %.0f s", operation_id, timeout)
 
     # --- running --------------------------------------------------------------------------
 

@@ -21,9 +21,11 @@ from typing import Any
 
 from controlplane.ports import Clock, Telemetry
 from controlplane.services.telemetry import NO_TELEMETRY
+from controlplane.timing import Backoff
 
 log = logging.getLogger(__name__)
 HEALTHY_RUN = 60.0  # a job that ran this long before failing starts again from the first backoff
+RESTART = Backoff(first=1.0, limit=30.0)
 
 
 class JobState(StrEnum):
@@ -55,13 +57,11 @@ class Supervisor:
         clock: Clock,
         telemetry: Telemetry = NO_TELEMETRY,
         *,
-        first_backoff: float = 1.0,
-        max_backoff: float = 30.0,
+        backoff: Backoff = RESTART,
     ) -> None:
         self._clock = clock
         self._telemetry = telemetry
-        self._first = first_backoff
-        self._max = max_backoff
+        self._backoff = backoff
         self._jobs: dict[str, Job] = {}
         self._status: dict[str, JobStatus] = {}
 
@@ -88,7 +88,7 @@ class Supervisor:
                 self._set(name, state=JobState.STOPPED, restart_at=None)
 
     async def _keep(self, name: str, job: Job) -> None:
-        backoff = self._first
+        backoff: float | None = None  # the delay of the last restart; None: none lately
         while True:
             self._set(name, state=JobState.RUNNING, since=self._clock.now(), restart_at=None)
             started = self._clock.monotonic()
@@ -100,13 +100,12 @@ class Supervisor:
                 raise
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                if self._clock.monotonic() - started >= HEALTHY_RUN:
-                    backoff = self._first
+                backoff = self._next(backoff, started)
                 log.exception(
                     "job %s failed (%s); starting it again in %.1f s", name, error, backoff
                 )
-            if self._clock.monotonic() - started >= HEALTHY_RUN:
-                backoff = self._first
+            else:
+                backoff = self._next(backoff, started)
             self._telemetry.job_restarted(name)
             restart_at = self._clock.now() + timedelta(seconds=backoff)
             status = self._status[name]
@@ -118,8 +117,12 @@ class Supervisor:
                 since=self._clock.now(),
                 restart_at=restart_at,
             )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._max)
+            await self._clock.sleep(backoff)
+
+    def _next(self, last: float | None, started: float) -> float:
+        """The restart's delay: the first again after a job that ran well for a while."""
+        ran_well = self._clock.monotonic() - started >= HEALTHY_RUN
+        return self._backoff.after(None if ran_well else last)
 
     def _set(self, name: str, **changes: Any) -> None:
         self._status[name] = replace(self._status[name], **changes)

@@ -81,6 +81,7 @@ from controlplane.services.catalog import StoreCatalog, kept
 from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService, Unchanged
 from controlplane.services.ignored_log import IgnoredNamesLog
+from controlplane.timing import Wake
 
 log = logging.getLogger(__name__)
 TRANSIENT_CODES = frozenset(
@@ -131,7 +132,7 @@ class ReleaseWatcher:
         catalog: StoreCatalog | None = None,
         events: ChangeEvents | None = None,
         full_scan_every: float = FULL_SCAN_SECONDS,
-        wake: asyncio.Event | None = None,
+        wake: Wake | None = None,
     ) -> None:
         self.catalog = catalog or StoreCatalog()
         self._events = events
@@ -153,7 +154,7 @@ class ReleaseWatcher:
         self._unsigned: set[tuple[str, str, str | None]] = set()
         self._looked: set[str] = set()  # auto-deploy models looked at since the start
         self._ignored_log = IgnoredNamesLog()
-        self.wake = wake or asyncio.Event()  # set by the store's events, or to scan at once
+        self.wake = wake or Wake(clock)  # set by the store's events, or to scan at once
 
     async def run(self) -> None:
         """Scan forever, every interval or when woken; cancelled on shutdown. A scan that fails
@@ -172,10 +173,7 @@ class ReleaseWatcher:
                 if failing is not None:
                     log.info("the store %s can be listed again", self._store.uri)
                 failing = None
-            with contextlib.suppress(TimeoutError):  # not wait_for: see Reconciler
-                async with asyncio.timeout(self._interval):
-                    await self.wake.wait()
-            self.wake.clear()
+            await self.wake.sleep(self._interval)
 
     async def scan(self) -> ScanResult:
         plan = self._plan()

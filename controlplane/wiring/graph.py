@@ -45,6 +45,7 @@ from controlplane.services.stress import StressCheck
 from controlplane.services.supervisor import Supervisor
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
+from controlplane.timing import Wake
 from controlplane.wiring.container import Container
 from controlplane.wiring.sources import (
     build_records,
@@ -62,7 +63,7 @@ def build(settings: Settings) -> Container:
     repos = SqliteRepos.open(settings.database_path)
     telemetry = PrometheusTelemetry()
     store = build_store(settings, telemetry)
-    fleet_wake = asyncio.Event()
+    fleet_wake = Wake(clock)
     ledger = (
         FleetLedger(
             records=build_records(settings, store),
@@ -218,7 +219,7 @@ def build(settings: Settings) -> Container:
         drift=drift,
         catalog=catalog,
     )
-    wake_watcher = asyncio.Event()
+    wake_watcher = Wake(clock)
     events = build_store_events(settings, store, wake_watcher.set, clock)
     notifications = (  # an SQS queue's health, for /healthz and /metrics
         None if events is None or isinstance(events, LocalStoreEvents) else events.health

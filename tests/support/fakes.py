@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook
 from controlplane.services.status import StatusService
 from controlplane.services.watcher import ReleaseWatcher
+from tests.support.fake_clock import START, FakeClock
 
 __all__ = [
     "START",
@@ -80,31 +80,7 @@ __all__ = [
     "started_rollback",
 ]
 
-START = datetime(2025, 3, 1, 8, 0, 0, tzinfo=UTC)
-
-# --- the clock ----------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Time that moves only when a test says so: fixed start, :meth:`advance`."""
-
-    def __init__(self, start: datetime = START) -> None:
-        if start.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start")
-        self._start = start.astimezone(UTC)
-        self._elapsed = 0.0
-
-    def now(self) -> datetime:
-        return self._start + timedelta(seconds=self._elapsed)
-
-    def monotonic(self) -> float:
-        return self._elapsed
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("time does not go backwards")
-        self._elapsed += seconds
-
+# --- the clock: tests/support/fake_clock.py ---------------------------------------------------
 
 # --- Triton -------------------------------------------------------------------------------
 

@@ -19,10 +19,15 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, every: floa
 
 
 async def until(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 5.0
-) -> None:
+    check: Callable[[], bool | Awaitable[bool]],
+    what: str,
+    timeout: float = 5.0,
+    *,
+    fail: bool = True,
+) -> bool:
     """:func:`eventually` on the event loop, for tests whose operations run in tasks on it;
-    ``check`` may be a coroutine function (a read of the database)."""
+    ``check`` may be a coroutine function (a read of the database). ``fail=False``: return
+    whether it held instead of failing."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -30,7 +35,9 @@ async def until(
         if inspect.isawaitable(held):
             held = await held
         if held:
-            return
+            return True
         if loop.time() >= deadline:
+            if not fail:
+                return False
             raise AssertionError(f"{what} did not happen within {timeout} s")
         await asyncio.sleep(0.005)

@@ -64,7 +64,7 @@ DEPLOY_STEPS = [
 ]
 BEFORE_PLACE = ["resolve", "fetch", "verify"]
 WARM = 3600.0  # retire window longer than any test: the old slot stays loaded
-SOON = 0.05  # retire window that ends while the test waits
+SOON = 0.05  # retire window (fake time) that ends as soon as the test lets time pass
 DEADLINE = 5.0
 
 
@@ -163,13 +163,15 @@ async def retires(service: DeployService) -> list[Operation]:
 
 
 async def finished_retire(service: DeployService, parts: Parts) -> Operation:
-    """The first retire operation, once it has finished and let go of the model."""
+    """The first retire operation, once it has finished and let go of the model (time
+    passes meanwhile: the retire window, the drain)."""
 
     async def done() -> bool:
         finished = any(op.status.finished for op in await retires(service))
         return finished and parts.runner.holder(MODEL) is None
 
-    await until(done, "a retire operation finished")
+    async with parts.clock.autojump():
+        await until(done, "a retire operation finished")
     (retired,) = (op for op in await retires(service) if op.status.finished)
     return retired
 
@@ -371,11 +373,12 @@ def test_drain_gives_up_at_its_timeout_and_unloads_anyway(tmp_path: Path) -> Non
         ) as (service, parts):
             publish(parts, "r1", "r2")
             await deployed(service, "r1", "r2")
+            await parts.clock.run_for(SOON)  # the retire window ends
             await until(lambda: BLUE in metrics.reads, "the drain read the pending gauge")
+            await parts.clock.run_for(drain_timeout / 2)
             assert not any(op.status.finished for op in await retires(service))
 
-            parts.clock.advance(drain_timeout + 0.1)
-            op = await finished_retire(service, parts)
+            op = await finished_retire(service, parts)  # the drain's time runs out
 
             assert op.status is OperationStatus.SUCCEEDED, op.error
             assert detail(op, "drain") == {"slot": BLUE, "pending": 3, "timed_out": True}
@@ -399,15 +402,17 @@ def test_a_deploy_during_a_retire_waits_for_it_instead_of_being_refused(tmp_path
         ) as (service, parts):
             publish(parts, "r1", "r2", "r3")
             await deployed(service, "r1", "r2")
+            await parts.clock.run_for(SOON)  # the retire window ends
             await until(lambda: BLUE in metrics.reads, "the retire draining the old slot")
             (retiring,) = await retires(service)
             assert parts.runner.holder(MODEL) == retiring.id
 
             deploy = asyncio.create_task(service.deploy(MODEL, "r3", trigger=Trigger.API))
-            await until(lambda: len(metrics.reads) >= 3, "the drain polled on")
+            await parts.clock.run_for(0.5)
+            assert len(metrics.reads) >= 3  # the drain polled on
             assert not deploy.done()  # waiting behind the retire, not refused
 
-            parts.clock.advance(1.1)
+            await parts.clock.run_for(0.6)  # the drain's second runs out
             async with asyncio.timeout(DEADLINE):
                 submitted = await deploy
             assert not isinstance(submitted, Unchanged)

@@ -14,6 +14,7 @@ from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.domain.errors import StoreUnavailable
 from controlplane.domain.fleet import MemberBeat, MemberModel, MemberState
 from controlplane.services.heartbeat import HeartbeatWriter
+from tests.support.fake_clock import FakeClock
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -48,7 +49,7 @@ def _beat(at: float, **models: MemberState) -> MemberBeat:
 def test_a_heartbeat_is_written_when_due_or_when_it_says_something_new(tmp_path: Path) -> None:
     async def scenario() -> None:
         records = Records(tmp_path)
-        heart = HeartbeatWriter(records=records, interval=3600.0)
+        heart = HeartbeatWriter(records=records, interval=3600.0, clock=FakeClock())
 
         await heart.write_if_due(_beat(0, m=MemberState.CONVERGING))  # the first one is due
         for second in range(1, 6):  # passes a second apart, an hour before the next beat
@@ -68,7 +69,7 @@ def test_a_heartbeat_that_could_not_be_written_is_tried_again_at_the_next_pass(
 ) -> None:
     async def scenario() -> None:
         records = Records(tmp_path)
-        heart = HeartbeatWriter(records=records, interval=3600.0)
+        heart = HeartbeatWriter(records=records, interval=3600.0, clock=FakeClock())
         records.failing = True
 
         await heart.write_if_due(_beat(0))
@@ -92,8 +93,8 @@ def test_another_daemon_writing_under_this_member_s_name_is_named_until_it_stops
 
     async def scenario() -> tuple[list[str | None], list[str | None]]:
         records = Records(tmp_path)
-        mine = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
-        theirs = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        mine = HeartbeatWriter(records=records, interval=1.0, name_check=0.0, clock=FakeClock())
+        theirs = HeartbeatWriter(records=records, interval=1.0, name_check=0.0, clock=FakeClock())
         seen_mine: list[str | None] = []
         seen_theirs: list[str | None] = []
         for second in range(0, 6, 2):  # both alive: they write in turns
@@ -126,10 +127,10 @@ def test_a_member_alone_under_its_name_sees_no_conflict_across_a_restart(tmp_pat
 
     async def scenario() -> list[str | None]:
         records = Records(tmp_path)
-        before = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        before = HeartbeatWriter(records=records, interval=1.0, name_check=0.0, clock=FakeClock())
         for second in range(3):
             await before.write(_beat(second))
-        after = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        after = HeartbeatWriter(records=records, interval=1.0, name_check=0.0, clock=FakeClock())
         seen = []
         for second in range(3, 6):
             await after.write(dataclasses.replace(_beat(second), incarnation="i2"))
@@ -146,7 +147,7 @@ def test_a_look_at_the_name_that_fails_does_not_cost_the_heartbeat(tmp_path: Pat
 
     async def scenario() -> list[MemberBeat]:
         records = Unlookable(tmp_path)
-        heart = HeartbeatWriter(records=records, interval=1.0, name_check=0.0)
+        heart = HeartbeatWriter(records=records, interval=1.0, name_check=0.0, clock=FakeClock())
         for second in range(3):
             await heart.write(_beat(second))
         assert heart.name_conflict is None

@@ -32,8 +32,9 @@ from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import TrafficPolicy
 from controlplane.ports import Serving
 from controlplane.services.deploy import DeployService
-from controlplane.services.reconcile import PassReport, Reconciler
+from controlplane.services.reconcile import INDEX_LOOK, PassReport, Reconciler
 from controlplane.services.supervisor import Supervisor
+from controlplane.timing import Backoff
 from tests.support.fakes import (
     START,
     FakeClock,
@@ -577,14 +578,16 @@ def test_the_loop_is_not_ready_while_triton_is_down_and_repairs_once_it_is_back(
             reconciler = make_reconciler(service, parts)
             loop = asyncio.create_task(reconciler.run(0.01, ready))
             try:
-                await until(lambda: restarted.called("is_live", "") >= 3, "liveness polled")
+                await parts.clock.run_for(0.3)  # the liveness check, every 0.1 s
+                assert restarted.called("is_live", "") >= 3
                 assert not ready.is_set()
                 assert reconciler.last is not None
                 assert not reconciler.last.triton_live
 
                 restarted.live = True
-                await until(ready.is_set, "ready once Triton answers")
-                await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
+                async with parts.clock.autojump():
+                    await until(ready.is_set, "ready once Triton answers")
+                    await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
             finally:
                 loop.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -631,11 +634,13 @@ def test_while_triton_is_down_the_loop_says_how_long_a_check_waits_and_logs_the_
                 clock.advance(3.0)
                 assert reconciler.waiting_for_triton() == 3.0
                 triton.answer.set()  # from now on every check answers at once: down
-                await until(lambda: triton.called("is_live", "") >= 5, "checks again and again")
+                await clock.run_for(0.5)
+                assert triton.called("is_live", "") >= 5  # checks again and again
                 triton.wavering = True
-                await until(lambda: triton.called("is_live", "") >= 10, "checks in new words")
-                clock.advance(61.0)  # new words are said again, at most once a minute
-                await until(lambda: triton.called("is_live", "") >= 15, "checks after a minute")
+                await clock.run_for(0.5)
+                assert triton.called("is_live", "") >= 10  # in new words
+                await clock.run_for(61.0)  # new words are said again, at most once a minute
+                assert triton.called("is_live", "") >= 600
             finally:
                 loop.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -662,9 +667,9 @@ def test_a_failing_pass_does_not_stop_the_loop(tmp_path: Path) -> None:
             ready = asyncio.Event()
             loop = asyncio.create_task(make_reconciler(service, parts).run(0.01, ready))
             try:
-                async with asyncio.timeout(DEADLINE):
+                async with parts.clock.autojump(), asyncio.timeout(DEADLINE):
                     await ready.wait()
-                await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
+                    await until(lambda: restarted.state(MODEL) == "READY", "the model repaired")
                 assert restarted.called("index", "") >= 4
             finally:
                 loop.cancel()
@@ -739,13 +744,13 @@ def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
                 unload_timeout=5.0,
             )
             ready = asyncio.Event()
-            supervisor = Supervisor(parts.clock, first_backoff=0.01)
+            supervisor = Supervisor(parts.clock, backoff=Backoff(0.01, 30.0))
             supervisor.add("reconcile", lambda: reconciler.run(0.01, ready))
             jobs = asyncio.create_task(supervisor.run())
             try:
-                async with asyncio.timeout(DEADLINE):
+                async with parts.clock.autojump(), asyncio.timeout(DEADLINE):
                     await ready.wait()
-                await until(lambda: restarted.state(MODEL) == "READY", "repaired")
+                    await until(lambda: restarted.state(MODEL) == "READY", "repaired")
                 [status] = supervisor.statuses()
                 assert status.restarts == 1
                 assert status.last_error == "OSError: [Errno 30] Read-only file system"
@@ -876,6 +881,8 @@ def test_a_model_unloaded_between_beats_is_repaired_within_a_look_not_at_the_nex
                 loads = triton.called("load", MODEL)
 
                 await triton.unload(MODEL)  # an hour before the next beat
+                await parts.clock.sleeping()
+                parts.clock.advance(INDEX_LOOK)  # the next look at the index, not the beat
 
                 await until(lambda: triton.state(MODEL) == "READY", "repaired at once")
                 assert triton.called("load", MODEL) == loads + 1
@@ -902,13 +909,14 @@ def test_a_triton_restart_between_beats_is_met_by_the_broken_connection_at_once(
                 async with asyncio.timeout(DEADLINE):
                     await ready.wait()
                 await until(lambda: triton.watched, "the connection watched")
-                loads, looks = triton.called("load", MODEL), triton.called("index", "")
+                loads, calls = triton.called("load", MODEL), len(triton.calls)
 
                 triton.restart()  # EXPLICIT mode: the new Triton loads nothing
 
+                # Time stands still (the fake clock): no look at the index can have found it.
                 await until(lambda: triton.state(MODEL) == "READY", "repaired at once")
                 assert triton.called("load", MODEL) == loads + 1
-                assert triton.called("index", "") == looks + 1  # the pass's own read
+                assert triton.calls[calls] == ("is_live", "")  # a pass began, not a look
             finally:
                 loop.cancel()
                 with pytest.raises(asyncio.CancelledError):

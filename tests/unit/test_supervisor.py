@@ -23,6 +23,7 @@ from controlplane.domain.rollback import RollbackOutcome
 from controlplane.ports import FetchedRelease, FetchProgress, MarkerFiles, ReleaseListing
 from controlplane.services.supervisor import JobState, Supervisor
 from controlplane.services.telemetry import NoTelemetry
+from controlplane.timing import Backoff
 from tests.support.fakes import FakeClock, release_watcher
 from tests.support.polling import until
 from tests.unit.test_auto_rollback import rig
@@ -86,7 +87,7 @@ def test_a_failing_job_is_restarted_and_counted_while_automatic_rollback_works(
         async with rig(tmp_path) as r:
             await r.serving_r2()
             telemetry = CountingTelemetry()
-            supervisor = Supervisor(r.parts.clock, telemetry, first_backoff=0.01, max_backoff=0.02)
+            supervisor = Supervisor(r.parts.clock, telemetry, backoff=Backoff(0.01, 0.02))
             watcher = release_watcher(
                 r.service,
                 r.parts,
@@ -142,10 +143,12 @@ def test_a_job_that_ends_on_its_own_is_started_again() -> None:
             runs += 1
 
         telemetry = CountingTelemetry()
-        supervisor = Supervisor(FakeClock(), telemetry, first_backoff=0.001, max_backoff=0.001)
+        clock = FakeClock()
+        supervisor = Supervisor(clock, telemetry, backoff=Backoff(0.001, 0.001))
         supervisor.add("short", short)
         jobs = asyncio.create_task(supervisor.run())
-        await until(lambda: runs >= 3, "three runs")
+        async with clock.autojump():
+            await until(lambda: runs >= 3, "three runs")
         jobs.cancel()
         with pytest.raises(asyncio.CancelledError):
             await jobs
@@ -162,19 +165,19 @@ def test_backoff_doubles_up_to_its_bound_and_is_visible() -> None:
         async def failing() -> None:
             raise RuntimeError("broken")
 
-        supervisor = Supervisor(FakeClock(), first_backoff=0.05, max_backoff=0.2)
+        clock = FakeClock()
+        supervisor = Supervisor(clock, backoff=Backoff(0.05, 0.2))
         supervisor.add("broken", failing)
         jobs = asyncio.create_task(supervisor.run())
 
-        def seen() -> bool:
+        for _ in range(4):  # each restart waits on the clock: look, then let it pass
+            await clock.sleeping()
             status = supervisor.statuses()[0]
-            if status.state is JobState.BACKING_OFF:
-                assert status.restart_at is not None
-                assert status.since is not None
-                waits[status.restarts] = (status.restart_at - status.since).total_seconds()
-            return len(waits) >= 4
-
-        await until(seen, "four restarts")
+            assert status.state is JobState.BACKING_OFF
+            assert status.restart_at is not None
+            assert status.since is not None
+            waits[status.restarts] = (status.restart_at - status.since).total_seconds()
+            await clock.step()
         jobs.cancel()
         with pytest.raises(asyncio.CancelledError):
             await jobs
