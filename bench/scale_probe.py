@@ -41,6 +41,7 @@ async def scans(store_path: Path, count: int) -> dict[str, Any]:
         watcher = ReleaseWatcher(
             store=LocalStore(store_path),
             deploy=None,  # type: ignore[arg-type]  # auto-deploy is off: never called
+            client=None,  # type: ignore[arg-type]
             releases=repos.releases,
             serving=repos.serving,
             rollbacks=repos.rollbacks,

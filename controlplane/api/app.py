@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -74,9 +75,9 @@ from controlplane.domain.errors import (
     OperationNotFound,
     TransientError,
 )
-from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
-from controlplane.services.deploy import Unchanged
+from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger, Unchanged
 from controlplane.services.fleet import FleetService, fleet_json, fleet_json_model
+from controlplane.services.runner import HOUSEKEEPING
 from controlplane.settings import Settings
 from controlplane.wiring import Container, build
 
@@ -204,7 +205,8 @@ def create_app(settings: Settings) -> FastAPI:
             return JSONResponse(body, status_code=200)
         if not (request.wait or request.fleet):  # waiting for the fleet waits for this member
             return JSONResponse({"operation": operation_json(operation)}, status_code=202)
-        done = await c.deploy.wait(operation.id)
+        outcome = await c.client.wait(operation.id)
+        done = outcome.operation or await c.deploy.get_operation(operation.id)
         body = {"operation": operation_json(done)}
         if done.status is not OperationStatus.SUCCEEDED:
             code = done.error.code if done.error else "internal_error"
@@ -400,12 +402,16 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Serve ``release`` of model ``name``."""
         fleet_request(c, body)
-        operation = await c.deploy.deploy(
-            name,
-            body.release,
-            trigger=trigger_of(request),
-            force=body.force,
-            cause=Cause(reason=body.reason),
+        operation = await c.client.start(
+            partial(
+                c.deploy.deploy,
+                name,
+                body.release,
+                trigger=trigger_of(request),
+                force=body.force,
+                cause=Cause(reason=body.reason),
+            ),
+            patience=HOUSEKEEPING,  # a deploy waits for an old slot being freed; no refusal
         )
         return await answer(c, operation, body)
 
@@ -424,8 +430,14 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Serve the previous release again (or the one named in ``to``)."""
         fleet_request(c, body)
-        operation = await c.deploy.rollback(
-            name, to=body.to, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+        operation = await c.client.start(
+            partial(
+                c.deploy.rollback,
+                name,
+                to=body.to,
+                trigger=trigger_of(request),
+                cause=Cause(reason=body.reason),
+            )
         )
         return await answer(c, operation, body)
 
@@ -444,8 +456,10 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> JSONResponse:
         """Unload the model from Triton and remove its dir from the repository."""
         fleet_request(c, body)
-        operation = await c.deploy.unload(
-            name, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+        operation = await c.client.start(
+            partial(
+                c.deploy.unload, name, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+            )
         )
         return await answer(c, operation, body)
 

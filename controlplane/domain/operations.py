@@ -115,6 +115,16 @@ NO_CAUSE = Cause()
 
 
 @dataclass(frozen=True)
+class Unchanged:
+    """A request for what serves already (the same release, unchanged in the store): nothing
+    to do, and no operation is recorded."""
+
+    model: str
+    release: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Operation:
     """``member`` is the daemon that ran it (``fleet.member``); each member's journal holds
     only its own operations."""

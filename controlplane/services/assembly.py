@@ -31,9 +31,10 @@ from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
+from controlplane.services.operations import OperationClient
 from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
-from controlplane.services.runner import OperationRunner
+from controlplane.services.runner import CANCEL_GRACE, OperationRunner
 from controlplane.services.signing import SignaturePolicy
 from controlplane.services.slots import SlotBook
 from controlplane.services.stress import StressCheck
@@ -43,6 +44,7 @@ from controlplane.services.telemetry import NO_TELEMETRY
 @dataclass(frozen=True)
 class Pipelines:
     runner: OperationRunner
+    client: OperationClient
     slots: SlotBook
     load_slots: LoadSlots
     bluegreen: BlueGreen
@@ -92,7 +94,11 @@ def assemble(
         locks=ModelLocks(),
         telemetry=telemetry,
         member=member,
+        housekeeping_bound=lambda model: (
+            policy_for(model).drain_timeout + limits.unload_seconds + CANCEL_GRACE
+        ),
     )
+    client = OperationClient(runner=runner, clock=clock)
     slots = SlotBook(serving, clock)
     load_slots = LoadSlots(limits.concurrent_loads)
     preparer = Preparer(
@@ -113,7 +119,7 @@ def assemble(
         memory=memory,
         headroom=headroom,
         clock=clock,
-        runner=runner,
+        client=client,
         timers=timers,
         policy_for=policy_for,
         bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
@@ -151,6 +157,7 @@ def assemble(
         deploy=deploy,
         bluegreen=bluegreen,
         runner=runner,
+        client=client,
         staging=staging,
         triton=triton,
         slots=slots,
@@ -162,4 +169,4 @@ def assemble(
         unload_timeout=limits.unload_seconds,
         telemetry=telemetry,
     )
-    return Pipelines(runner, slots, load_slots, bluegreen, inplace, deploy, reconciler)
+    return Pipelines(runner, client, slots, load_slots, bluegreen, inplace, deploy, reconciler)

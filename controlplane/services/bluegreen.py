@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.domain.errors import ControlPlaneError, OperationInProgress, TritonTimeout
-from controlplane.domain.operations import Cause, OperationKind, Trigger
+from controlplane.domain.errors import ControlPlaneError, TritonTimeout
+from controlplane.domain.operations import Cause, OperationKind
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SMOKE_NAME, SmokeSample, parse_smoke
 from controlplane.domain.traffic import Signature, TrafficPolicy, check_aliasable
@@ -40,8 +41,9 @@ from controlplane.ports import Clock, IndexEntry, MetricsSource, Serving, Stagin
 from controlplane.services.coordination import LoadSlots, TaskOwner
 from controlplane.services.headroom import HeadroomPolicy, check_headroom
 from controlplane.services.memory import MemoryWatch
+from controlplane.services.operations import OperationClient
 from controlplane.services.prepare import Preparer
-from controlplane.services.runner import OperationRunner, Run
+from controlplane.services.runner import Run, any_holder
 from controlplane.services.slots import SlotBook, serving_after, unload_best_effort
 from controlplane.services.stress import StressCheck
 from controlplane.services.tracker import OperationTracker
@@ -77,7 +79,7 @@ class BlueGreen:
         memory: MemoryWatch,
         headroom: HeadroomPolicy,
         clock: Clock,
-        runner: OperationRunner,
+        client: OperationClient,
         timers: TaskOwner,
         policy_for: Callable[[str], TrafficPolicy],
         bounds: Bounds,
@@ -92,7 +94,7 @@ class BlueGreen:
         self._memory = memory
         self._headroom = headroom
         self._clock = clock
-        self._runner = runner
+        self._client = client
         self._timers = timers
         self._policy_for = policy_for
         self._bounds = bounds
@@ -343,26 +345,18 @@ class BlueGreen:
 
     async def _retire_later(self, model: str, slot_name: str, delay: float) -> None:
         await self._clock.sleep(delay)
-        while True:
-            try:
-                await self._runner.run_now(
-                    kind=OperationKind.RETIRE,
-                    model=model,
-                    release=None,
-                    trigger=Trigger.SCHEDULE,
-                    from_release=None,
-                    body=lambda run: self.retire(run, slot_name),
-                    cause=Cause(
-                        reason=f"{slot_name} no longer serves: kept warm for {delay:g} s "
-                        "(retire_after), then freed"
-                        if delay
-                        else f"{slot_name} no longer serves: freed"
-                    ),
-                )
-            except OperationInProgress:
-                await self._clock.sleep(RETIRE_RETRY)  # another operation first; then retire
-                continue
-            return
+        await self._client.housekeeping(
+            OperationKind.RETIRE,
+            model,
+            lambda run: self.retire(run, slot_name),
+            cause=Cause(
+                reason=f"{slot_name} no longer serves: kept warm for {delay:g} s "
+                "(retire_after), then freed"
+                if delay
+                else f"{slot_name} no longer serves: freed"
+            ),
+            patience=any_holder(math.inf),  # another operation first (each is bounded); then
+        )
 
     async def retire(self, run: Run, slot_name: str) -> None:
         model = run.model

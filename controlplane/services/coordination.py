@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 class ModelLocks:
     def __init__(self) -> None:
         self._holders: dict[str, str] = {}
+        self._freed: dict[str, asyncio.Event] = {}  # set when the model's holder lets go
 
     def claim(self, model: str, operation_id: str) -> None:
         holder = self._holders.get(model)
@@ -38,9 +39,18 @@ class ModelLocks:
     def release(self, model: str, operation_id: str) -> None:
         if self._holders.get(model) == operation_id:
             del self._holders[model]
+            freed = self._freed.pop(model, None)
+            if freed is not None:
+                freed.set()
 
     def holder(self, model: str) -> str | None:
         return self._holders.get(model)
+
+    async def released(self, model: str) -> None:
+        """Return once the operation holding ``model`` now lets go (at once when none does)."""
+        if model not in self._holders:
+            return
+        await self._freed.setdefault(model, asyncio.Event()).wait()
 
 
 class LoadSlots:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from controlplane.domain.errors import (
     ControlPlaneError,
@@ -41,6 +40,7 @@ from controlplane.domain.operations import (
     Step,
     StepStatus,
     Trigger,
+    Unchanged,
 )
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease
@@ -60,20 +60,11 @@ from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.fleet_ledger import FleetBase, FleetLedger, fleet_agrees
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
-from controlplane.services.runner import CANCEL_GRACE, AfterSuccess, Body, OperationRunner, Run
+from controlplane.services.runner import REFUSE, AfterSuccess, Body, OperationRunner, Patience, Run
 from controlplane.services.slots import SlotBook
 
 log = logging.getLogger(__name__)
 PEOPLE = (Trigger.API, Trigger.CLI)
-
-
-@dataclass(frozen=True)
-class Unchanged:
-    """A deploy of the release that already serves: nothing to do."""
-
-    model: str
-    release: str
-    message: str
 
 
 class DeployService:
@@ -132,9 +123,11 @@ class DeployService:
         kind: OperationKind = OperationKind.DEPLOY,
         force: bool = False,
         cause: Cause = NO_CAUSE,
+        patience: Patience = REFUSE,
     ) -> Operation | Unchanged:
         """Serve ``release``. ``force`` loads it even when it serves already, or when the
-        headroom check finds too little free memory. ``cause`` is recorded on the operation."""
+        headroom check finds too little free memory. ``cause`` is recorded on the operation;
+        ``patience`` says how long to wait for an operation that holds the model."""
         validate_model_name(model)
         validate_release_name(release)
         base = await self._fleet_base(model, kind, trigger)
@@ -155,6 +148,7 @@ class DeployService:
                     trigger,
                     lambda run: self._publish(run, base, release),
                     cause=cause,
+                    patience=patience,
                 )
         strategy = self.bluegreen if self.blue_green(model) else self._inplace
         info: ReleaseInfo | None = None
@@ -177,12 +171,18 @@ class DeployService:
             body,
             check=resolve,
             after=self._after_swap,
-            behind_housekeeping=True,
             cause=cause,
+            patience=patience,
         )
 
     async def rollback(
-        self, model: str, *, to: str | None, trigger: Trigger, cause: Cause = NO_CAUSE
+        self,
+        model: str,
+        *,
+        to: str | None,
+        trigger: Trigger,
+        cause: Cause = NO_CAUSE,
+        patience: Patience = REFUSE,
     ) -> Operation | Unchanged:
         """Serve the previous release again (or ``to``); a re-point when its slot is warm.
         Rolling back to the release that serves, unchanged, does nothing and says so."""
@@ -213,11 +213,17 @@ class DeployService:
                 trigger,
                 lambda run: self._publish(run, base, target),
                 cause=cause,
+                patience=patience,
             )
         warm = await self.bluegreen.warm(model, target) if self.blue_green(model) else None
         if warm is None:
             return await self.deploy(
-                model, target, trigger=trigger, kind=OperationKind.ROLLBACK, cause=cause
+                model,
+                target,
+                trigger=trigger,
+                kind=OperationKind.ROLLBACK,
+                cause=cause,
+                patience=patience,
             )
         slot_name = warm.name  # inside the retire window: a pure re-point
 
@@ -233,9 +239,17 @@ class DeployService:
             body,
             after=self._after_swap,
             cause=cause,
+            patience=patience,
         )
 
-    async def unload(self, model: str, *, trigger: Trigger, cause: Cause = NO_CAUSE) -> Operation:
+    async def unload(
+        self,
+        model: str,
+        *,
+        trigger: Trigger,
+        cause: Cause = NO_CAUSE,
+        patience: Patience = REFUSE,
+    ) -> Operation:
         validate_model_name(model)
         base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
         record = await self._slots.record(model)
@@ -249,6 +263,7 @@ class DeployService:
                     trigger,
                     lambda run: self._publish(run, base, None),
                     cause=cause,
+                    patience=patience,
                 )
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
         unload = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
@@ -257,10 +272,17 @@ class DeployService:
             await unload(run)
             await self._publish(run, base, None)
 
-        return await self._start(OperationKind.UNLOAD, model, None, trigger, body, cause=cause)
+        return await self._start(
+            OperationKind.UNLOAD, model, None, trigger, body, cause=cause, patience=patience
+        )
 
     async def serve_on_cpu(
-        self, model: str, *, trigger: Trigger, cause: Cause = NO_CAUSE
+        self,
+        model: str,
+        *,
+        trigger: Trigger,
+        cause: Cause = NO_CAUSE,
+        patience: Patience = REFUSE,
     ) -> Operation:
         """Reload the serving release with CPU-only instances (the rollback chain's last step)."""
         validate_model_name(model)
@@ -282,6 +304,7 @@ class DeployService:
                 run, triton=self._triton, slots=self._slots, slot_name=slot_name
             ),
             cause=cause,
+            patience=patience,
         )
 
     async def cancel(self, operation_id: str, reason: CancelReason) -> Operation:
@@ -331,20 +354,13 @@ class DeployService:
         *,
         check: Callable[[], Awaitable[Step]] | None = None,
         after: AfterSuccess | None = None,
-        behind_housekeeping: bool = False,
         cause: Cause = NO_CAUSE,
+        patience: Patience = REFUSE,
     ) -> Operation:
-        """Take the model's lock, make ``check`` (a refusal there is not an operation), then
-        record the operation, with the check as its first step, and run ``body``.
-
-        ``behind_housekeeping``: if a retire holds the lock, wait for it (it is bounded by the
-        drain and the unload) instead of refusing. Rollbacks do not wait: their budget is
-        short, and they poll for the lock within it."""
-        if behind_housekeeping:
-            bound = self._policy_for(model).drain_timeout + self._unload_timeout + CANCEL_GRACE
-            operation_id = await self._runner.claim_after(model, (OperationKind.RETIRE,), bound)
-        else:
-            operation_id = self._runner.claim(model)
+        """Take the model's lock (waiting as ``patience`` allows), make ``check`` (a refusal
+        there is not an operation), then record the operation, with the check as its first
+        step, and run ``body``."""
+        operation_id = await self._runner.claim(model, patience)
         try:
             checked = [await check()] if check is not None else []
             record = await self._slots.record(model)

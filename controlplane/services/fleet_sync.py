@@ -34,20 +34,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 
-from controlplane.domain.errors import ControlPlaneError, OperationInProgress
+from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import (
     DesiredModel,
     MemberBeat,
     MemberModel,
     MemberState,
 )
-from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger
+from controlplane.domain.operations import Cause, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
+from controlplane.services.operations import Begin, Ended, OperationClient
+from controlplane.services.runner import HOUSEKEEPING
 from controlplane.timing import Backoff, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class FleetSync:
         *,
         ledger: FleetLedger,
         deploy: DeployService,
+        client: OperationClient,
         serving: ServingRepo,
         rollbacks: RollbackBook,
         clock: Clock,
@@ -116,6 +119,7 @@ class FleetSync:
         self._records = ledger.records
         self.member = ledger.member
         self._deploy = deploy
+        self._client = client
         self._serving = serving
         self._rollbacks = rollbacks
         self._clock = clock
@@ -296,32 +300,25 @@ class FleetSync:
             reason=f"the fleet's desired state, generation {wanted.generation}: {wanted.reason}",
             set_by=wanted.set_by,
         )
-        try:
-            started: Operation | Unchanged
-            if target is None:
-                started = await self._deploy.unload(model, trigger=Trigger.FLEET, cause=cause)
-            elif await self._deploy.is_warm(model, target):
-                started = await self._deploy.rollback(
-                    model, to=target, trigger=Trigger.FLEET, cause=cause
-                )
-            else:
-                started = await self._deploy.deploy(
-                    model, target, trigger=Trigger.FLEET, cause=cause
-                )
-        except OperationInProgress:
+        begin: Begin
+        if target is None:
+            begin = partial(self._deploy.unload, model, trigger=Trigger.FLEET, cause=cause)
+        elif await self._deploy.is_warm(model, target):
+            begin = partial(
+                self._deploy.rollback, model, to=target, trigger=Trigger.FLEET, cause=cause
+            )
+        else:
+            begin = partial(self._deploy.deploy, model, target, trigger=Trigger.FLEET, cause=cause)
+        outcome = await self._client.run(begin, patience=HOUSEKEEPING)
+        if outcome.ended is Ended.BUSY:
             return  # an operation of ours started meanwhile: the next pass looks again
-        except ControlPlaneError as exc:
-            self._failed(model, wanted, target, str(exc))
-            return
-        if isinstance(started, Unchanged):
-            return
-        done = await self._deploy.wait(started.id)
-        if done.status is OperationStatus.SUCCEEDED:
+        done = outcome.operation
+        if outcome.ended is Ended.SUCCEEDED and done is not None:
             self._failures.succeeded(model)
             log.info("%s: serves %s, as the fleet wants (operation %s)", model, target, done.id)
-            return
-        error = f"{done.error.code}: {done.error.message}" if done.error else done.status.value
-        self._failed(model, wanted, target, f"{error} (operation {done.id})")
+        elif not outcome.succeeded:
+            where = f" (operation {done.id})" if done is not None else ""
+            self._failed(model, wanted, target, f"{outcome.error}{where}")
 
     def _failed(self, model: str, wanted: DesiredModel, target: str | None, error: str) -> None:
         delay = self._failures.failed(model, _Failure(target, wanted.generation, error)).delay

@@ -36,7 +36,6 @@ from controlplane.domain.operations import (
     Cause,
     Operation,
     OperationKind,
-    OperationStatus,
     Trigger,
 )
 from controlplane.domain.slots import SlotState
@@ -54,8 +53,9 @@ from controlplane.ports import (
 )
 from controlplane.services.bluegreen import BlueGreen, index_by_name
 from controlplane.services.coordination import LoadSlots
-from controlplane.services.deploy import DeployService, Unchanged
-from controlplane.services.runner import OperationRunner, Run
+from controlplane.services.deploy import DeployService
+from controlplane.services.operations import Ended, OperationClient
+from controlplane.services.runner import HOUSEKEEPING, REFUSE, OperationRunner, Run
 from controlplane.services.slots import SlotBook, unload_best_effort
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker
@@ -119,6 +119,7 @@ class Reconciler:
         deploy: DeployService,
         bluegreen: BlueGreen,
         runner: OperationRunner,
+        client: OperationClient,
         staging: Staging,
         triton: Triton,
         slots: SlotBook,
@@ -133,6 +134,7 @@ class Reconciler:
         self._deploy = deploy
         self._bluegreen = bluegreen
         self._runner = runner
+        self._client = client
         self._staging = staging
         self._triton = triton
         self._slots = slots
@@ -413,53 +415,57 @@ class Reconciler:
     async def _repair(self, seen: Observed, assessment: Assessment, report: PassReport) -> None:
         model = seen.model
         action = assessment.action
-        try:
-            if action is Action.REDEPLOY:
-                assert seen.desired is not None
-                log.warning("repairing %s: %s; deploying it again", model, assessment.why)
-                self._telemetry.repair_started(action.value)
-                claim = self._runner.claim(model)
-                try:  # records as Triton and the disk show them, so every transition is valid
-                    await self._settle_records(seen)
-                finally:
-                    self._runner.release(model, claim)
-                # deploy() takes the lock before its first await: nothing can slip in between.
-                result = await self._deploy.deploy(
+        cause = Cause(reason=assessment.why)
+        if action is Action.REDEPLOY:
+            assert seen.desired is not None
+            log.warning("repairing %s: %s; deploying it again", model, assessment.why)
+            self._telemetry.repair_started(action.value)
+            try:  # records as Triton and the disk show them, so every transition is valid
+                claim = await self._runner.claim(model, REFUSE)
+            except OperationInProgress:
+                report.busy.append(model)  # someone started an operation meanwhile: theirs
+                return
+            try:
+                await self._settle_records(seen)
+            finally:
+                self._runner.release(model, claim)
+            outcome = await self._client.run(
+                partial(
+                    self._deploy.deploy,
                     model,
                     seen.desired,
                     trigger=Trigger.RECONCILE,
                     kind=OperationKind.REPAIR,
-                    cause=Cause(reason=assessment.why),
-                )
-                if isinstance(result, Unchanged):
-                    return
-                report.repairs[model] = result.id
-                done = await self._deploy.wait(result.id)
-            elif action in (Action.LOAD, Action.REPOINT, Action.REMOVE) or assessment.retire:
-                if action is not Action.NONE and action is not Action.WAIT:
-                    log.warning("repairing %s: %s (%s)", model, assessment.why, action.value)
-                    self._telemetry.repair_started(action.value)
-                done = await self._runner.run_now(
-                    kind=OperationKind.REPAIR,
-                    model=model,
-                    release=seen.desired,
-                    trigger=Trigger.RECONCILE,
-                    from_release=seen.desired,
-                    body=lambda run: self._put_back(run, seen, assessment),
-                    cause=Cause(reason=assessment.why),
-                )
-                report.repairs[model] = done.id
-            else:
-                return
-        except OperationInProgress:
+                    cause=cause,
+                ),
+                patience=HOUSEKEEPING,
+            )
+        elif action in (Action.LOAD, Action.REPOINT, Action.REMOVE) or assessment.retire:
+            if action is not Action.NONE and action is not Action.WAIT:
+                log.warning("repairing %s: %s (%s)", model, assessment.why, action.value)
+                self._telemetry.repair_started(action.value)
+            outcome = await self._client.housekeeping(
+                OperationKind.REPAIR,
+                model,
+                lambda run: self._put_back(run, seen, assessment),
+                cause=cause,
+                release=seen.desired,
+            )
+        else:
+            return
+        done = outcome.operation
+        if done is not None:
+            report.repairs[model] = done.id
+        if outcome.ended is Ended.UNCHANGED:
+            return
+        if outcome.ended is Ended.BUSY:
             report.busy.append(model)  # someone started an operation meanwhile: theirs
             return
-        except ControlPlaneError as exc:
-            self._failed(model, report, f"refused: {exc}", None)
+        if outcome.ended is Ended.REFUSED:
+            self._failed(model, report, f"refused: {outcome.error}", None)
             return
-        if done.status is not OperationStatus.SUCCEEDED:
-            error = done.error.message if done.error else done.status.value
-            self._failed(model, report, error, done.id)
+        if not outcome.succeeded or done is None:
+            self._failed(model, report, outcome.message or outcome.ended.value, outcome_id(done))
             return
         self._retry.succeeded(model)
         if action is not Action.NONE:
@@ -605,6 +611,10 @@ def _state_for(triton_state: str | None) -> SlotState:
     if triton_state in ("LOADING", "UNLOADING"):
         return SlotState.FAILED
     return SlotState.UNAVAILABLE
+
+
+def outcome_id(operation: Operation | None) -> str | None:
+    return operation.id if operation is not None else None
 
 
 def _url(triton: Triton) -> str:

@@ -24,18 +24,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from controlplane.domain.errors import ControlPlaneError, ModelNotFound, OperationInProgress
+from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import (
-    CancelReason,
     Cause,
-    Operation,
-    OperationStatus,
     Trigger,
 )
 from controlplane.domain.rollback import (
@@ -47,13 +45,14 @@ from controlplane.domain.rollback import (
     cooldown_until,
 )
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Telemetry
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
+from controlplane.services.operations import Begin, Ended, OperationClient, Outcome
+from controlplane.services.runner import any_holder
 from controlplane.services.telemetry import NO_TELEMETRY
-from controlplane.timing import seconds_left, within
+from controlplane.timing import seconds_left
 
 log = logging.getLogger(__name__)
-LOCK_POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -72,23 +71,12 @@ class RollbackResult:
     note: str
 
 
-@dataclass(frozen=True)
-class _Attempt:
-    operation: Operation | None
-    error: str | None
-    unchanged: bool = False  # what it would serve serves already
-
-    @property
-    def succeeded(self) -> bool:
-        done = self.operation is not None and self.operation.status is OperationStatus.SUCCEEDED
-        return done or self.unchanged
-
-
 class AutoRollback:
     def __init__(
         self,
         *,
         deploy: DeployService,
+        client: OperationClient,
         serving: ServingRepo,
         book: RollbackBook,
         clock: Clock,
@@ -101,6 +89,7 @@ class AutoRollback:
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
+        self._client = client
         self._serving = serving
         self._book = book
         self._clock = clock
@@ -203,10 +192,10 @@ class AutoRollback:
         operations: list[str] = []
         outcome, target = RollbackOutcome.FAILED, None
 
-        def note(step: str, attempt: _Attempt) -> None:
+        def note(step: str, attempt: Outcome) -> None:
             if attempt.operation is not None:
                 operations.append(attempt.operation.id)
-            detail[step] = "succeeded" if attempt.succeeded else attempt.error
+            detail[step] = "succeeded" if attempt.succeeded else _said(attempt)
 
         if fallback is None:
             detail["fallback"] = "none: no configured or previous good release"
@@ -221,8 +210,12 @@ class AutoRollback:
                 ),
             }
             attempt = await self._attempt(
-                lambda: self._deploy.rollback(
-                    model, to=fallback, trigger=trigger, cause=Cause(reason=reason)
+                partial(
+                    self._deploy.rollback,
+                    model,
+                    to=fallback,
+                    trigger=trigger,
+                    cause=Cause(reason=reason),
                 ),
                 fallback_budget,
                 f"the fallback {fallback}",
@@ -233,8 +226,8 @@ class AutoRollback:
         if not outcome.acted:
             cpu_budget = min(budget.cpu, seconds_left(self._clock, deadline))
             attempt = await self._attempt(
-                lambda: self._deploy.serve_on_cpu(
-                    model, trigger=trigger, cause=Cause(reason=reason)
+                partial(
+                    self._deploy.serve_on_cpu, model, trigger=trigger, cause=Cause(reason=reason)
                 ),
                 cpu_budget,
                 "the CPU-only reload",
@@ -310,33 +303,22 @@ class AutoRollback:
             return "unchanged: the fleet's desired state had moved already"
         return f"the fleet's desired state is {target} (generation {moved.generation})"
 
-    async def _attempt(
-        self, start: Callable[[], Awaitable[Operation | Unchanged]], budget: float, what: str
-    ) -> _Attempt:
-        """Start an operation (waiting for the model's lock) and see it end within budget;
-        past it, the operation is cut short (reason: budget) and its clean-up runs."""
-        deadline = self._clock.monotonic() + budget
-        while True:
-            try:
-                started = await start()
-                if isinstance(started, Unchanged):  # it serves already: nothing to undo
-                    return _Attempt(None, None, unchanged=True)
-                operation = started
-                break
-            except OperationInProgress:
-                if self._clock.monotonic() >= deadline:
-                    return _Attempt(None, f"another operation held the model past {budget:g} s")
-                await self._clock.sleep(LOCK_POLL)
-            except ControlPlaneError as exc:
-                return _Attempt(None, f"{exc.code}: {exc.message}")
-        try:
-            finished = await within(
-                self._clock, seconds_left(self._clock, deadline), self._deploy.wait(operation.id)
-            )
-        except TimeoutError:
-            cut = await self._deploy.cancel(operation.id, CancelReason.BUDGET)
-            return _Attempt(cut, f"{what} did not finish within {budget:g} s; cut short")
-        if finished.status is OperationStatus.SUCCEEDED:
-            return _Attempt(finished, None)
-        error = finished.error
-        return _Attempt(finished, f"{error.code}: {error.message}" if error else "failed")
+    async def _attempt(self, begin: Begin, budget: float, what: str) -> Outcome:
+        """Start an operation (waiting for the model within the budget) and see it end within
+        it; past it, the operation is cut short (reason: budget) and its clean-up runs."""
+        outcome = await self._client.run(begin, patience=any_holder(budget), budget=budget)
+        if outcome.ended is Ended.BUSY:
+            held = f"another operation held the model past {budget:g} s"
+            return replace(outcome, message=held)
+        if outcome.ended is Ended.CUT_SHORT:
+            cut = f"{what} did not finish within {budget:g} s; cut short"
+            return replace(outcome, message=cut)
+        return outcome
+
+
+def _said(attempt: Outcome) -> str:
+    """What the record says of an attempt that did not succeed (as it always has: the
+    message alone when the client wrote it, else ``code: message``)."""
+    if attempt.ended in (Ended.BUSY, Ended.CUT_SHORT) and attempt.message:
+        return attempt.message
+    return attempt.error

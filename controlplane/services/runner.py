@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -75,6 +75,32 @@ Body = Callable[[Run], Awaitable[None]]
 AfterSuccess = Callable[[Operation], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Patience:
+    """What a new operation does while another holds its model: wait for holders of the
+    ``behind`` kinds (None: any holder) up to ``seconds`` (None: as long as the daemon's own
+    housekeeping may take, drain and unload included), then refuse. The default refuses at
+    once. :mod:`.operations` names the ones callers use."""
+
+    behind: frozenset[OperationKind] | None = frozenset()
+    seconds: float | None = 0.0
+
+    def waits_for(self, kind: OperationKind | None) -> bool:
+        if self.behind is None:
+            return True
+        return kind is not None and kind in self.behind
+
+
+REFUSE = Patience()  # another operation holds the model: say so at once (the API)
+# Behind the daemon's own freeing of an old slot: a deploy must not fail for it.
+HOUSEKEEPING = Patience(behind=frozenset({OperationKind.RETIRE}), seconds=None)
+
+
+def any_holder(seconds: float) -> Patience:
+    """Wait up to ``seconds`` for whatever holds the model to end, then refuse."""
+    return Patience(behind=None, seconds=seconds)
+
+
 class OperationRunner:
     def __init__(
         self,
@@ -85,7 +111,10 @@ class OperationRunner:
         locks: ModelLocks,
         telemetry: Telemetry = NO_TELEMETRY,
         member: str | None = None,
+        housekeeping_bound: Callable[[str], float] = lambda _model: 300.0,
     ) -> None:
+        # The longest the daemon's own housekeeping (a retire: drain, unload) holds a model.
+        self._housekeeping_bound = housekeeping_bound
         self._journal = journal
         self._member = member  # recorded on every operation: which daemon ran it
         self._staging = staging
@@ -97,30 +126,35 @@ class OperationRunner:
 
     # --- starting -------------------------------------------------------------------------
 
-    def claim(self, model: str) -> str:
-        """Take ``model``'s lock for a new operation; its id. Refused while another runs."""
-        operation_id = uuid.uuid4().hex[:16]
-        self._locks.claim(model, operation_id)
-        return operation_id
-
-    async def claim_after(self, model: str, kinds: Collection[OperationKind], bound: float) -> str:
-        """:meth:`claim`, but when the lock is held by an operation of one of ``kinds`` (the
-        daemon's own housekeeping, such as a retire), wait up to ``bound`` s for it to end
-        first rather than refuse: a CI deploy must not fail because a slot was being freed."""
-        holder = self._locks.holder(model)
-        run = self._runs.get(holder) if holder is not None else None
-        task = self._tasks.get(holder) if holder is not None else None
-        if run is not None and task is not None and run.operation.kind in kinds:
+    async def claim(self, model: str, patience: Patience) -> str:
+        """Take ``model``'s lock for a new operation; its id. While another operation holds
+        it, wait as ``patience`` allows (for holders of its kinds, up to its seconds), then
+        :class:`OperationInProgress` naming the holder."""
+        deadline = self._clock.monotonic() + (
+            patience.seconds if patience.seconds is not None else self._housekeeping_bound(model)
+        )
+        while (holder := self._locks.holder(model)) is not None:
+            run = self._runs.get(holder)
+            kind = run.operation.kind if run is not None else None
+            left = seconds_left(self._clock, deadline)
+            if not patience.waits_for(kind) or left <= 0:
+                break
             log.info(
                 "model %s: waiting up to %g s for the %s operation %s to end first",
                 model,
-                bound,
-                run.operation.kind.value,
+                left,
+                kind.value if kind is not None else "starting",
                 holder,
                 extra={"model": model},
             )
-            await asyncio.wait([task], timeout=bound)
-        return self.claim(model)
+            released = asyncio.ensure_future(self._locks.released(model))
+            try:
+                await first_of(self._clock, left, [released])
+            finally:
+                released.cancel()
+        operation_id = uuid.uuid4().hex[:16]
+        self._locks.claim(model, operation_id)  # refuses (naming the holder) if still held
+        return operation_id
 
     def release(self, model: str, operation_id: str) -> None:
         """Give back a lock taken by :meth:`claim` for an operation that was never started."""
@@ -175,7 +209,7 @@ class OperationRunner:
         task.add_done_callback(lambda _done: self._forget(operation_id))
         return tracker.operation
 
-    async def run_now(
+    async def begin(
         self,
         *,
         kind: OperationKind,
@@ -185,10 +219,11 @@ class OperationRunner:
         from_release: str | None,
         body: Body,
         cause: Cause = NO_CAUSE,
+        patience: Patience,
     ) -> Operation:
-        """Claim, start and wait: for the daemon's own operations (retire, repair)."""
-        operation_id = self.claim(model)
-        operation = await self.start(
+        """Claim (with ``patience``) and start: the daemon's own operations (retire, repair)."""
+        operation_id = await self.claim(model, patience)
+        return await self.start(
             operation_id,
             kind=kind,
             model=model,
@@ -198,15 +233,14 @@ class OperationRunner:
             body=body,
             cause=cause,
         )
-        return await self.wait(operation.id)
 
     # --- following ------------------------------------------------------------------------
 
     def holder(self, model: str) -> str | None:
         return self._locks.holder(model)
 
-    def running(self) -> list[str]:
-        return list(self._tasks)
+    async def until_free(self, model: str) -> None:
+        await self._locks.released(model)
 
     async def wait(self, operation_id: str) -> Operation:
         """The operation once it has ended (waiting does not cancel it)."""

@@ -53,12 +53,17 @@ on a beat whose events name an entry at the store's top that is no model's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
-from controlplane.domain.errors import ControlPlaneError, InvalidName, ModelNotFound
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    InvalidName,
+    ModelNotFound,
+    OperationInProgress,
+)
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import (
@@ -67,6 +72,7 @@ from controlplane.domain.operations import (
     OperationKind,
     OperationStatus,
     Trigger,
+    Unchanged,
 )
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.ports import (
@@ -79,14 +85,13 @@ from controlplane.ports import (
 )
 from controlplane.services.catalog import StoreCatalog, kept
 from controlplane.services.coordination import TaskOwner
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
 from controlplane.services.ignored_log import IgnoredNamesLog
+from controlplane.services.operations import OperationClient
+from controlplane.services.runner import HOUSEKEEPING
 from controlplane.timing import Wake
 
 log = logging.getLogger(__name__)
-TRANSIENT_CODES = frozenset(
-    {"store_unavailable", "release_changed", "triton_unavailable", "triton_timeout"}
-)
 FULL_SCAN_SECONDS = 300.0
 RESUME_LOOKBACK = 200  # a model's operations read for what became of its newest release
 
@@ -121,6 +126,7 @@ class ReleaseWatcher:
         *,
         store: ModelStore,
         deploy: DeployService,
+        client: OperationClient,
         releases: ReleaseBook,
         serving: ServingRepo,
         rollbacks: RollbackBook,
@@ -140,6 +146,7 @@ class ReleaseWatcher:
         self._next_full: float | None = None  # monotonic time of the next full scan
         self._store = store
         self._deploy = deploy
+        self._client = client
         self._releases = releases
         self._serving = serving
         self._rollbacks = rollbacks
@@ -314,10 +321,8 @@ class ReleaseWatcher:
             return
         if self._held_unsigned(newest, key):
             return
-        holder = self._deploy.holder(model)
-        if holder is not None:
-            self._retry.add(key)  # busy now: try again as soon as that operation has ended
-            self._tasks.spawn(f"watch-busy-{model}", self._scan_after(holder))
+        if self._client.holder(model) is not None:
+            self._when_free(model, key)
             return
         self._retry.discard(key)
         fleet = self._deploy.fleet
@@ -335,12 +340,19 @@ class ReleaseWatcher:
                     self._retry.add(key)
                 return
         try:
-            operation = await self._deploy.deploy(
-                model,
-                newest.name,
-                trigger=Trigger.WATCHER,
-                cause=Cause(reason=f"{newest.name} is the newest complete release in the store"),
+            operation = await self._client.start(
+                partial(
+                    self._deploy.deploy,
+                    model,
+                    newest.name,
+                    trigger=Trigger.WATCHER,
+                    cause=Cause(reason=f"{newest.name} is the newest complete release"),
+                ),
+                patience=HOUSEKEEPING,
             )
+        except OperationInProgress:
+            self._when_free(model, key)  # taken since the look above
+            return
         except ControlPlaneError as exc:
             if exc.retryable:
                 self._retry.add(key)
@@ -401,12 +413,16 @@ class ReleaseWatcher:
             )
         return True
 
-    async def _scan_after(self, operation_id: str) -> None:
-        """Scan again once the operation holding a model has ended: a release heard while the
-        model was busy (retiring its old slot, say) is deployed then, not a poll later (which
-        with notifications may be minutes)."""
-        with contextlib.suppress(ControlPlaneError):
-            await self._deploy.wait(operation_id)
+    def _when_free(self, model: str, key: tuple[str, str, str | None]) -> None:
+        """The model is busy: try the auto-deploy again as soon as that operation has ended."""
+        self._retry.add(key)
+        self._tasks.spawn(f"watch-busy-{model}", self._scan_after(model))
+
+    async def _scan_after(self, model: str) -> None:
+        """Scan again once the operation holding ``model`` has ended: a release heard while
+        the model was busy (retiring its old slot, say) is deployed then, not a poll later
+        (which with notifications may be minutes)."""
+        await self._client.until_free(model)
         self.wake.set()
 
     def _retrying(self, model: str) -> bool:
@@ -414,11 +430,11 @@ class ReleaseWatcher:
         return any(key[0] == model for key in self._retry)
 
     async def _follow(self, operation: Operation, key: tuple[str, str, str | None]) -> None:
-        done = await self._deploy.wait(operation.id)
-        if done.status is OperationStatus.SUCCEEDED:
+        outcome = await self._client.wait(operation.id)
+        if outcome.succeeded:
             return
-        code = done.error.code if done.error else ""
-        if code in TRANSIENT_CODES or done.status is OperationStatus.INTERRUPTED:
+        code = outcome.code or ""
+        if outcome.retryable:
             self._retry.add(key)
             log.warning(
                 "auto-deploy of %s %s failed (%s); retrying at the next scan", *key[:2], code
@@ -426,8 +442,7 @@ class ReleaseWatcher:
             return
         log.error("auto-deploy of %s %s failed (%s); waiting for a new release", *key[:2], code)
         if self._deploy.fleet is not None:  # the release stops here: no other member tries it
-            message = done.error.message if done.error else done.status.value
-            await self._deploy.fleet.claim_failed(key[0], key[1], f"{code}: {message}")
+            await self._deploy.fleet.claim_failed(key[0], key[1], outcome.error)
 
 
 def _is_model_name(name: str) -> bool:

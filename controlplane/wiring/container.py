@@ -24,6 +24,7 @@ from controlplane.services.figures import FigureReader
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_sync import FleetSync
 from controlplane.services.memory import MemoryWatch
+from controlplane.services.operations import OperationClient
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
@@ -41,6 +42,7 @@ class Container:
 
     settings: Settings
     deploy: DeployService
+    client: OperationClient  # the one way to start an operation and see it end
     status: StatusService
     reconciler: Reconciler
     runner: OperationRunner

@@ -161,6 +161,7 @@ def build(settings: Settings) -> Container:
 
     rollback = AutoRollback(
         deploy=deploy,
+        client=pipelines.client,
         serving=repos.serving,
         book=repos.rollbacks,
         clock=clock,
@@ -227,6 +228,7 @@ def build(settings: Settings) -> Container:
     watcher = ReleaseWatcher(
         store=store,
         deploy=deploy,
+        client=pipelines.client,
         releases=repos.releases,
         serving=repos.serving,
         rollbacks=repos.rollbacks,
@@ -251,6 +253,7 @@ def build(settings: Settings) -> Container:
         fleet = FleetSync(
             ledger=ledger,
             deploy=deploy,
+            client=pipelines.client,
             serving=repos.serving,
             rollbacks=repos.rollbacks,
             clock=clock,
@@ -295,6 +298,7 @@ def build(settings: Settings) -> Container:
     return Container(
         settings=settings,
         deploy=deploy,
+        client=pipelines.client,
         status=status,
         reconciler=reconciler,
         runner=runner,

@@ -44,16 +44,17 @@ from controlplane.domain.errors import (
     TritonUnavailable,
 )
 from controlplane.domain.fleet import DesiredModel, MemberBeat
-from controlplane.domain.operations import Operation, Trigger
+from controlplane.domain.operations import Operation, Trigger, Unchanged
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
 from controlplane.ports import Clock, IndexEntry, MetricsSource, ModelStore, Triton
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.coordination import LoadSlots, TaskOwner
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
 from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.memory import LeakPolicy, MemoryWatch
+from controlplane.services.operations import OperationClient
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook
@@ -323,6 +324,7 @@ class Parts:
     bluegreen: BlueGreen
     policy: TrafficPolicy
     reconciler: Reconciler
+    client: OperationClient
 
     async def close(self) -> None:
         """Shut down as the daemon does: cancel and await operations, close the database."""
@@ -408,6 +410,7 @@ def make_deploy_service(
         bluegreen=pipelines.bluegreen,
         policy=policy,
         reconciler=pipelines.reconciler,
+        client=pipelines.client,
     )
     return pipelines.deploy, parts
 
@@ -423,6 +426,7 @@ def release_watcher(service: DeployService, parts: Parts, **given: Any) -> Relea
     arguments: dict[str, Any] = {
         "store": parts.store,
         "deploy": service,
+        "client": parts.client,
         "releases": parts.repos.releases,
         "serving": parts.repos.serving,
         "rollbacks": parts.repos.rollbacks,

@@ -80,6 +80,7 @@ async def rig(
         configured = dict(fallback or {})
         rollback = AutoRollback(
             deploy=service,
+            client=parts.client,
             serving=parts.repos.serving,
             book=parts.repos.rollbacks,
             clock=parts.clock,

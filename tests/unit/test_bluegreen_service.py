@@ -14,6 +14,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,13 @@ from controlplane.domain.operations import (
     Step,
     StepStatus,
     Trigger,
+    Unchanged,
 )
 from controlplane.domain.slots import SlotState
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Strategy, TrafficPolicy
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
+from controlplane.services.runner import HOUSEKEEPING
 from tests.support.fakes import (
     FakeMetrics,
     FakeTriton,
@@ -407,7 +410,12 @@ def test_a_deploy_during_a_retire_waits_for_it_instead_of_being_refused(tmp_path
             (retiring,) = await retires(service)
             assert parts.runner.holder(MODEL) == retiring.id
 
-            deploy = asyncio.create_task(service.deploy(MODEL, "r3", trigger=Trigger.API))
+            deploy = asyncio.create_task(  # as the API asks: behind the daemon's housekeeping
+                parts.client.start(
+                    partial(service.deploy, MODEL, "r3", trigger=Trigger.API),
+                    patience=HOUSEKEEPING,
+                )
+            )
             await parts.clock.run_for(0.5)
             assert len(metrics.reads) >= 3  # the drain polled on
             assert not deploy.done()  # waiting behind the retire, not refused

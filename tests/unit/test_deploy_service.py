@@ -27,9 +27,10 @@ from controlplane.domain.operations import (
     OperationStatus,
     StepStatus,
     Trigger,
+    Unchanged,
 )
 from controlplane.domain.slots import SlotState
-from controlplane.services.deploy import DeployService, Unchanged
+from controlplane.services.deploy import DeployService
 from tests.support.fakes import (
     LoadBlocks,
     LoadFails,

@@ -474,7 +474,8 @@ def test_repairs_of_several_models_run_at_once_and_a_wait_for_a_load_slot_shows(
 
             # Two loads at once (the bound), the third waits for a slot.
             async def third_queued() -> bool:
-                ops = [await service.get_operation(i) for i in parts.runner.running()]
+                await parts.repos.operations.flush()
+                ops = await parts.repos.operations.unfinished()
                 return any(op.steps and op.steps[-1].name == "queue" for op in ops)
 
             await until(third_queued, "the third repair waits for a load slot")
@@ -733,6 +734,7 @@ def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
                 deploy=service,
                 bluegreen=parts.bluegreen,
                 runner=parts.runner,
+                client=parts.client,
                 staging=staging,  # type: ignore[arg-type]
                 triton=restarted,
                 slots=parts.slots,

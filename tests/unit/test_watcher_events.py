@@ -9,6 +9,7 @@ from pathlib import Path
 
 from controlplane.ports import StoreChanges
 from controlplane.services.deploy import DeployService
+from controlplane.services.runner import REFUSE
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fakes import Parts, deploy_service, release_watcher, status_service
 from tests.support.models import write_scale_release
@@ -149,7 +150,7 @@ def test_an_auto_deploy_that_waits_for_a_retry_is_looked_at_without_an_event(
             await watcher.scan()
             write_scale_release(parts.store_path, "m", "r1", k=1.0)
             events.name("m")
-            claim = parts.runner.claim("m")  # an operation of ours holds the model
+            claim = await parts.runner.claim("m", REFUSE)  # an operation of ours holds it
             try:
                 busy = await watcher.scan()
             finally:
