@@ -144,6 +144,9 @@ class ModelStore(Protocol):
         Each file is hashed while it is written. One whose digest differs from ``manifest`` is
         fetched again; the same wrong digest twice is returned as it is (verification then
         calls it ``checksum_mismatch``), a different one every time is :class:`StoreUnavailable`.
+        A file fetched in parts is judged part by part: only the parts whose fetches disagree
+        are fetched again, until two fetches of each agree, for as long as a transient fault
+        is retried; then it holds the store's bytes, right or wrong.
         Files named in ``have`` are already there (linked from the content cache with the
         digest the manifest lists): they are not fetched again, and are returned as they are.
         Once ``cancel`` is set, the fetch stops at its next chunk or backoff, deletes what it

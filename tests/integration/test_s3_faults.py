@@ -297,6 +297,25 @@ class TestFaultsDuringADeploy:
         assert fresh.retries()["corrupt"] - before["corrupt"] == 1
         assert fresh.proxy.gets(fresh.key(release, rel), ranged=ranged) == (24 if ranged else 2)
 
+    def test_30_percent_of_the_parts_flipped_on_the_wire_are_fetched_again_and_it_serves(
+        self, fresh: Campaign
+    ) -> None:
+        # Found from outside: with 30 % of the ranged GETs hit, each round of the whole
+        # object had some part hit, and every deploy ended in 503 store_unavailable.
+        old = fresh.serving()
+        release, new = fresh.publish()
+        weights = fresh.key(release, "1/weights.bin")
+        fresh.proxy.fail_randomly(0.3, "flip", weights, ranged=True, seed=11)
+
+        outcome = fresh.deploy(release)
+
+        _assert_served(fresh, outcome, old, new)
+        gets = fresh.proxy.gets(weights, ranged=True)
+        assert outcome.fetch["refetched"] >= 1
+        # 12 parts: two rounds of all of them, then only those whose fetches disagreed.
+        assert 24 < gets < 4 * 12, gets
+        assert outcome.fetch["bytes_fetched"] < 4 * outcome.fetch["bytes"]
+
     def test_an_object_replaced_mid_download_is_release_changed_and_the_old_release_serves(
         self,
         fresh: Campaign,
