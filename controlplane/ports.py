@@ -110,8 +110,10 @@ class ModelStore(Protocol):
         prefix) left out because its name is no release's is passed to ``ignored``."""
         ...
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
-        """The release, or :class:`ReleaseNotFound`."""
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        """The release, or :class:`ReleaseNotFound`. A store that does not answer is tried
+        again for a few seconds, then :class:`StoreUnavailable`; ``patient`` (a caller that
+        waits for the operation anyway) tries as long as a fetch does (``retry_seconds``)."""
         ...
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
@@ -711,8 +713,10 @@ class DesiredStates(Protocol):
         """Where the records are, for messages (``s3://bucket/prefix/_controlplane``)."""
         ...
 
-    def read(self, model: str) -> DesiredModel | None:
-        """The model's record; None when the fleet has none."""
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
+        """The model's record; None when the fleet has none. A store that does not answer is
+        tried again for a few seconds; ``patient``, for as long as a fetch is (as for
+        :meth:`ModelStore.describe`)."""
         ...
 
     def read_all(self) -> dict[str, DesiredModel]:

@@ -406,6 +406,7 @@ def create_app(settings: Settings) -> FastAPI:
             trigger=trigger_of(request),
             force=body.force,
             cause=Cause(reason=body.reason),
+            patient=body.wait or body.fleet,  # a caller that waits rides out a store outage
         )
         return await answer(c, operation, body)
 
@@ -425,7 +426,11 @@ def create_app(settings: Settings) -> FastAPI:
         """Serve the previous release again (or the one named in ``to``)."""
         fleet_request(c, body)
         operation = await c.deploy.rollback(
-            name, to=body.to, trigger=trigger_of(request), cause=Cause(reason=body.reason)
+            name,
+            to=body.to,
+            trigger=trigger_of(request),
+            cause=Cause(reason=body.reason),
+            patient=body.wait or body.fleet,
         )
         return await answer(c, operation, body)
 

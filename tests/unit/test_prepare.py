@@ -161,8 +161,8 @@ class StallingStore:
     ) -> list[ReleaseInfo]:
         return self._inner.list_releases(model, ignored=ignored)
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
-        return self._inner.describe(model, release)
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        return self._inner.describe(model, release, patient=patient)
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         return self._inner.read_manifest(model, release)

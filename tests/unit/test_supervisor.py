@@ -54,7 +54,7 @@ class FullDiskStore:
     ) -> list[ReleaseInfo]:
         raise OSError(28, "No space left on device")
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         raise OSError(28, "No space left on device")
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:

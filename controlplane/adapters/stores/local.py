@@ -138,7 +138,8 @@ class LocalStore:
         self._markers.keep_only(model, (info.name for _, info in keyed))
         return [info for _, info in keyed]
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        # A directory answers at once or not at all: nothing to wait for, patient or not.
         path = self._release_dir(model, release)
         if not path.is_dir() or path.is_symlink():
             self._require_root()
