@@ -173,6 +173,15 @@ class StallingStore:
     def list_files(self, model: str, release: str) -> ReleaseListing:
         return self._inner.list_files(model, release)
 
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        return self._inner.confirm(listing, rel, sha256, cancel)
+
     def fetch(
         self,
         listing: ReleaseListing,

@@ -66,6 +66,15 @@ class FullDiskStore:
     def list_files(self, model: str, release: str) -> ReleaseListing:
         raise OSError(28, "No space left on device")
 
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        raise OSError(28, "No space left on device")
+
     def fetch(
         self,
         listing: ReleaseListing,
