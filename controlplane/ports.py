@@ -44,7 +44,10 @@ class StoredFile:
     """One file of a release as the store lists it, before anything is fetched."""
 
     size: int  # the listed size (apparent size for a sparse file): what a fetch writes
-    version: str | None = None  # the store's version of it (an S3 ETag); a fetch insists on it
+    # The store's version of it: an S3 ETag, a directory store's device, inode, size and
+    # mtime. A fetch insists on it, and the content cache gives a file only for a version it
+    # has seen hold the entry's bytes (or that the store confirms: ModelStore.confirm).
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,10 @@ class ModelStore(Protocol):
         prefix) left out because its name is no release's is passed to ``ignored``."""
         ...
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
-        """The release, or :class:`ReleaseNotFound`."""
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        """The release, or :class:`ReleaseNotFound`. A store that does not answer is tried
+        again for a few seconds, then :class:`StoreUnavailable`; ``patient`` (a caller that
+        waits for the operation anyway) tries as long as a fetch does (``retry_seconds``)."""
         ...
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
@@ -129,6 +134,19 @@ class ModelStore(Protocol):
         when it is gone, :class:`UnsafeRelease` for symlinks, special files or unsafe paths."""
         ...
 
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        """Whether the store's file ``rel`` of ``listing``, at its listed version, holds bytes
+        that hash to ``sha256``, when the store can tell without a fetch: a directory store
+        reads the file; an S3 store cannot (a read is a download) and says False. Once
+        ``cancel`` is set, :class:`Interrupted`."""
+        ...
+
     def fetch(
         self,
         listing: ReleaseListing,
@@ -144,6 +162,9 @@ class ModelStore(Protocol):
         Each file is hashed while it is written. One whose digest differs from ``manifest`` is
         fetched again; the same wrong digest twice is returned as it is (verification then
         calls it ``checksum_mismatch``), a different one every time is :class:`StoreUnavailable`.
+        A file fetched in parts is judged part by part: only the parts whose fetches disagree
+        are fetched again, until two fetches of each agree, for as long as a transient fault
+        is retried; then it holds the store's bytes, right or wrong.
         Files named in ``have`` are already there (linked from the content cache with the
         digest the manifest lists): they are not fetched again, and are returned as they are.
         Once ``cancel`` is set, the fetch stops at its next chunk or backoff, deletes what it
@@ -214,7 +235,9 @@ class CachedFiles:
 
     linked: Mapping[str, FileDigest]  # path -> digest: hardlinked, the fetch skips them
     # Paths whose hash the cache held but did not give: the entry's size is not the one the
-    # store lists, or its bytes do not match its name (it was deleted). They are fetched.
+    # store lists, its bytes do not match its name (it was deleted), or the store does not
+    # vouch that the file holds those bytes (a version the cache has not seen, unconfirmed).
+    # They are fetched.
     refused: tuple[str, ...] = ()
 
 
@@ -242,18 +265,25 @@ class Staging(Protocol):
         self,
         dest: Path,
         manifest: Mapping[str, str] | None,
-        listed: Mapping[str, int],
+        listing: ReleaseListing,
         *,
+        confirm: Callable[[str, str, threading.Event], bool] | None = None,
         cancel: threading.Event | None = None,
     ) -> CachedFiles:
         """Create ``dest`` and hardlink into it every manifest file the content cache holds
-        with the size ``listed`` (the store's listing, path -> size) gives it. An entry this
-        process has not hashed as it is now (inode, size, mtime) is hashed first; one that
-        does not match its name is deleted. Once ``cancel`` is set, :class:`Interrupted`."""
+        with the size ``listing`` gives it, and for which the store vouches: the file's listed
+        version is one the cache has seen hold the entry's bytes (:meth:`remember`), or
+        ``confirm(path, sha256, cancel)`` says it holds them (:meth:`ModelStore.confirm`). An
+        entry this process has not hashed as it is now (inode, size, mtime) is hashed first;
+        one that does not match its name is deleted. Once ``cancel`` is set,
+        :class:`Interrupted`."""
         ...
 
-    def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:
-        """Add verified files to the content cache (hardlinks), then evict to the bound."""
+    def remember(
+        self, root: Path, files: Mapping[str, FileDigest], listing: ReleaseListing
+    ) -> None:
+        """Add verified files to the content cache (hardlinks), with the store versions of
+        ``listing`` they were fetched at, then evict to the bound."""
         ...
 
     def verify(
@@ -708,8 +738,10 @@ class DesiredStates(Protocol):
         """Where the records are, for messages (``s3://bucket/prefix/_controlplane``)."""
         ...
 
-    def read(self, model: str) -> DesiredModel | None:
-        """The model's record; None when the fleet has none."""
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
+        """The model's record; None when the fleet has none. A store that does not answer is
+        tried again for a few seconds; ``patient``, for as long as a fetch is (as for
+        :meth:`ModelStore.describe`)."""
         ...
 
     def read_all(self) -> dict[str, DesiredModel]:

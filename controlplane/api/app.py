@@ -410,6 +410,7 @@ def create_app(settings: Settings) -> FastAPI:
                 trigger=trigger_of(request),
                 force=body.force,
                 cause=Cause(reason=body.reason),
+                patient=body.wait or body.fleet,  # a caller that waits rides out an outage
             ),
             patience=HOUSEKEEPING,  # a deploy waits for an old slot being freed; no refusal
         )
@@ -437,6 +438,7 @@ def create_app(settings: Settings) -> FastAPI:
                 to=body.to,
                 trigger=trigger_of(request),
                 cause=Cause(reason=body.reason),
+                patient=body.wait or body.fleet,
             )
         )
         return await answer(c, operation, body)

@@ -2,6 +2,8 @@
 
 Every error answer is ``{"error": {"code": ..., "message": ...}}``; a refusal that names an
 operation also carries its ``operation_id``, and a failed waited operation the ``operation``.
+A transient refusal answered 503 (the store or Triton is away: nothing was started) carries
+``Retry-After`` (RFC 9110), so a client knows to come back, and when.
 Domain errors know nothing of HTTP; this module is the only place that maps them, for the
 exception handlers, for the ASGI gates that answer before a route runs (:func:`send_error`),
 and for the OpenAPI document (``api/openapi.py`` derives each route's statuses from here).
@@ -74,6 +76,9 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 
 
+RETRY_AFTER_SECONDS = 5  # what a 503 refusal advises: about the store's longest backoff
+
+
 def status_for(code: str) -> int:
     return STATUS_BY_CODE.get(code, 500)
 
@@ -140,7 +145,10 @@ def install_handlers(app: FastAPI) -> None:
         extra: dict[str, Any] = {}
         if "operation_id" in exc.details:
             extra["operation_id"] = exc.details["operation_id"]
-        return error_response(exc.code, exc.message, **extra)
+        headers = None
+        if exc.retryable and status_for(exc.code) == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        return error_response(exc.code, exc.message, headers, **extra)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -29,6 +29,7 @@ from controlplane.domain.errors import (
     ModelNotFound,
     NoPreviousRelease,
     ReleaseIncomplete,
+    StoreUnavailable,
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
@@ -124,13 +125,16 @@ class DeployService:
         force: bool = False,
         cause: Cause = NO_CAUSE,
         patience: Patience = REFUSE,
+        patient: bool = False,
     ) -> Operation | Unchanged:
         """Serve ``release``. ``force`` loads it even when it serves already, or when the
         headroom check finds too little free memory. ``cause`` is recorded on the operation;
-        ``patience`` says how long to wait for an operation that holds the model."""
+        ``patience`` says how long to wait for an operation that holds the model.
+        ``patient``: the caller waits for the operation anyway, so the checks before it is
+        recorded ride out a store outage as the fetch does, rather than refuse at once."""
         validate_model_name(model)
         validate_release_name(release)
-        base = await self._fleet_base(model, kind, trigger)
+        base = await self._fleet_base(model, kind, trigger, patient=patient)
         if not force and kind is OperationKind.DEPLOY:
             unchanged = await self._unchanged(model, release)
             if (
@@ -155,7 +159,7 @@ class DeployService:
 
         async def resolve() -> Step:
             nonlocal info
-            resolved, info = await self._resolve(model, release)
+            resolved, info = await self._resolve(model, release, patient=patient)
             return resolved
 
         async def body(run: Run) -> None:
@@ -183,11 +187,12 @@ class DeployService:
         trigger: Trigger,
         cause: Cause = NO_CAUSE,
         patience: Patience = REFUSE,
+        patient: bool = False,
     ) -> Operation | Unchanged:
         """Serve the previous release again (or ``to``); a re-point when its slot is warm.
         Rolling back to the release that serves, unchanged, does nothing and says so."""
         validate_model_name(model)
-        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger)
+        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger, patient=patient)
         if to in (None, "", "previous"):
             record = await self._slots.record(model)
             if record is None or record.active_release is None:
@@ -224,6 +229,7 @@ class DeployService:
                 kind=OperationKind.ROLLBACK,
                 cause=cause,
                 patience=patience,
+                patient=patient,
             )
         slot_name = warm.name  # inside the retire window: a pure re-point
 
@@ -328,11 +334,18 @@ class DeployService:
     # --- the fleet ----------------------------------------------------------------------
 
     async def _fleet_base(
-        self, model: str, kind: OperationKind, trigger: Trigger
+        self, model: str, kind: OperationKind, trigger: Trigger, *, patient: bool = False
     ) -> FleetBase | None:
+        """The fleet's record this request replaces, read before the operation is recorded:
+        as patient with the store as :meth:`_resolve` is."""
         if self.fleet is None:
             return None
-        return await self.fleet.base_for(model, kind, trigger)
+        try:
+            return await self.fleet.base_for(model, kind, trigger, patient=patient)
+        except StoreUnavailable as exc:
+            if patient:
+                raise
+            raise _store_away(self._store.uri, exc) from exc
 
     async def _held(self, model: str, release: str) -> bool:
         """A member holds back from ``release``: deploying it again is a new decision."""
@@ -380,10 +393,21 @@ class DeployService:
             cause=cause,
         )
 
-    async def _resolve(self, model: str, release: str) -> tuple[Step, ReleaseInfo]:
-        """The release exists and is complete; else a refusal, and no operation."""
+    async def _resolve(
+        self, model: str, release: str, *, patient: bool
+    ) -> tuple[Step, ReleaseInfo]:
+        """The release exists and is complete; else a refusal, and no operation.
+
+        A store that does not answer is tried again by the store's own retry policy: for a
+        few seconds, then a refusal that says to retry; ``patient``, for as long as a fetch
+        would be (``store.retry_seconds``), since the caller waits for the operation anyway."""
         started = self._clock.now()
-        info = await asyncio.to_thread(self._store.describe, model, release)
+        try:
+            info = await asyncio.to_thread(self._store.describe, model, release, patient=patient)
+        except StoreUnavailable as exc:
+            if patient:
+                raise
+            raise _store_away(self._store.uri, exc) from exc
         await self._releases.record([info], self._clock.now())
         if not info.complete and self._require_checksums:
             raise ReleaseIncomplete(
@@ -454,3 +478,14 @@ class DeployService:
             log.info(
                 "%s %s is latched degraded: a person rolled back from it", operation.model, rejected
             )
+
+
+def _store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:
+    """The refusal of a request that does not wait, when the store did not answer a check
+    made before its operation is recorded (within the scans' few seconds)."""
+    return StoreUnavailable(
+        f"the store {where} is away, nothing was started: {exc.message}. Retry in a few "
+        "seconds; asked with wait, a deploy rides out an S3 outage of up to "
+        "store.retry_seconds",
+        details=exc.details,
+    )

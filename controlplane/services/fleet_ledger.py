@@ -111,14 +111,17 @@ class FleetLedger:
         self._peers = peers
         self._telling: set[asyncio.Task[None]] = set()
 
-    async def read(self, model: str) -> DesiredModel | None:
-        return await asyncio.to_thread(self.records.read, model)
+    async def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
+        return await asyncio.to_thread(self.records.read, model, patient=patient)
 
-    async def base_for(self, model: str, kind: OperationKind, trigger: Trigger) -> FleetBase | None:
-        """The record a request's publish will replace; None when it publishes nothing."""
+    async def base_for(
+        self, model: str, kind: OperationKind, trigger: Trigger, *, patient: bool = False
+    ) -> FleetBase | None:
+        """The record a request's publish will replace; None when it publishes nothing.
+        ``patient``: the caller waits, so a store outage is ridden out, not refused."""
         if not publishes(kind, trigger):
             return None
-        return FleetBase(await self.read(model))
+        return FleetBase(await self.read(model, patient=patient))
 
     async def held_by_a_member(self, model: str, release: str) -> bool:
         """Whether a live member holds back from ``release`` (it rolled it back itself, with

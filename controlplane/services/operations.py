@@ -42,6 +42,7 @@ from controlplane.timing import within
 
 log = logging.getLogger(__name__)
 
+
 class Begin(Protocol):
     """What a caller hands the client: a call of one of the deploy service's entry points
     (``partial(deploy.deploy, model, release, trigger=...)``) that claims the model with the

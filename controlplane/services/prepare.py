@@ -13,8 +13,10 @@ lists are fetched (a listing with others is refused, naming them), and their siz
 under ``store.max_release_bytes`` and in the staging filesystem's free space, counting only
 what the content cache does not already hold. The figures go into the fetch step's detail.
 The cache gives a file only if its entry has the size the listing gives and the bytes its name
-says (``adapters/staging/cache.py``); the others are fetched, so a store whose file differs
-from ``SHA256SUMS`` is refused on every host, whatever its cache holds.
+says, and the store vouches that its file holds those bytes (a listed version the cache saw
+hold them, or :meth:`~controlplane.ports.ModelStore.confirm`; ``adapters/staging/cache.py``);
+the others are fetched, so a store whose file differs from ``SHA256SUMS`` is refused on every
+host, whatever its cache holds.
 
 The fetch runs in a worker thread with a cancel signal: when this task is cancelled
 (shutdown, an operation cut short) the signal is set and the thread is waited for, so no
@@ -92,7 +94,9 @@ async def prepare_release(
         listing = await asyncio.to_thread(store.list_files, model, release)
         plan = listing.only(select_files(manifest, listing.sizes))
         # Cancellable: an entry this process has not hashed yet is hashed before it is linked.
-        cached = await _stoppable(partial(staging.link_cached, dest, manifest, plan.sizes))
+        cached = await _stoppable(
+            partial(staging.link_cached, dest, manifest, plan, confirm=partial(store.confirm, plan))
+        )
         have = cached.linked
         free = await asyncio.to_thread(staging.free_bytes)
         room = room_for(plan.sizes, have, free=free, max_release_bytes=max_release_bytes)
@@ -125,7 +129,7 @@ async def prepare_release(
             )
         await asyncio.to_thread(staging.verify, dest, fetched.manifest, fetched.files)
         # Cache before the config is rewritten: the cache holds the published bytes.
-        await asyncio.to_thread(staging.remember, dest, fetched.files)
+        await asyncio.to_thread(staging.remember, dest, fetched.files, plan)
         summary = await asyncio.to_thread(editor.prepare, dest / "config.pbtxt", target)
         marker = ReleaseMarker(model=model, release=release, operation_id=op.id, revision=revision)
         await asyncio.to_thread(staging.finalize, dest, marker)

@@ -93,3 +93,50 @@ def test_a_cache_entry_changed_on_disk_is_not_served(
     assert detail["files_cached"] == 1  # config.pbtxt
     assert detail["files_cache_refused"] == 1
     assert digest in daemon.log()  # the warning names the deleted entry
+
+
+def test_a_file_edited_to_the_same_size_gets_one_verdict_from_a_warm_and_an_empty_cache(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    # Found from outside: r2's SHA256SUMS lists r1's model.py, then model.py was edited to
+    # the same size. The member whose cache held the listed hash deployed r2 (serving the
+    # cached bytes, not the store's); a fresh member refused it. Now both refuse it: a hit
+    # needs the store to vouch for the bytes (a version seen to hold them, or a read).
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=1.0)
+    model_py = store / model_name / "r2" / "1" / "model.py"
+    edited = model_py.read_bytes().replace(b"K = 1.0", b"K = 9.0")
+    assert len(edited) == model_py.stat().st_size
+    model_py.write_bytes(edited)
+    warm = daemons(store, config=INPLACE)
+    assert warm.deploy(model_name, "r1").status_code == 200
+
+    on_warm = warm.deploy(model_name, "r2")
+
+    assert on_warm.status_code == 422, on_warm.text
+    assert on_warm.json()["error"]["code"] == "checksum_mismatch"
+    assert "1/model.py" in on_warm.json()["error"]["message"]
+    detail = _fetch_detail(warm, on_warm)
+    assert detail["files_cached"] == 1  # config.pbtxt: read in the store, the entry's bytes
+    assert detail["files_cache_refused"] == 1
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    # An unchanged file shared across releases, written anew, is still linked from the cache.
+    r3 = write_scale_release(store, model_name, "r3", k=1.0)
+    (r3 / "1" / "notes.txt").write_text("r3\n", encoding="utf-8")
+    write_sha256sums(r3)
+    shared = warm.deploy(model_name, "r3")
+    assert shared.status_code == 200, shared.text
+    detail = shared.json()["operation"]["steps"][1]["detail"]
+    assert detail["files_cached"] == 2  # config.pbtxt and 1/model.py
+    assert detail["bytes_fetched"] == 3 + (r3 / "SHA256SUMS").stat().st_size  # notes.txt
+    warm.stop()
+
+    # Another host: its own staging and nothing cached (out of the fleet, so that it does
+    # not first converge to what the warm one serves, which would fill its cache).
+    empty = daemons(store, config=INPLACE + "fleet:\n  enabled: false\n")
+    on_empty = empty.deploy(model_name, "r2")
+
+    assert on_empty.status_code == on_warm.status_code
+    assert on_empty.json()["error"]["code"] == on_warm.json()["error"]["code"]
+    assert "1/model.py" in on_empty.json()["error"]["message"]
+    assert _fetch_detail(empty, on_empty)["files_cached"] == 0

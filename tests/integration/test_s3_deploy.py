@@ -253,3 +253,45 @@ def test_files_two_releases_share_are_not_downloaded_again(
     fetch = next(s for s in second.json()["operation"]["steps"] if s["name"] == "fetch")
     assert fetch["detail"]["files_cached"] == 2
     assert infer_once(triton.grpc_url, model_name) == 2.0
+
+
+def test_a_file_edited_to_the_same_size_gets_one_verdict_from_a_warm_and_an_empty_cache(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    model_name: str,
+    triton: RunningTriton,
+) -> None:
+    # Found from outside: r2's SHA256SUMS lists r1's model.py, then model.py was replaced in
+    # the bucket by an edit of the same size. The member whose cache held the listed hash
+    # deployed r2 (the cached bytes); a fresh member refused it. Now the cache gives a file
+    # only for an ETag it has seen hold those bytes: both refuse it.
+    client, bucket = s3_bucket
+    _upload_scale(client, bucket, tmp_path / "r", model_name, "r1", 1.0)
+    r2 = _upload_scale(client, bucket, tmp_path / "r", model_name, "r2", 1.0)
+    edited = (r2 / "1" / "model.py").read_bytes().replace(b"K = 1.0", b"K = 9.0")
+    assert len(edited) == (r2 / "1" / "model.py").stat().st_size
+    client.put_object(Bucket=bucket, Key=f"{PREFIX}/{model_name}/r2/1/model.py", Body=edited)
+    config = "fleet:\n  enabled: false\n"  # two hosts that do not converge on each other
+    warm = _s3_daemon(daemons, tmp_path, fault_proxy.endpoint, bucket, config=config)
+    assert warm.deploy(model_name, "r1").status_code == 200
+
+    on_warm = warm.deploy(model_name, "r2")
+
+    assert on_warm.status_code == 422, on_warm.text
+    assert on_warm.json()["error"]["code"] == "checksum_mismatch"
+    assert "1/model.py" in on_warm.json()["error"]["message"]
+    assert fault_proxy.gets(f"{model_name}/r2/1/model.py") == 2  # the same wrong bytes twice
+    # config.pbtxt is r1's, uploaded again: the same ETag (its MD5), so it is linked.
+    assert fault_proxy.gets(f"{model_name}/r2/config.pbtxt") == 0
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    warm.stop()
+
+    empty = _s3_daemon(daemons, tmp_path, fault_proxy.endpoint, bucket, config=config)
+    on_empty = empty.deploy(model_name, "r2")
+
+    assert on_empty.status_code == on_warm.status_code
+    assert on_empty.json()["error"]["code"] == on_warm.json()["error"]["code"]
+    assert "1/model.py" in on_empty.json()["error"]["message"]
+    assert fault_proxy.gets(f"{model_name}/r2/config.pbtxt") == 1  # nothing cached there

@@ -12,7 +12,10 @@ verified releases. Then each fault ends the way it should:
   counted in /metrics;
 - an object replaced mid-download: ``release_changed``, and the old release serves;
 - a store down for good: ``store_unavailable`` within ``store.retry_seconds`` and a little,
-  saying how long it tried and why;
+  saying how long it tried and why, whether the outage begins mid-download or before the
+  deploy's first check;
+- a store away for less than ``store.retry_seconds`` when a deploy is asked: with ``wait`` it
+  is waited out and the release serves; without, a 503 with ``Retry-After`` says to retry;
 - a daemon stopped mid-download: its fetch threads stop at once and leave no temp file.
 
 Releases carry 1.5 MiB of weights, fetched in 12 ranged parts (a 512 KiB threshold, 128 KiB
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -297,6 +301,25 @@ class TestFaultsDuringADeploy:
         assert fresh.retries()["corrupt"] - before["corrupt"] == 1
         assert fresh.proxy.gets(fresh.key(release, rel), ranged=ranged) == (24 if ranged else 2)
 
+    def test_30_percent_of_the_parts_flipped_on_the_wire_are_fetched_again_and_it_serves(
+        self, fresh: Campaign
+    ) -> None:
+        # Found from outside: with 30 % of the ranged GETs hit, each round of the whole
+        # object had some part hit, and every deploy ended in 503 store_unavailable.
+        old = fresh.serving()
+        release, new = fresh.publish()
+        weights = fresh.key(release, "1/weights.bin")
+        fresh.proxy.fail_randomly(0.3, "flip", weights, ranged=True, seed=11)
+
+        outcome = fresh.deploy(release)
+
+        _assert_served(fresh, outcome, old, new)
+        gets = fresh.proxy.gets(weights, ranged=True)
+        assert outcome.fetch["refetched"] >= 1
+        # 12 parts: two rounds of all of them, then only those whose fetches disagreed.
+        assert 24 < gets < 4 * 12, gets
+        assert outcome.fetch["bytes_fetched"] < 4 * outcome.fetch["bytes"]
+
     def test_an_object_replaced_mid_download_is_release_changed_and_the_old_release_serves(
         self,
         fresh: Campaign,
@@ -425,4 +448,115 @@ def test_a_daemon_stopped_mid_download_ends_its_fetch_at_once_and_leaves_no_temp
     assert stopped_in < 5.0, f"the daemon took {stopped_in:.1f} s to stop"
     assert fault_proxy.gets(weights) < 48  # the download did not run to its end
     assert list(daemon.staging.rglob("*.part")) == []
+    assert daemon.staging_leftovers() == []
+
+
+def _outage_campaigns(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    endpoint: str,
+    proxy: FaultProxy,
+    triton: RunningTriton,
+    *,
+    retry_seconds: float,
+    models: int,
+) -> tuple[Daemon, list[Campaign]]:
+    """A daemon on a fresh bucket behind ``proxy`` and ``models`` models of it, r1 published."""
+    bucket = f"outage-{os.getpid()}-{next(_models)}"
+    publisher = s3_client(endpoint, checksums=False)
+    publisher.create_bucket(Bucket=bucket)
+    daemon = daemons(
+        tmp_path,
+        store_uri=f"s3://{bucket}/{PREFIX}",
+        extra_env=aws_env(proxy.endpoint),
+        config=CONFIG.replace("store:\n", f"store:\n  retry_seconds: {retry_seconds}\n"),
+    )
+    campaigns = []
+    for _ in range(models):
+        model = f"outage-{os.getpid()}-{next(_models)}"
+        campaign = Campaign(daemon, proxy, publisher, bucket, model, triton, tmp_path / model)
+        campaign.publish()
+        campaigns.append(campaign)
+    return daemon, campaigns
+
+
+def test_a_deploy_with_wait_rides_out_a_store_outage_and_one_without_is_told_to_retry(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    triton: RunningTriton,
+) -> None:
+    # Found from outside: a CI pipeline's deploy with "wait": true, asked while S3 was away
+    # for 15 s, was answered 503 store_unavailable at once: the check before the operation
+    # is recorded (describe) gave up after the scans' few seconds.
+    daemon, (waited, told) = _outage_campaigns(
+        daemons, tmp_path, moto_endpoint, fault_proxy, triton, retry_seconds=30.0, models=2
+    )
+    try:
+        answers: dict[str, httpx.Response] = {}
+
+        def deploy_and_wait() -> None:
+            with daemon.client() as client:
+                answers["waited"] = client.post(
+                    f"/v1/models/{waited.model}/deploy", json={"release": "r1", "wait": True}
+                )
+
+        fault_proxy.down_for(15.0)
+        went_down = time.monotonic()
+        worker = threading.Thread(target=deploy_and_wait)
+        worker.start()
+        refused = daemon.deploy(told.model, "r1", wait=False)
+        refused_after = time.monotonic() - went_down
+        worker.join(timeout=120)
+        waited_for = time.monotonic() - went_down
+    finally:
+        waited.publisher.close()
+
+    assert not worker.is_alive()
+    answer = answers["waited"]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["operation"]["status"] == "succeeded"
+    assert waited_for >= 15.0  # it waited the outage out
+    assert waited.serving() == 1.0
+
+    assert refused.status_code == 503, refused.text
+    assert int(refused.headers["Retry-After"]) > 0
+    error = refused.json()["error"]
+    assert error["code"] == "store_unavailable"
+    assert f"the store s3://{told.bucket}/{PREFIX} is away, nothing was started" in error["message"]
+    assert "Retry in a few seconds" in error["message"]
+    assert refused_after < 10.0  # the scans' few seconds, not store.retry_seconds
+    assert "operation_id" not in refused.json()  # a refusal: no operation was recorded
+    assert daemon.deploy(told.model, "r1").status_code == 200  # and the retry, once it is back
+
+
+def test_a_deploy_with_wait_gives_up_after_retry_seconds_when_the_store_stays_away(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    triton: RunningTriton,
+) -> None:
+    retry_seconds = 10.0
+    daemon, (down,) = _outage_campaigns(
+        daemons, tmp_path, moto_endpoint, fault_proxy, triton, retry_seconds=retry_seconds, models=1
+    )
+    try:
+        fault_proxy.go_down()
+        started = time.monotonic()
+        answer = daemon.deploy(down.model, "r1")
+        took = time.monotonic() - started
+    finally:
+        fault_proxy.come_back()
+        down.publisher.close()
+
+    assert answer.status_code == 503, answer.text
+    assert int(answer.headers["Retry-After"]) > 0
+    error = answer.json()["error"]
+    assert error["code"] == "store_unavailable"
+    assert f"store.retry_seconds is {int(retry_seconds)} s" in error["message"]
+    assert "last error (connection)" in error["message"]
+    assert retry_seconds <= took < retry_seconds + 4.0
+    assert daemon.get(f"/v1/models/{down.model}").json().get("active_release") is None
     assert daemon.staging_leftovers() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,11 @@ from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 
 from controlplane.adapters.triton.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
+from tests.support.fault_proxy import FaultProxy
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release, write_sha256sums
-from tests.support.s3 import aws_env, s3_client
-from tests.support.s3_fixtures import moto_endpoint, s3_bucket  # noqa: F401
+from tests.support.s3 import aws_env, s3_client, upload_release_dir
+from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
 
 pytestmark = pytest.mark.triton
 GIB = 1024**3
@@ -78,3 +80,46 @@ def test_a_1_gb_release_downloads_in_bounded_memory(
     placed = daemon.repository / f"{model_name}__blue" / "1" / "weights.bin"  # blue-green
     assert placed.stat().st_size == GIB
     assert infer_once(triton.grpc_url, model_name) == 1.0
+
+
+@pytest.mark.timeout(600)
+def test_a_96_mib_file_with_30_percent_of_its_parts_flipped_on_the_wire_deploys(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    model_name: str,
+    triton: RunningTriton,
+) -> None:
+    # Found from outside: 30 % of the ranged GETs of a 96 MiB file hit (a byte flipped in the
+    # body), and every deploy failed with 503 store_unavailable, since each mismatch fetched
+    # every part again and a different part was hit each time. Default part size: 6 parts.
+    _, bucket = s3_bucket
+    release = write_scale_release(tmp_path / "r", model_name, "r1", k=3.0, checksums=False)
+    (release / "1" / "weights.bin").write_bytes(os.urandom(96 * MIB))
+    write_sha256sums(release)
+    publisher = s3_client(moto_endpoint, checksums=False, read_timeout=120)
+    try:
+        upload_release_dir(publisher, bucket, "models", release)
+    finally:
+        publisher.close()
+    weights = f"models/{model_name}/r1/1/weights.bin"
+    fault_proxy.fail_randomly(0.3, "flip", weights, ranged=True, seed=21)
+    daemon = daemons(
+        tmp_path, store_uri=f"s3://{bucket}/models", extra_env=aws_env(fault_proxy.endpoint)
+    )
+
+    response = daemon.deploy(model_name, "r1")
+
+    assert response.status_code == 200, response.text
+    assert infer_once(triton.grpc_url, model_name) == 3.0
+    fetch = next(s for s in response.json()["operation"]["steps"] if s["name"] == "fetch")
+    assert fetch["detail"]["refetched"] >= 1
+    per_part = Counter(r.range for r in fault_proxy.requests if r.ranged and weights in r.path)
+    assert len(per_part) == 6
+    # Two rounds of every part, then only the parts whose two fetches disagreed.
+    assert min(per_part.values()) == 2, per_part
+    assert max(per_part.values()) > 2, per_part
+    placed = daemon.repository / f"{model_name}__blue" / "1" / "weights.bin"
+    assert placed.read_bytes() == (release / "1" / "weights.bin").read_bytes()

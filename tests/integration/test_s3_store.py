@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -484,6 +485,136 @@ def test_a_byte_flipped_on_the_wire_is_fetched_again_and_the_file_is_right(
     assert fetched.refetched == (0 if object_checksum and not ranged else 1)
     assert proxy.gets("big.bin", ranged=ranged) == (4 * 2 if ranged else 2)  # all of it again
     assert files_under(dest) == ["SHA256SUMS", "big.bin"]
+
+
+PART = 64 * 1024
+
+
+def _parted_store(make_store: StoreFactory, **kwargs: Any) -> S3Store:
+    """A store that fetches objects of 256 KiB and more in 64 KiB parts."""
+    return make_store(multipart_threshold=256 * 1024, part_size=PART, **kwargs)
+
+
+def _part_range(index: int) -> str:
+    return f"bytes={index * PART}-{(index + 1) * PART - 1}"
+
+
+def test_parts_hit_in_every_round_are_fetched_again_one_by_one_and_the_file_is_right(
+    endpoint: str, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    # A different part is hit in each round: part 0 on its first fetch, part 1 on its second,
+    # part 2 on its third. Fetching the whole object again until its digest matched gave
+    # three digests, each wrong another way: store_unavailable, every time.
+    big = os.urandom(8 * PART)
+    publisher = s3_client(endpoint, checksums=False)
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", {"big.bin": big})
+    finally:
+        publisher.close()
+    for index in range(3):
+        proxy.fail_next(1, "flip", "big.bin", byte_range=_part_range(index), skip=index)
+    telemetry = CountedRetries()
+
+    fetched = fetch(_parted_store(make_store, telemetry=telemetry), "m", "v1", dest)
+
+    assert (dest / "big.bin").read_bytes() == big
+    assert fetched.files["big.bin"] == FileDigest(len(big), sha(big))
+    # Every part twice (one mismatch says no more than "some part"), then only parts 0 and 1,
+    # whose two fetches disagreed: their third fetch agrees with one of the first two.
+    assert proxy.gets("big.bin", ranged=True) == 8 + 8 + 2
+    ranges = [r.range for r in proxy.requests if r.ranged and "big.bin" in r.path]
+    assert ranges[16:] == [_part_range(0), _part_range(1)] or ranges[16:] == [
+        _part_range(1),
+        _part_range(0),
+    ]
+    assert fetched.refetched == 2
+    assert telemetry.retries == [RetryCause.CORRUPT] * 2
+    manifest_bytes = fetched.bytes_total - len(big)
+    assert fetched.bytes_fetched == 18 * PART + manifest_bytes
+    assert files_under(dest) == ["SHA256SUMS", "big.bin"]
+
+
+def test_a_large_object_with_30_percent_of_its_parts_corrupted_on_the_wire_arrives_intact(
+    endpoint: str, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    big = os.urandom(16 * PART)  # 16 parts: 3 % of the rounds come out whole
+    publisher = s3_client(endpoint, checksums=False)
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", {"big.bin": big})
+    finally:
+        publisher.close()
+    proxy.fail_randomly(0.3, "flip", "big.bin", ranged=True, seed=7)
+
+    fetched = fetch(_parted_store(make_store), "m", "v1", dest)
+
+    assert (dest / "big.bin").read_bytes() == big
+    assert fetched.files["big.bin"] == FileDigest(len(big), sha(big))
+    per_part = Counter(r.range for r in proxy.requests if r.ranged and "big.bin" in r.path)
+    # Two rounds of every part, then only the parts whose two fetches disagreed, each until
+    # two agree: the parts that agreed at once were fetched twice, no more.
+    assert sorted(per_part) == sorted(_part_range(i) for i in range(16))
+    assert min(per_part.values()) == 2
+    assert 0 < sum(1 for n in per_part.values() if n > 2) < 16
+    gets = sum(per_part.values())
+    assert fetched.bytes_fetched == gets * PART + fetched.bytes_total - len(big)
+
+
+@pytest.mark.parametrize("flips", [0.0, 0.3], ids=["clean-wire", "30-percent-flipped"])
+def test_a_large_object_the_store_holds_wrong_is_returned_as_it_is_after_two_fetches(
+    flips: float,
+    endpoint: str,
+    bucket: str,
+    make_store: StoreFactory,
+    proxy: FaultProxy,
+    dest: Path,
+) -> None:
+    # The store's bytes differ from SHA256SUMS (same size): verification must refuse them as
+    # checksum_mismatch, not fetch them for ever, nor call the store unavailable.
+    big = os.urandom(8 * PART)
+    publisher = s3_client(endpoint, checksums=False)
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", {"big.bin": big})
+        tampered = bytes([big[0] ^ 1]) + big[1:]
+        publisher.put_object(Bucket=bucket, Key=f"{PREFIX}/m/v1/big.bin", Body=tampered)
+    finally:
+        publisher.close()
+    if flips:
+        proxy.fail_randomly(flips, "flip", "big.bin", ranged=True, seed=3)
+
+    fetched = fetch(_parted_store(make_store), "m", "v1", dest)
+
+    assert fetched.files["big.bin"] == FileDigest(len(big), sha(tampered))
+    assert (dest / "big.bin").read_bytes() == tampered
+    per_part = Counter(r.range for r in proxy.requests if r.ranged and "big.bin" in r.path)
+    assert min(per_part.values()) == 2  # the store's bytes, seen twice
+    assert sum(per_part.values()) == 16 if not flips else sum(per_part.values()) > 16
+
+
+def test_a_part_corrupted_on_every_fetch_is_store_unavailable_after_retry_seconds(
+    endpoint: str, bucket: str, make_store: StoreFactory, proxy: FaultProxy, dest: Path
+) -> None:
+    big = os.urandom(8 * PART)
+    publisher = s3_client(endpoint, checksums=False)
+    try:
+        upload_release(publisher, bucket, PREFIX, "m", "v1", {"big.bin": big})
+    finally:
+        publisher.close()
+    proxy.fail_always("flip", "big.bin", byte_range=_part_range(5))
+    store = _parted_store(make_store, retry_seconds=0.5, backoff_max=0.05)
+
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as caught:
+        fetch(store, "m", "v1", dest)
+
+    assert time.monotonic() - started < 5.0
+    assert caught.value.details["cause"] == "corrupt"
+    message = caught.value.message
+    assert "store.retry_seconds is 0.5 s" in message
+    assert f"bytes {5 * PART}-{6 * PART - 1} hashed to" in message
+    assert "corrupted on the way" in message
+    others = [r for r in proxy.requests if r.ranged and r.range != _part_range(5)]
+    assert len(others) == 7 * 2  # the parts that agreed were not fetched a third time
+    assert not [p for p in dest.rglob("*") if "big" in p.name]
 
 
 def test_bytes_that_differ_on_every_fetch_are_store_unavailable_not_a_bad_release(

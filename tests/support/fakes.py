@@ -543,7 +543,7 @@ class FakeDesiredStates:
         """Inside the next swap not yet given one, store ``write()``'s record as it stands."""
         self._meanwhile.append(write)
 
-    def read(self, model: str) -> DesiredModel | None:
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
         return self.desired.get(model)
 
     def read_all(self) -> dict[str, DesiredModel]:

@@ -56,6 +56,7 @@ class SeenRequest:
     path: str  # unquoted, without the query string: /<bucket>/<key>
     ranged: bool
     query: str = ""  # unquoted query string (ListObjectsV2 carries its prefix here)
+    range: str = ""  # the Range header ("bytes=0-131071"), empty without one
 
 
 @dataclass
@@ -65,12 +66,17 @@ class _Rule:
     remaining: int | None  # None: always
     ranged: bool | None = None  # None: any; else only GETs with (True) or without a Range
     method: str | None = None  # None: GET when a key is given, any method when not
+    byte_range: str | None = None  # None: any; else only requests with this Range header
+    skip: int = 0  # matching requests let through before the rule applies
+    rate: float | None = None  # None: every matching request; else this fraction, at random
 
     def matches(self, seen: SeenRequest) -> bool:
         method = self.method or ("GET" if self.key is not None else None)
         if method is not None and seen.method != method:
             return False
         if self.key is not None and self.key not in seen.path:
+            return False
+        if self.byte_range is not None and seen.range != self.byte_range:
             return False
         return self.ranged is None or (seen.method == "GET" and seen.ranged == self.ranged)
 
@@ -127,7 +133,13 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         parts = urlsplit(self.path)
         path = unquote(parts.path)
-        seen = SeenRequest(self.command, path, "range" in self.headers, unquote(parts.query))
+        seen = SeenRequest(
+            self.command,
+            path,
+            "range" in self.headers,
+            unquote(parts.query),
+            self.headers.get("range", ""),
+        )
         fault = proxy._record(seen)
         if proxy.latency:
             time.sleep(proxy.latency)
@@ -249,14 +261,15 @@ class FaultProxy:
     """An HTTP/1.1 proxy in front of an S3 endpoint that counts requests and injects faults.
 
     Scripted faults apply in the order they were added; ``fail_next(n, kind, key)`` breaks the
-    next ``n`` matching requests, ``fail_always(kind, key)`` every one until :meth:`clear`;
-    a key matches GETs unless ``method`` says another; ``ranged`` narrows either to GETs with
-    (or without) a Range header. ``on_get(key, hook)`` runs ``hook`` once, before the first GET
-    of a matching key is forwarded (after ``skip`` such GETs; to change the object under a
-    download, say); ``on_put`` the same before a PUT (to land another writer's object between
-    a read and a conditional write, say). ``latency`` delays every request;
-    :meth:`go_down` drops every connection, open or new, until :meth:`come_back`
-    (:meth:`down_for` schedules that).
+    next ``n`` matching requests (after ``skip`` of them), ``fail_always(kind, key)`` every one
+    until :meth:`clear`, ``fail_randomly(rate, kind, key)`` that fraction of them, drawn from
+    a seeded generator; a key matches GETs unless ``method`` says another; ``ranged`` narrows
+    each to GETs with (or without) a Range header, ``byte_range`` to one Range header.
+    ``on_get(key, hook)`` runs ``hook`` once, before the first GET of a matching key is
+    forwarded (after ``skip`` such GETs; to change the object under a download, say);
+    ``on_put`` the same before a PUT (to land another writer's object between a read and a
+    conditional write, say). ``latency`` delays every request; :meth:`go_down` drops every
+    connection, open or new, until :meth:`come_back` (:meth:`down_for` schedules that).
     """
 
     def __init__(self, upstream: str) -> None:
@@ -267,6 +280,7 @@ class FaultProxy:
         self.upstream_port: int = parts.port
         self._lock = threading.Lock()
         self._rules: list[_Rule] = []
+        self._random = random.Random(0)  # fail_randomly's draws; reseeded by each call
         self._hooks: list[tuple[str, str, RequestHook, int]] = []  # method, key, hook, skip
         self._seen: list[SeenRequest] = []
         self.latency = 0.0  # seconds added before every request is answered
@@ -332,9 +346,28 @@ class FaultProxy:
         *,
         ranged: bool | None = None,
         method: str | None = None,
+        byte_range: str | None = None,
+        skip: int = 0,
     ) -> None:
         with self._lock:
-            self._rules.append(_Rule(kind, key, n, ranged, method))
+            self._rules.append(_Rule(kind, key, n, ranged, method, byte_range, skip))
+
+    def fail_randomly(
+        self,
+        rate: float,
+        kind: FaultKind,
+        key: str | None = None,
+        *,
+        ranged: bool | None = None,
+        method: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        """Break each matching request with probability ``rate``, until :meth:`clear`."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate {rate} is not a fraction")
+        with self._lock:
+            self._random.seed(seed)
+            self._rules.append(_Rule(kind, key, None, ranged, method, rate=rate))
 
     def fail_always(
         self,
@@ -343,9 +376,10 @@ class FaultProxy:
         *,
         ranged: bool | None = None,
         method: str | None = None,
+        byte_range: str | None = None,
     ) -> None:
         with self._lock:
-            self._rules.append(_Rule(kind, key, None, ranged, method))
+            self._rules.append(_Rule(kind, key, None, ranged, method, byte_range))
 
     def on_get(self, key: str, hook: RequestHook, *, skip: int = 0) -> None:
         with self._lock:
@@ -409,6 +443,11 @@ class FaultProxy:
             self._seen.append(seen)
             for rule in self._rules:
                 if not rule.matches(seen):
+                    continue
+                if rule.skip > 0:
+                    rule.skip -= 1
+                    continue
+                if rule.rate is not None and self._random.random() >= rule.rate:
                     continue
                 if rule.remaining is not None:
                     if rule.remaining <= 0:

@@ -6,8 +6,10 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from controlplane.adapters.staging.fs import StagingArea
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.errors import Interrupted
 from controlplane.domain.operations import Operation, OperationStatus
-from controlplane.ports import CachedFiles
+from controlplane.ports import CachedFiles, StoredFile
 from tests.support.fakes import deploy_service, started
 from tests.support.models import write_scale_release, write_sha256sums
 
@@ -45,10 +47,11 @@ def test_files_two_releases_share_are_linked_from_the_cache(tmp_path: Path) -> N
             )
             placed = parts.repository / "m" / "1" / "model.py"
             cas = parts.staging_path / "cas"
-            assert any(placed.samefile(entry) for entry in cas.iterdir())
+            entries = [entry for entry in cas.iterdir() if entry.is_file()]
+            assert any(placed.samefile(entry) for entry in entries)
             # The cache holds the published config, not the one rewritten for Triton.
             published = (parts.store_path / "m" / "r2" / "config.pbtxt").read_bytes()
-            assert any(entry.read_bytes() == published for entry in cas.iterdir())
+            assert any(entry.read_bytes() == published for entry in entries)
 
     asyncio.run(scenario())
 
@@ -121,26 +124,41 @@ def _sha(path: Path) -> str:
 
 GOOD = b"K = 1.0\n" * 100
 BAD = b"K = 9.0\n" * 100  # the same size: only a hash tells them apart
+VERSION = '"etag-of-good"'  # the store's version the cached bytes were fetched at
 
 
 def _cached(tmp_path: Path, data: bytes = GOOD) -> tuple[ContentCache, str, Path]:
-    """A cache holding ``data`` as verified by this process (added, as a fetch adds it)."""
+    """A cache holding ``data`` as verified by this process (added, as a fetch adds it),
+    fetched at the store's ``VERSION``."""
     release = tmp_path / "verified"
     release.mkdir()
     (release / "model.py").write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
     cache = ContentCache(tmp_path / "cas", max_bytes=1024**2)
-    cache.add(release, {"model.py": FileDigest(len(data), digest)})
+    cache.add(
+        release,
+        {"model.py": FileDigest(len(data), digest)},
+        {"model.py": StoredFile(len(data), VERSION)},
+    )
     return cache, digest, tmp_path / "cas" / digest
 
 
 def _link(
-    cache: ContentCache, tmp_path: Path, digest: str, size: int, name: str = "dest"
+    cache: ContentCache,
+    tmp_path: Path,
+    digest: str,
+    size: int,
+    name: str = "dest",
+    *,
+    version: str | None = VERSION,
+    rel: str = "1/model.py",
+    confirm: Callable[[str, str, threading.Event], bool] | None = None,
 ) -> tuple[CachedFiles, Path]:
-    """Link ``1/model.py`` listed with ``digest`` and ``size`` into a new dir ``name``."""
+    """Link ``rel`` listed with ``digest``, ``size`` and ``version`` into a new dir ``name``."""
     dest = tmp_path / name
     dest.mkdir()
-    return cache.link_into(dest, {"1/model.py": digest}, {"1/model.py": size}), dest
+    listed = {rel: StoredFile(size, version)}
+    return cache.link_into(dest, {rel: digest}, listed, confirm=confirm), dest
 
 
 def _replace_with_new_inode(entry: Path, data: bytes) -> None:
@@ -244,7 +262,11 @@ def test_a_verified_file_replaces_an_entry_of_the_wrong_size(tmp_path: Path) -> 
     fetched = tmp_path / "fetched"  # the store's file, fetched and verified instead
     fetched.mkdir()
     (fetched / "model.py").write_bytes(GOOD)
-    cache.add(fetched, {"model.py": FileDigest(len(GOOD), digest)})
+    cache.add(
+        fetched,
+        {"model.py": FileDigest(len(GOOD), digest)},
+        {"model.py": StoredFile(len(GOOD), VERSION)},
+    )
 
     assert entry.read_bytes() == GOOD
     linked, _dest = _link(cache, tmp_path, digest, len(GOOD), name="linked")
@@ -260,7 +282,82 @@ def test_a_cancelled_link_stops_before_hashing(tmp_path: Path) -> None:
     dest.mkdir()
 
     with pytest.raises(Interrupted):
-        restarted.link_into(dest, {"1/model.py": digest}, {"1/model.py": len(GOOD)}, cancel=cancel)
+        restarted.link_into(
+            dest,
+            {"1/model.py": digest},
+            {"1/model.py": StoredFile(len(GOOD), VERSION)},
+            cancel=cancel,
+        )
+
+
+# --- what the store vouches for --------------------------------------------------------
+
+
+def test_an_entry_is_not_linked_for_a_store_version_it_was_never_seen_to_hold(
+    tmp_path: Path,
+) -> None:
+    # The store's file was replaced after SHA256SUMS was written (same size: a new ETag):
+    # the cache cannot tell its bytes from the entry's without a fetch, so it fetches.
+    cache, digest, entry = _cached(tmp_path)
+
+    cached, dest = _link(cache, tmp_path, digest, len(GOOD), version='"etag-after-an-edit"')
+
+    assert cached.linked == {}
+    assert cached.refused == ("1/model.py",)
+    assert not (dest / "1" / "model.py").exists()
+    assert entry.read_bytes() == GOOD  # the entry may well be right: it stays
+    unversioned, _dest = _link(cache, tmp_path, digest, len(GOOD), "none", version=None)
+    assert unversioned.linked == {}  # a store that gives no version vouches for nothing
+
+
+def test_the_same_bytes_under_another_path_hit_by_the_version_they_were_seen_at(
+    tmp_path: Path,
+) -> None:
+    # An S3 ETag is the MD5 of the content (single-part uploads): the same bytes uploaded
+    # under another release's key, or another path, have the same one.
+    cache, digest, entry = _cached(tmp_path)
+
+    cached, dest = _link(cache, tmp_path, digest, len(GOOD), rel="2/shared.py")
+
+    assert cached.linked == {"2/shared.py": FileDigest(len(GOOD), digest)}
+    assert (dest / "2" / "shared.py").samefile(entry)
+
+
+def test_a_version_the_store_confirms_is_linked_and_remembered(tmp_path: Path) -> None:
+    cache, digest, _entry = _cached(tmp_path)
+    asked: list[tuple[str, str]] = []
+
+    def confirm(rel: str, sha256: str, _cancel: threading.Event) -> bool:
+        asked.append((rel, sha256))
+        return True  # a directory store read its file: it holds those bytes
+
+    first, _dest = _link(
+        cache, tmp_path, digest, len(GOOD), "first", version="file:1:2", confirm=confirm
+    )
+    again, _dest = _link(cache, tmp_path, digest, len(GOOD), "again", version="file:1:2")
+
+    assert asked == [("1/model.py", digest)]
+    assert first.linked == again.linked == {"1/model.py": FileDigest(len(GOOD), digest)}
+    denied, _dest = _link(
+        cache, tmp_path, digest, len(GOOD), "denied", version="file:1:3", confirm=lambda *_: False
+    )
+    assert denied.refused == ("1/model.py",)
+
+
+def test_what_the_store_was_seen_to_hold_outlives_a_restart_and_goes_with_its_entry(
+    tmp_path: Path,
+) -> None:
+    _cache, digest, entry = _cached(tmp_path)
+    restarted = ContentCache(tmp_path / "cas", max_bytes=1024**2)
+
+    linked, dest = _link(restarted, tmp_path, digest, len(GOOD))
+
+    assert linked.linked == {"1/model.py": FileDigest(len(GOOD), digest)}
+    shutil.rmtree(dest)
+    shutil.rmtree(tmp_path / "verified")  # nothing but the cache uses the entry now
+    ContentCache(tmp_path / "cas", max_bytes=1).evict()
+    assert not entry.exists()
+    assert list((tmp_path / "cas" / ".evidence").iterdir()) == []
 
 
 def test_a_file_edited_after_its_checksum_is_refused_though_the_cache_holds_the_hash(
@@ -315,5 +412,35 @@ def test_a_damaged_cache_entry_is_fetched_again_from_the_store(tmp_path: Path) -
             detail = _fetch_detail(second)
             assert detail["files_cached"] == 1  # config.pbtxt
             assert detail["files_cache_refused"] == 1
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-cache", "empty-cache"])
+def test_a_file_edited_after_its_checksum_to_the_same_size_gets_one_verdict_whatever_the_cache(
+    tmp_path: Path, warm: bool
+) -> None:
+    # Found from outside: r2's SHA256SUMS lists r1's model.py, then model.py was edited to
+    # the same size. A member whose cache held the hash deployed r2 (serving r1's bytes); a
+    # fresh member refused it. Both refuse it now, and the unchanged config still hits.
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, cache_max_bytes=10 * 1024**2) as (service, parts):
+            write_scale_release(parts.store_path, "m", "r1", k=1.0)
+            write_scale_release(parts.store_path, "m", "r2", k=1.0)
+            model_py = parts.store_path / "m" / "r2" / "1" / "model.py"
+            edited = model_py.read_bytes().replace(b"K = 1.0", b"K = 9.0")
+            assert len(edited) == model_py.stat().st_size
+            model_py.write_bytes(edited)
+            if warm:
+                assert (await service.wait((await started(service, "m", "r1")).id)).error is None
+
+            refused = await service.wait((await started(service, "m", "r2")).id)
+
+            assert refused.error is not None
+            assert refused.error.code == "checksum_mismatch"
+            assert "1/model.py" in refused.error.message
+            detail = _fetch_detail(refused)
+            assert detail["files_cached"] == (1 if warm else 0)  # config.pbtxt, unchanged
+            assert detail["files_cache_refused"] == (1 if warm else 0)
 
     asyncio.run(scenario())

@@ -161,8 +161,8 @@ class StallingStore:
     ) -> list[ReleaseInfo]:
         return self._inner.list_releases(model, ignored=ignored)
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
-        return self._inner.describe(model, release)
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        return self._inner.describe(model, release, patient=patient)
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
         return self._inner.read_manifest(model, release)
@@ -172,6 +172,15 @@ class StallingStore:
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
         return self._inner.list_files(model, release)
+
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        return self._inner.confirm(listing, rel, sha256, cancel)
 
     def fetch(
         self,

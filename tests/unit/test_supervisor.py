@@ -55,7 +55,7 @@ class FullDiskStore:
     ) -> list[ReleaseInfo]:
         raise OSError(28, "No space left on device")
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         raise OSError(28, "No space left on device")
 
     def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
@@ -65,6 +65,15 @@ class FullDiskStore:
         raise OSError(28, "No space left on device")
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
+        raise OSError(28, "No space left on device")
+
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
         raise OSError(28, "No space left on device")
 
     def fetch(

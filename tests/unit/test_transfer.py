@@ -6,12 +6,15 @@ microseconds and the bounds are exact.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
 from controlplane.adapters.stores.retries import Aborted, Retrier
+from controlplane.adapters.stores.s3_parts import PartLedger, part_digests, spans
 from controlplane.domain.disk import MARGIN_BYTES, room_for, size_text
 from controlplane.domain.errors import (
     InsufficientDisk,
@@ -55,6 +58,29 @@ def test_unknown_causes_are_counted_as_other() -> None:
     assert retry_cause("throttled") is RetryCause.THROTTLED
     assert retry_cause("cosmic rays") is RetryCause.OTHER
     assert retry_cause(None) is RetryCause.OTHER
+
+
+def test_a_part_is_settled_once_a_fetch_agrees_with_an_earlier_one() -> None:
+    ledger = PartLedger([A, B, C])  # the first round, read back from the file
+    assert ledger.record(0, A)  # the store's bytes, twice
+    assert not ledger.record(1, C)  # corrupted on the way in one fetch or the other
+    assert not ledger.record(2, B)
+    assert ledger.disagreeing() == [1, 2]
+    assert not ledger.record(1, RIGHT)
+    assert ledger.record(1, C)  # agrees with its second fetch, not its first
+    assert ledger.seen(1) == [B, C, RIGHT, C]
+    assert ledger.disagreeing() == [2]
+
+
+def test_parts_cover_the_object_and_their_digests_are_read_back_by_span(
+    tmp_path: Path,
+) -> None:
+    assert spans(10, 4) == [(0, 3), (4, 7), (8, 9)]
+    assert spans(8, 4) == [(0, 3), (4, 7)]
+    data = bytes(range(10))
+    (tmp_path / "object").write_bytes(data)
+    digests = part_digests(tmp_path / "object", spans(10, 4), chunk=3)
+    assert digests == [hashlib.sha256(data[i : i + 4]).hexdigest() for i in (0, 4, 8)]
 
 
 # --- room in staging ----------------------------------------------------------------------

@@ -10,14 +10,24 @@ decide whether a model changed).
 
 Entries are made read-only: the inode is shared with the model dirs in the repository.
 
-An entry is not trusted for its name alone. A release gets it only if its size is the size
-the store lists for the file: a publisher who edited a file after writing ``SHA256SUMS`` gets
-the file fetched and refused (``checksum_mismatch``), as on a host whose cache lacks the hash.
-And an entry is hashed again before it is linked, unless this process made or hashed that
-very inode and its size and mtime are unchanged since (``_known``); after a restart, the first
-use of each entry hashes it once. An entry whose bytes do not match its name is deleted, with
-a warning, and the file is fetched from the store. A change that keeps the inode, its size
-and its mtime (a deliberate ``touch -r``) is not seen until the daemon restarts.
+An entry is not trusted for its name alone, so that a release gets the same verdict on every
+host whatever its cache holds. A release gets an entry only if:
+
+- its size is the size the store lists for the file;
+- the store vouches for it: the file's listed version (an S3 ETag, a directory store's
+  device, inode, size and mtime) is one at which a fetch of it was verified to hash to the
+  entry's name (:mod:`.evidence`), or the store confirms that the file holds those bytes
+  (a directory store reads it). A publisher who edited a file after writing ``SHA256SUMS``,
+  same size or not, gets the file fetched and refused (``checksum_mismatch``), as on a host
+  whose cache lacks the hash. The same bytes under another key or in another dir still hit:
+  an S3 ETag is the MD5 of the content (for a single-part upload; a multipart one's depends
+  on the part size too), and a directory store's file is read;
+- its bytes are its name's: it is hashed again before it is linked, unless this process made
+  or hashed that very inode and its size and mtime are unchanged since (``_known``); after a
+  restart, the first use of each entry hashes it once. An entry whose bytes do not match its
+  name is deleted, with a warning, and the file is fetched from the store. A change that
+  keeps the inode, its size and its mtime (a deliberate ``touch -r``) is not seen until the
+  daemon restarts.
 
 Operations verify releases in worker threads at the same time, so adding and evicting are
 serialized by a lock: eviction also removes ``.tmp-`` leftovers, and it must never see a
@@ -34,12 +44,13 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from controlplane.adapters.staging.evidence import Evidence
 from controlplane.domain.checksums import FileDigest, safe_relpath
 from controlplane.domain.errors import Interrupted
-from controlplane.ports import CachedFiles
+from controlplane.ports import CachedFiles, StoredFile
 
 log = logging.getLogger(__name__)
 CACHE_DIR = "cas"
@@ -61,17 +72,21 @@ class ContentCache:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._known: dict[str, _Identity] = {}  # digest -> the inode this process hashed
+        self._evidence = Evidence(root)  # digest -> the store versions seen to hold it
 
     def link_into(
         self,
         dest: Path,
         manifest: Mapping[str, str] | None,
-        listed: Mapping[str, int],
+        listed: Mapping[str, StoredFile],
         *,
+        confirm: Callable[[str, str, threading.Event], bool] | None = None,
         cancel: threading.Event | None = None,
     ) -> CachedFiles:
         """Hardlink into ``dest`` every manifest file the cache holds with the size ``listed``
-        (path -> size, the store's listing) gives it and the bytes its name says."""
+        (path -> the store's listing of it) gives it and the bytes its name says, for which
+        the store vouches: a listed version seen to hold those bytes, or ``confirm(path,
+        sha256, cancel)``."""
         linked: dict[str, FileDigest] = {}
         refused: list[str] = []
         if manifest is None or self.max_bytes == 0:
@@ -80,9 +95,10 @@ class ContentCache:
         for rel, digest in manifest.items():
             if stop.is_set():
                 raise Interrupted("linking from the content cache was cancelled")
-            size = listed.get(rel)
-            if size is None or not _DIGEST.fullmatch(digest):
+            stored = listed.get(rel)
+            if stored is None or not _DIGEST.fullmatch(digest):
                 continue  # not in the listing: the plan already refused it
+            size = stored.size
             entry = self.root / digest
             try:
                 # O_NONBLOCK: a FIFO put in the cache's place must not hang the open.
@@ -99,7 +115,7 @@ class ContentCache:
                 identity = self._check(fd, entry, digest, size, stop)
             finally:
                 os.close(fd)
-            if identity is None:
+            if identity is None or not self._vouched(rel, digest, stored, confirm, stop):
                 refused.append(rel)
                 continue
             if self._link(entry, dest / safe_relpath(rel), identity):
@@ -138,6 +154,31 @@ class ContentCache:
             self._known[digest] = identity
         return identity
 
+    def _vouched(
+        self,
+        rel: str,
+        digest: str,
+        stored: StoredFile,
+        confirm: Callable[[str, str, threading.Event], bool] | None,
+        stop: threading.Event,
+    ) -> bool:
+        """Whether the store's file ``rel`` is known (or confirmed) to hold ``digest``'s bytes."""
+        with self._lock:
+            if self._evidence.vouches(digest, stored.version):
+                return True
+        if confirm is None or not confirm(rel, digest, stop):
+            log.info(
+                "content cache entry %s is not used for %s: the store's file (version %s) was "
+                "never seen to hold those bytes; fetching it",
+                digest,
+                rel,
+                stored.version,
+            )
+            return False
+        with self._lock:
+            self._evidence.add(digest, stored.version)
+        return True
+
     def _link(self, entry: Path, target: Path, identity: _Identity) -> bool:
         """Hardlink ``entry`` to ``target``, insisting it is still the inode that was checked."""
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -165,9 +206,16 @@ class ContentCache:
             log.warning("%s; deleted it, the file is fetched from the store instead", why)
             entry.unlink(missing_ok=True)
             self._known.pop(entry.name, None)
+            self._evidence.forget(entry.name)
 
-    def add(self, root: Path, files: Mapping[str, FileDigest]) -> None:
-        """Remember verified files, then evict unused entries down to the bound.
+    def add(
+        self,
+        root: Path,
+        files: Mapping[str, FileDigest],
+        listed: Mapping[str, StoredFile] | None = None,
+    ) -> None:
+        """Remember verified files, and the store versions (``listed``) they were fetched at,
+        then evict unused entries down to the bound.
 
         An entry of another size than the verified file is damaged (a hash names one content,
         so one size): the verified file replaces it."""
@@ -179,9 +227,13 @@ class ContentCache:
                 entry = self.root / digest.sha256
                 if digest.size > self.max_bytes:
                     continue
+                stored = (listed or {}).get(rel)
+                version = None if stored is None else stored.version
                 try:
                     if entry.lstat().st_size == digest.size:
+                        self._evidence.add(digest.sha256, version)
                         continue
+                    self._evidence.forget(digest.sha256)  # what was seen of the damaged one
                 except FileNotFoundError:
                     pass
                 source = root / safe_relpath(rel)
@@ -191,6 +243,7 @@ class ContentCache:
                 # Hashed as it was fetched, by this process: trusted without a second read.
                 self._known[digest.sha256] = _identity(tmp.stat())
                 tmp.replace(entry)
+                self._evidence.add(digest.sha256, version)
             self._evict()
 
     def evict(self) -> list[str]:
@@ -222,6 +275,7 @@ class ContentCache:
             self._known.pop(entry.name, None)
             total -= size
             evicted.append(entry.name)
+        self._evidence.clean({e.name for *_, e in entries} - set(evicted))
         if evicted:
             log.info("content cache evicted %d file(s), %d bytes remain", len(evicted), total)
         return evicted

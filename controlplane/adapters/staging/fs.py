@@ -19,7 +19,7 @@ import shutil
 import sys
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from controlplane.adapters.instance_lock import LOCK_NAME
@@ -35,7 +35,7 @@ from controlplane.domain.errors import (
     UnsafeRelease,
 )
 from controlplane.domain.names import validate_model_name, validate_slot_name
-from controlplane.ports import CachedFiles, Placement, ReleaseMarker
+from controlplane.ports import CachedFiles, Placement, ReleaseListing, ReleaseMarker
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +106,18 @@ class StagingArea:
         self,
         dest: Path,
         manifest: Mapping[str, str] | None,
-        listed: Mapping[str, int],
+        listing: ReleaseListing,
         *,
+        confirm: Callable[[str, str, threading.Event], bool] | None = None,
         cancel: threading.Event | None = None,
     ) -> CachedFiles:
         dest.mkdir(parents=False, exist_ok=False)
-        return self.cache.link_into(dest, manifest, listed, cancel=cancel)
+        return self.cache.link_into(dest, manifest, listing.files, confirm=confirm, cancel=cancel)
 
-    def remember(self, root: Path, files: Mapping[str, FileDigest]) -> None:
-        self.cache.add(root, files)
+    def remember(
+        self, root: Path, files: Mapping[str, FileDigest], listing: ReleaseListing
+    ) -> None:
+        self.cache.add(root, files, listing.files)
 
     def verify(
         self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]

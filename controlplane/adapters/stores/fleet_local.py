@@ -64,7 +64,8 @@ class LocalDesiredStates:
     def where(self) -> str:
         return (self._root / DESIRED_DIR).parent.as_uri()
 
-    def read(self, model: str) -> DesiredModel | None:
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
+        # A directory answers at once or not at all: nothing to wait for, patient or not.
         self._require_root()
         path = self._desired / f"{validate_model_name(model)}{SUFFIX}"
         data = _read(path)

@@ -5,9 +5,12 @@ against free disk) one by one into the staging dir: each into a temp file beside
 hashed while written, never past its listed size, holding at most one chunk in memory, then
 renamed into place. A file whose digest differs from ``SHA256SUMS`` is copied again, as the
 S3 store fetches it again (an NFS mount or a failing disk can return bad bytes once), and
-judged by :func:`~controlplane.domain.transfer.judge_fetches`. Symlinks and special files are
-refused rather than followed: a release is plain files and dirs, nothing that could point
-outside it.
+judged by :func:`~controlplane.domain.transfer.judge_fetches`. A file's version is its
+device, inode, size and mtime (:func:`file_version`): a copy insists on the listed one, and
+the content cache keeps the versions its entries were verified against; for a version it has
+not seen, :meth:`LocalStore.confirm` reads the file and says whether it holds the entry's
+bytes. Symlinks and special files are refused rather than followed: a release is plain files
+and dirs, nothing that could point outside it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from controlplane.domain.checksums import (
     safe_relpath,
 )
 from controlplane.domain.errors import (
+    ControlPlaneError,
     Interrupted,
     InvalidName,
     ModelNotFound,
@@ -138,7 +142,8 @@ class LocalStore:
         self._markers.keep_only(model, (info.name for _, info in keyed))
         return [info for _, info in keyed]
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
+        # A directory answers at once or not at all: nothing to wait for, patient or not.
         path = self._release_dir(model, release)
         if not path.is_dir() or path.is_symlink():
             self._require_root()
@@ -171,8 +176,38 @@ class LocalStore:
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
         source = self._source(model, release)
-        files = {rel: StoredFile(size=size) for rel, size in regular_files(source)}
+        files = {}
+        for rel, size in regular_files(source):
+            try:
+                version: str | None = file_version(os.lstat(source / rel))
+            except FileNotFoundError:  # gone since the walk: the fetch says so
+                version = None
+            files[rel] = StoredFile(size=size, version=version)
         return ReleaseListing(model, release, files)
+
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        stored = listing.files.get(rel)
+        if stored is None:
+            return False
+        try:
+            path = self._source(listing.model, listing.release) / safe_relpath(rel)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except (ControlPlaneError, OSError):
+            return False  # the fetch tells what is wrong
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or file_version(info) != stored.version:
+                return False  # changed since it was listed: fetch it, and let the fetch judge
+            digest = _hash_fd(fd, cancel or threading.Event(), f"{listing.model}/{rel}")
+            return digest == sha256 and file_version(os.fstat(fd)) == stored.version
+        finally:
+            os.close(fd)
 
     def fetch(
         self,
@@ -202,6 +237,7 @@ class LocalStore:
                 source / safe_relpath(rel),
                 dest / safe_relpath(rel),
                 size=stored.size,
+                version=stored.version,
                 what=f"{listing.model}/{listing.release}/{rel}",
                 stop=stop,
             )
@@ -271,6 +307,23 @@ def _read_plain(path: Path, bound: int, where: str) -> bytes | None:
         return read_at_most(stream, bound)
 
 
+def file_version(info: os.stat_result) -> str:
+    """A directory store's version of a file: its device, inode, size and mtime. Not ctime:
+    hardlinking the file into a new release dir (``cp -al``) changes it, not the bytes."""
+    return f"file:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+
+
+def _hash_fd(fd: int, stop: threading.Event, what: str) -> str:
+    sha = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, CHUNK, offset):
+        if stop.is_set():
+            raise Interrupted(f"reading {what} was cancelled")
+        sha.update(chunk)
+        offset += len(chunk)
+    return sha.hexdigest()
+
+
 def missing_store(root: Path) -> StoreUnavailable:
     """A store dir that is not there: a typo in store.uri, or a share not mounted (yet), is
     neither an empty store nor a model that is not in it. Transient: a share can come back."""
@@ -307,10 +360,20 @@ class _FileCopy:
     """One file copied into a temp file beside its target, again while its digest calls for
     it; renamed into place when done, deleted when not."""
 
-    def __init__(self, source: Path, target: Path, *, size: int, what: str, stop: threading.Event):
+    def __init__(
+        self,
+        source: Path,
+        target: Path,
+        *,
+        size: int,
+        version: str | None,
+        what: str,
+        stop: threading.Event,
+    ):
         self._source = source
         self._target = target
         self._size = size
+        self._version = version
         self._what = what
         self._stop = stop
         self.fetches = 0
@@ -380,10 +443,17 @@ class _FileCopy:
                     )
                 sha.update(chunk)
                 out.write(chunk)
-        if copied != self._size:
-            raise ReleaseChanged(
-                f"{self._what} shrank from {self._size} to {copied} bytes during the fetch; it "
-                "will be fetched again"
-            )
+            if copied != self._size:
+                raise ReleaseChanged(
+                    f"{self._what} shrank from {self._size} to {copied} bytes during the "
+                    "fetch; it will be fetched again"
+                )
+            if self._version is not None and file_version(os.fstat(reader.fileno())) != (
+                self._version
+            ):
+                raise ReleaseChanged(
+                    f"{self._what} was changed or replaced since it was listed (same size); "
+                    "it will be fetched again"
+                )
         out.flush()
         return FileDigest(size=copied, sha256=sha.hexdigest())

@@ -11,7 +11,9 @@ permanent errors and :class:`ReleaseChanged` end the request at once.
 Every retry is a WARNING in the log (the key, the attempt, the cause, the wait before the next
 try and how long until it gives up) and one count in ``controlplane_store_retries_total``
 through the :class:`~controlplane.ports.Telemetry` port. A file fetched again because its
-digest did not match ``SHA256SUMS`` is reported the same way, with cause ``corrupt``.
+digest did not match ``SHA256SUMS`` is reported the same way, with cause ``corrupt``, and so
+is each part of a large object fetched again because its fetches disagree (:mod:`.s3_parts`):
+those are retried as any transient fault is, within the same budget.
 
 An abort event (a cancelled fetch, a closing store) cuts a backoff short and stops further
 tries with :class:`Aborted`; the caller decides what that means.
@@ -173,6 +175,32 @@ class Retrier:
         report_refetch(self._telemetry, what, fetches=fetches, got=got, expected=expected)
         if on_retry is not None:
             on_retry()
+
+    def refetching_parts(
+        self,
+        what: str,
+        *,
+        parts: int,
+        of: int,
+        got: str,
+        expected: str,
+        on_retry: Callable[[], None] | None = None,
+    ) -> None:
+        """Report that the large object ``what`` hashed to ``got``, not ``expected``, and that
+        ``parts`` of its ``of`` parts are fetched again (:mod:`.s3_parts`)."""
+        log.warning(
+            "%s: its SHA256 is %s but SHA256SUMS lists %s; fetching %s again and comparing "
+            "each part's fetches, to tell bytes corrupted on the way from a wrong file in the "
+            "store",
+            what,
+            got,
+            expected,
+            f"all {of} of its parts"
+            if parts == of
+            else f"the {parts} of its {of} parts whose fetches disagree",
+            extra={"key": what, "parts": parts, "cause": RetryCause.CORRUPT.value},
+        )
+        self._count(RetryCause.CORRUPT, on_retry)
 
     def _count(self, cause: RetryCause, on_retry: Callable[[], None] | None) -> None:
         if self._telemetry is not None:

@@ -28,8 +28,10 @@ botocore's own retries off, so one policy decides and the attempt count in a mes
 real one. What a deploy fetches (the manifest, the listing, every GET) gets the whole budget;
 the scans of the watcher and of status (``list_models``, ``list_releases``) and ``describe``
 get a few seconds: the scans run again on their own, and ``describe`` answers an API call
-before any work starts (a store that does not answer is ``store_unavailable`` at once, for the
-caller to retry, rather than a request held for the whole budget).
+before any work starts (a store that does not answer is ``store_unavailable`` within seconds,
+for the caller to retry, rather than a request held for the whole budget). A caller that
+waits for the operation anyway (``describe(..., patient=True)``: a deploy asked with
+``wait``) gets the whole budget there too, so it rides out an outage as the fetch does.
 :meth:`S3Store.close` cuts every retry in flight short.
 """
 
@@ -290,13 +292,14 @@ class S3Store:
             for name, revision in sorted(markers.items(), key=lambda item: natural_key(item[0]))
         ]
 
-    def describe(self, model: str, release: str) -> ReleaseInfo:
+    def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         base = self._release_base(model, release)
+        retrier = self._retrier if patient else self._scan_retrier
         try:
             head = self._call(
                 lambda: self._client.head_object(Bucket=self._bucket, Key=base + MANIFEST_NAME),
                 base + MANIFEST_NAME,
-                self._scan_retrier,
+                retrier,
             )
             revision = _revision(head["ETag"])
         except ReleaseNotFound:
@@ -308,7 +311,7 @@ class S3Store:
                         Bucket=self._bucket, Key=base + SIGNATURE_NAME
                     ),
                     base + SIGNATURE_NAME,
-                    self._scan_retrier,
+                    retrier,
                 )
             except ReleaseNotFound:
                 return ReleaseInfo(model, release, True, revision, signed=False)
@@ -316,7 +319,7 @@ class S3Store:
         page = self._call(
             lambda: self._client.list_objects_v2(Bucket=self._bucket, Prefix=base, MaxKeys=1),
             base,
-            self._scan_retrier,
+            retrier,
         )
         if not page.get("Contents"):
             raise ReleaseNotFound(
@@ -373,6 +376,18 @@ class S3Store:
         return ReleaseListing(model, release, _files(base, listed))
 
     # --- fetching -------------------------------------------------------------------------
+
+    def confirm(
+        self,
+        listing: ReleaseListing,
+        rel: str,
+        sha256: str,
+        cancel: threading.Event | None = None,
+    ) -> bool:
+        """False: reading an object is downloading it. The listed ETag is the evidence, and
+        the content cache keeps the ETags it verified (an ETag is the MD5 of the content for
+        a single-part upload, so the same bytes under another key still hit)."""
+        return False
 
     def fetch(
         self,

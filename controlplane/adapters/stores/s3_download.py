@@ -13,10 +13,11 @@ already speaks the project's errors. This module owns everything after that:
   download began, so a body longer than listed is cut off and fetched again;
 - each GET is retried by time (:class:`~.retries.Retrier`) on :class:`StoreUnavailable` only;
   :class:`ReleaseChanged` and permanent errors end the download at once;
-- a file whose digest differs from ``SHA256SUMS`` is fetched again, all of it, until
+- a whole object whose digest differs from ``SHA256SUMS`` is fetched again until
   :func:`~controlplane.domain.transfer.judge_fetches` has a verdict: the right digest, the
   same wrong one twice (returned as it is, for verification to refuse), or a different one
-  every time (:class:`StoreUnavailable`);
+  every time (:class:`StoreUnavailable`); a large object's parts are judged one by one, and
+  only those whose fetches disagree are fetched again (:mod:`.s3_parts` says how);
 - on any failure, or once the caller's abort event is set, every other task stops at its next
   chunk or backoff and every temp file is deleted.
 
@@ -33,11 +34,12 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from controlplane.adapters.stores.retries import Aborted, Retrier, unstable
+from controlplane.adapters.stores.s3_parts import PartLedger, Round, Span, part_digests, spans
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.errors import Interrupted, StoreError, StoreUnavailable
 from controlplane.domain.transfer import RetryCause, Verdict, judge_fetches
@@ -93,8 +95,10 @@ class _Large:
 
     obj: RemoteObject
     tmp: Path
-    parts_left: int = 0
-    digests: list[str] = field(default_factory=list)  # one per complete fetch, oldest first
+    parts: list[Span]
+    round: Round = Round.FIRST
+    parts_left: int = 0  # parts of the current round not yet in
+    ledger: PartLedger | None = None  # each part's digests, once the first round disagreed
 
 
 def _hash_file(path: Path) -> FileDigest:
@@ -165,7 +169,9 @@ class _Download:
         try:
             for obj in todo:
                 if obj.size > 0 and obj.size >= self._policy.multipart_threshold:
-                    self._start_parts(_Large(obj, self._preallocate(obj)))
+                    parts = spans(obj.size, self._policy.part_size)
+                    large = _Large(obj, self._preallocate(obj), parts)
+                    self._start_round(large, Round.FIRST, range(len(large.parts)))
                 else:
                     self._submit(self._whole, obj)
             self._wait_all()
@@ -260,19 +266,22 @@ class _Download:
 
     # --- large objects, in ranged parts ---------------------------------------------------
 
-    def _start_parts(self, large: _Large) -> None:
-        spans = self._spans(large.obj.size)
+    def _start_round(self, large: _Large, round_: Round, indices: Sequence[int]) -> None:
         with self._lock:
-            large.parts_left = len(spans)
-        for span in spans:
-            self._submit(self._part, large, span)
+            large.round = round_
+            large.parts_left = len(indices)
+        for index in indices:
+            self._submit(self._part, large, index)
 
-    def _part(self, large: _Large, span: tuple[int, int]) -> None:
+    def _part(self, large: _Large, index: int) -> None:
         obj = large.obj
+        span = large.parts[index]
         length = span[1] - span[0] + 1
+        hashed = large.round is not Round.FIRST  # a first round is hashed whole, once
 
         def once() -> None:
             offset = span[0]
+            sha = hashlib.sha256()
 
             def sink(chunk: bytes) -> None:
                 nonlocal offset
@@ -284,6 +293,8 @@ class _Download:
                         f"{self._what(obj)}: it does not honour Range requests"
                     )
                 _pwrite_all(fd, chunk, offset)
+                if hashed:
+                    sha.update(chunk)
                 offset += len(chunk)
 
             fd = os.open(large.tmp, os.O_WRONLY)
@@ -292,25 +303,67 @@ class _Download:
             finally:
                 os.close(fd)
             self._check_length(obj, offset - span[0], length)
+            with self._lock:
+                self.bytes_fetched += length
+            if hashed:
+                self._judge_part(large, index, sha.hexdigest())
 
         self._retrier.call(once, what=self._what(obj), abort=self._abort, on_retry=self._retried)
         with self._lock:
             large.parts_left -= 1
             last = large.parts_left == 0
-            self.bytes_fetched += length
-            if not large.digests:  # progress counts the first fetch only
+            if large.round is Round.FIRST:  # progress counts the first fetch only
                 self._bytes_done += length
                 if not last:
                     self._report()
-        if not last:
-            return
-        # Every part is in: one sequential read hashes the file, then it goes live.
+        if last:
+            self._round_done(large)
+
+    def _judge_part(self, large: _Large, index: int, digest: str) -> None:
+        """Note a part's digest; while settling, one that agrees with no earlier fetch is a
+        transient fault (cause ``corrupt``), for the retrier to fetch the part again."""
+        assert large.ledger is not None  # made before the parts are fetched again
+        with self._lock:
+            earlier = large.ledger.seen(index)
+            agrees = large.ledger.record(index, digest)
+        if large.round is Round.SETTLE and not agrees:
+            span = large.parts[index]
+            raise StoreUnavailable(
+                f"{self._what(large.obj)}: bytes {span[0]}-{span[1]} hashed to {digest[:12]}, "
+                f"earlier fetches to {', '.join(d[:12] for d in earlier)}: they were "
+                "corrupted on the way; fetching them again until two fetches agree",
+                details={"cause": RetryCause.CORRUPT.value},
+            )
+
+    def _round_done(self, large: _Large) -> None:
+        """Every part of a round is in: hash the file; put it in place, or fetch parts again."""
+        obj = large.obj
         digest = _hash_file(large.tmp)
         self._check_length(obj, digest.size, obj.size)
-        large.digests.append(digest.sha256)
-        if not self._settled(obj, large.digests):
-            self._start_parts(large)  # every part again: a digest cannot say which was hit
+        expected = self._expected.get(obj.rel)
+        matches = expected is None or digest.sha256 == expected.lower()
+        again: list[int] = []
+        if not matches and large.round is Round.FIRST:
+            large.ledger = PartLedger(part_digests(large.tmp, large.parts, CHUNK))
+            again = list(range(len(large.parts)))
+        elif not matches and large.round is Round.AGAIN:
+            assert large.ledger is not None
+            again = large.ledger.disagreeing()  # none: the store holds these bytes
+        if again:
+            with self._lock:
+                self.refetched += 1
+            self._retrier.refetching_parts(
+                self._what(obj),
+                parts=len(again),
+                of=len(large.parts),
+                got=digest.sha256,
+                expected=expected or "",
+                on_retry=self._retried,
+            )
+            after = Round.AGAIN if large.round is Round.FIRST else Round.SETTLE
+            self._start_round(large, after, again)
             return
+        # The right digest, or parts that each agree twice: verification names a wrong file.
         os.replace(large.tmp, self._dest / obj.rel)
         with self._lock:
             self._temps.discard(large.tmp)
@@ -340,10 +393,6 @@ class _Download:
     def _retried(self) -> None:
         with self._lock:
             self.retries += 1
-
-    def _spans(self, size: int) -> list[tuple[int, int]]:
-        step = self._policy.part_size
-        return [(start, min(start + step, size) - 1) for start in range(0, size, step)]
 
     def _new_temp(self, target: Path) -> tuple[int, Path]:
         target.parent.mkdir(parents=True, exist_ok=True)

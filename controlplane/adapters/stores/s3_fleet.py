@@ -79,9 +79,9 @@ class S3DesiredStates:
     def where(self) -> str:
         return f"s3://{self._bucket}/{self._store.base}{RESERVED_PREFIX}"
 
-    def read(self, model: str) -> DesiredModel | None:
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
         key = f"{self._desired}{validate_model_name(model)}{SUFFIX}"
-        found = self._get(key)
+        found = self._get(key, patient=patient)
         if found is None:
             return None
         require_named(found[0], model, self._url(key))
