@@ -265,6 +265,42 @@ def test_a_member_that_cannot_serve_the_release_keeps_serving_and_reports_why(
     assert tight.answer(MODEL) == 1.0
 
 
+def test_the_cli_says_which_member_failed_and_exits_1_whether_or_not_the_release_serves_here(
+    fleet: Fleet, store: Path
+) -> None:
+    """``deploy --wait --fleet`` when another member cannot serve the release: the CLI names
+    that member and why, and exits 1, both on the first try (this member deploys it) and on a
+    retry (it serves here already: the API answers ``unchanged``, with a ``message``), in the
+    table and in JSON."""
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    release = write_scale_release(store, MODEL, "r2", k=2.0)
+    (release / "1" / "weights.bin").write_bytes(b"\0" * 64 * 1024)
+    write_sha256sums(release)
+    first = fleet.add()
+    small = sum(p.stat().st_size for p in release.rglob("*") if p.is_file()) - 1
+    fleet.add(extra_env={"CONTROLPLANE_STORE__MAX_RELEASE_BYTES": str(small)})
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+
+    for attempt in ("first", "retry"):
+        told = cli(first.api.url, "deploy", MODEL, "r2", "--wait", "--fleet", "--timeout", "120")
+        assert told.returncode == 1, (attempt, told.stdout, told.stderr)
+        assert "Traceback" not in told.stderr, (attempt, told.stderr)
+        assert "error: member_failed: m2: release_too_large" in told.stderr, (attempt, told.stderr)
+        if attempt == "retry":
+            assert f"unchanged: {MODEL} serves r2 already" in told.stdout, told.stdout
+
+    machine = cli(first.api.url, "deploy", MODEL, "r2", "--wait", "--fleet", "-o", "json")
+    assert machine.returncode == 1, machine.stderr
+    assert "Traceback" not in machine.stderr, machine.stderr
+    answer = json.loads(machine.stdout)  # one document: the error beside the API's answer
+    assert answer["error"]["code"] == "member_failed"
+    assert answer["error"]["message"].startswith("m2: release_too_large")
+    assert (answer["unchanged"], answer["release"]) == (True, "r2")
+    members = {m["member"]: (m["release"], m["state"]) for m in answer["fleet"]["members"]}
+    assert members == {"m1": ("r2", "serving"), "m2": ("r1", "failed")}
+
+
 def test_a_new_member_serves_the_desired_release_before_it_is_ready(
     fleet: Fleet, store: Path
 ) -> None:
