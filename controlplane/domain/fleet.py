@@ -51,6 +51,7 @@ class Rollout:
     baking_since: datetime | None = None
     since_generation: int = 0  # the generation that started it: older member reports are stale
     note: str = ""  # how it ended, when it did not complete
+    lost: tuple[str, ...] = ()  # canaries that went away and were replaced (never picked again)
 
     @property
     def in_progress(self) -> bool:
@@ -241,6 +242,7 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
             "baking_since": _time(rollout.baking_since),
             "since_generation": rollout.since_generation,
             "note": rollout.note,
+            "lost": list(rollout.lost),
         },
         "claim": None
         if claim is None
@@ -280,6 +282,7 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
             baking_since=_parse_time(rollout.get("baking_since")),
             since_generation=int(rollout.get("since_generation") or 0),
             note=str(rollout.get("note") or ""),
+            lost=tuple(str(c) for c in rollout.get("lost") or ()),
         ),
         claim=None
         if not claim

@@ -393,6 +393,50 @@ def test_a_canary_rollout_bakes_on_one_member_before_the_others_follow(
     assert publish[0]["detail"]["phase"] == "canary"
 
 
+def test_a_canary_replaced_during_its_bake_hands_the_bake_to_a_live_member_which_ends_it(
+    fleet: Fleet, store: Path
+) -> None:
+    """The canary's pod goes away mid-bake and a pod with another name comes in its place: a
+    live member that was not a canary takes the canary's place, serves the release, bakes it
+    the whole bake again, and then every member follows."""
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    bake = 8.0
+    config = _rollback_config(canaries=1, bake=bake)
+    first, second, third = (fleet.add(name, config=config) for name in ("m1", "m2", "m3"))
+    assert first.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert second.api.deploy(MODEL, "r2").status_code == 200  # m2 goes first: the canary
+    eventually(lambda: fleet.fleet()["models"][MODEL]["phase"] == "baking", 30, "m2 baking")
+
+    second.api.stop()  # its pod is gone; another takes its place, under a new name
+    stopped = time.monotonic()
+    fourth = fleet.add("m4", config=config)
+
+    def complete() -> bool:
+        return bool(fleet.fleet()["models"][MODEL]["phase"] == "complete")
+
+    eventually(complete, 60, "the rollout complete without its first canary")
+    took = time.monotonic() - stopped
+    model = fleet.fleet()["models"][MODEL]
+    assert (model["desired"], model["canaries"]) == ("r2", ["m1"])
+    assert took >= bake  # m1 baked it the whole bake, from the start
+    for member in (first, third, fourth):
+        eventually(lambda m=member: _answers(m, 2.0), 60, f"{member.name} serves r2")
+    # Who took over, and why, is on record.
+    assert any(
+        "canary m2 is gone" in (o.get("reason") or "")
+        for o in first.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+    )
+
+
+def _answers(member: Member, value: float) -> bool:
+    try:
+        return member.answer(MODEL) == value
+    except Exception:
+        return False
+
+
 def test_a_breach_on_the_canary_rolls_it_back_and_the_release_reaches_no_other(
     fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
 ) -> None:

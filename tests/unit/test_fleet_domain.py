@@ -208,6 +208,7 @@ def every_field_set() -> DesiredModel:
             baking_since=T0 - timedelta(seconds=30),
             since_generation=6,
             note="a note",
+            lost=("member-c",),
         ),
         claim=Claim(
             release="r4",
@@ -447,15 +448,89 @@ def test_a_dead_canary_is_not_waited_for() -> None:
     assert after.rollout.phase is RolloutPhase.BAKING
 
 
-def test_with_no_live_canary_the_rollout_waits() -> None:
+def test_with_no_live_canary_and_no_member_to_take_over_the_rollout_waits() -> None:
     wanted = desired(rollout=canary("a", "b"))
     failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
-    fleet = beats(
-        beat("a", serving("r2"), at=DEAD), beat("b", failed, at=DEAD), beat("c", serving("r1"))
-    )
+    fleet = beats(beat("a", serving("r2"), at=DEAD), beat("b", failed, at=DEAD))
 
     assert advance(wanted, fleet, T0, by="c") is None
     assert advance(wanted, {}, T0, by="c") is None
+
+
+@pytest.mark.parametrize("phase", [RolloutPhase.CANARY, RolloutPhase.BAKING])
+def test_a_canary_gone_is_replaced_by_the_first_live_member_and_the_bake_starts_again(
+    phase: RolloutPhase,
+) -> None:
+    """The canary's pod went away (its heartbeat stopped; under Kubernetes a pod with another
+    name took its place): the first live member by name that is not a canary takes over."""
+    wanted = desired(rollout=canary("b", phase=phase, baking_since=T0))
+    later = T0 + timedelta(seconds=50)
+    fleet = beats(
+        beat("b", serving("r2"), at=DEAD),
+        beat("new-pod", serving("r1"), at=later),
+        beat("a", serving("r1"), at=later),
+    )
+
+    after = advance(wanted, fleet, later, by="new-pod")
+
+    assert after is not None
+    assert after.generation == 6
+    assert after.rollout.phase is RolloutPhase.CANARY
+    assert (after.rollout.canaries, after.rollout.lost) == (("a",), ("b",))
+    assert after.rollout.baking_since is None
+    assert (after.release, after.rollout.stable) == ("r2", "r1")
+    assert [after.target_for(m) for m in ("a", "b", "new-pod")] == ["r2", "r1", "r1"]
+    assert after.reason.startswith("canary b is gone (no heartbeat for 3 beats): a takes the place")
+    # The new canary serves it: the bake starts then, and lasts the whole bake.
+    serves = beats(beat("a", serving("r2", generation=6), at=later), beat("new-pod", at=later))
+    baking = advance(after, serves, later, by="a")
+    assert baking is not None
+    assert (baking.rollout.phase, baking.rollout.baking_since) == (RolloutPhase.BAKING, later)
+    early, done = later + timedelta(seconds=59), later + timedelta(seconds=60)
+    assert advance(baking, _at(serves, early), early, by="a") is None
+    complete = advance(baking, _at(serves, done), done, by="a")
+    assert complete is not None
+    assert complete.rollout.phase is RolloutPhase.COMPLETE
+
+
+def _at(fleet: dict[str, MemberBeat], at: datetime) -> dict[str, MemberBeat]:
+    return {name: dataclasses.replace(b, at=at) for name, b in fleet.items()}
+
+
+def test_a_canary_without_a_heartbeat_at_all_is_gone_too_and_the_live_ones_stay() -> None:
+    wanted = desired(rollout=canary("a", "b", phase=RolloutPhase.BAKING, baking_since=T0))
+    fleet = beats(beat("a", serving("r2")), beat("c", serving("r1")), beat("d", serving("r1")))
+
+    after = advance(wanted, fleet, T0, by="c")
+
+    assert after is not None
+    assert (after.rollout.canaries, after.rollout.lost) == (("a", "c"), ("b",))
+
+
+def test_a_member_that_was_a_canary_of_this_rollout_is_not_picked_again() -> None:
+    """b went away and came back (a slow restart): it is not a canary any more, and serves the
+    stable release; a's place goes to c."""
+    rollout = dataclasses.replace(canary("a"), lost=("b",))
+    fleet = beats(beat("a", at=DEAD), beat("b", serving("r1")), beat("c", serving("r1")))
+
+    after = advance(desired(rollout=rollout), fleet, T0, by="b")
+
+    assert after is not None
+    assert (after.rollout.canaries, after.rollout.lost) == (("c",), ("b", "a"))
+
+
+def test_a_rollout_whose_canaries_keep_going_away_is_stopped() -> None:
+    rollout = dataclasses.replace(canary("c"), lost=("a", "b"))
+    fleet = beats(beat("c", serving("r2"), at=DEAD), beat("d", serving("r1")))
+
+    after = advance(desired(rollout=rollout), fleet, T0, by="d")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.ROLLED_BACK
+    assert (after.release, after.previous) == ("r1", "r2")
+    assert after.is_degraded("r2")
+    assert "3 canaries went away during this rollout (a, b, c)" in after.rollout.note
+    assert [after.target_for(m) for m in ("c", "d")] == ["r1", "r1"]
 
 
 def baking(bake_seconds: float = 60.0) -> DesiredModel:
