@@ -422,7 +422,7 @@ def test_a_canary_replaced_during_its_bake_hands_the_bake_to_a_live_member_which
     assert (model["desired"], model["canaries"]) == ("r2", ["m1"])
     assert took >= bake  # m1 baked it the whole bake, from the start
     for member in (first, third, fourth):
-        eventually(lambda m=member: _answers(m, 2.0), 60, f"{member.name} serves r2")
+        eventually(partial(_answers, member, 2.0), 60, f"{member.name} serves r2")
     # Who took over, and why, is on record.
     assert any(
         "canary m2 is gone" in (o.get("reason") or "")
