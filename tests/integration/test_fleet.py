@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -190,6 +191,90 @@ def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: 
 
     broken.unlink()
     assert fleet.fleet(via=member)["unreadable_records"] == []
+
+
+def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_not_a_500(
+    fleet: Fleet, store: Path
+) -> None:
+    """Records copied and edited by hand under _controlplane/: a heartbeat with a time
+    without a zone or a NaN interval, a desired state baking since a time without a zone or
+    for NaN seconds. GET /v1/fleet answered 500 internal_error and the fleet-sync job kept
+    restarting; each is now an unreadable record, and the fleet goes on."""
+    write_scale_release(store, MODEL, "r1", k=1.0)
+    write_scale_release(store, MODEL, "r2", k=2.0)
+    member = fleet.add()
+    assert member.api.deploy(MODEL, "r1").status_code == 200
+    fleet.wait_serving(MODEL, "r1", 1.0)
+    records = store / "_controlplane"
+    before = _fleet_sync(member)
+    assert before["state"] == "running", before
+
+    beat = json.loads((records / "members" / "m1.json").read_text())
+    wanted = json.loads((records / "desired" / f"{MODEL}.json").read_text())
+    rolling = {"phase": "baking", "canaries": ["m1"], "stable": "r1", "bake_seconds": 5}
+    broken = {
+        "members/naive.json": {**beat, "member": "naive", "at": "2026-01-01T00:00:00"},
+        "members/nan.json": {**beat, "member": "nan", "interval": math.nan},
+        "desired/naive.json": {
+            **wanted,
+            "model": "naive",
+            "rollout": {**rolling, "baking_since": "2026-01-01T00:00:00"},
+        },
+        "desired/nan.json": {
+            **wanted,
+            "model": "nan",
+            "rollout": {**rolling, "baking_since": wanted["set_at"], "bake_seconds": math.nan},
+        },
+    }
+    for name, record in broken.items():
+        (records / name).write_text(json.dumps(record))  # Python writes NaN as it is: NaN
+
+    _two_passes(member)
+    view = member.api.get("/v1/fleet")
+    assert view.status_code == 200, view.text
+    listed = {r["record"]: r["error"] for r in view.json()["unreadable_records"]}
+    assert sorted(listed) == sorted(str(records / name) for name in broken)
+    assert "time without a zone" in listed[str(records / "members" / "naive.json")]
+    assert "NaN" in listed[str(records / "desired" / "nan.json")]
+    assert [m["member"] for m in view.json()["members"]] == ["m1"]
+
+    # A deploy still works, and waits for the fleet (whose view holds the bad records).
+    answer = member.api.post(
+        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(MODEL, "r2", 2.0)
+    # The model's own record broken by hand: the member keeps serving what it has.
+    (records / "desired" / f"{MODEL}.json").write_text(
+        json.dumps({**wanted, "generation": 1e400})  # JSON's 1e400 is infinity to Python
+    )
+    _two_passes(member)
+    view = member.api.get("/v1/fleet")
+    assert view.status_code == 200, view.text
+    assert len(view.json()["unreadable_records"]) == len(broken) + 1
+    assert member.api.get("/readyz").status_code == 200
+    assert member.answer(MODEL) == 2.0
+    after = _fleet_sync(member)
+    assert (after["state"], after["restarts"]) == ("running", before["restarts"]), after
+    assert "unexpected error while answering a request" not in member.api.log()
+
+
+def _two_passes(member: Member) -> None:
+    """Until the member's fleet sync has read the store twice since now (each pass does all
+    it does with what it read before the next one reads)."""
+    seen: set[object] = set()
+
+    def read_again() -> bool:
+        seen.add(member.api.get(f"/v1/models/{MODEL}").json()["fleet"]["last_read"])
+        return len(seen) >= 3
+
+    eventually(read_again, 30, f"{member.name} reading the fleet's records twice", every=0.1)
+
+
+def _fleet_sync(member: Member) -> dict[str, object]:
+    jobs = member.api.get("/healthz").json()["jobs"]
+    [job] = [j for j in jobs if j["name"] == "fleet-sync"]
+    return dict(job)
 
 
 def _conflicted(fleet: Fleet, member: Member) -> bool:
