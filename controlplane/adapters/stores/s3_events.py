@@ -29,6 +29,7 @@ from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
 from controlplane.domain.ignored import printable, release_name_problem
 from controlplane.domain.names import validate_model_name
+from controlplane.domain.stored import kind
 
 
 class Drop(StrEnum):
@@ -156,10 +157,7 @@ def _fields(record: Any) -> tuple[str, str, str, str] | str:
 
 
 def _json_type(value: object) -> str:
-    if value is None:
-        return "missing or null"
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
-    return names.get(type(value), "a number")
+    return "missing or null" if value is None else kind(value)
 
 
 def _excerpt(value: object) -> str:
