@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from controlplane.adapters.stores.sqs_events import SqsStoreEvents
 from controlplane.domain.notifications import NotificationState
@@ -60,7 +63,10 @@ class FakeQueue:
         pass
 
 
-def test_no_message_stops_the_job_and_each_is_deleted_then_a_release_is_still_heard() -> None:
+def test_no_message_stops_the_job_and_each_is_deleted_then_a_release_is_still_heard(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="controlplane.adapters.stores.sqs_events")
     queue = FakeQueue()
     for shape, (body, _kind) in JUNK.items():
         queue.send(f"junk: {shape}", body)
@@ -83,6 +89,10 @@ def test_no_message_stops_the_job_and_each_is_deleted_then_a_release_is_still_he
         assert events.health().state is NotificationState.LIVE
         assert sorted(queue.deleted) == sorted(f"junk: {s}" for s in [*JUNK, "unprintable"])
         assert wakes == []  # junk names nothing to list
+        # One line per kind of drop (the clock does not move: all within a minute).
+        kinds = [r.__dict__["drop"] for r in caplog.records if "drop" in r.__dict__]
+        assert sorted(kinds) == sorted(set(kinds))
+        assert {"not_json", "not_an_s3_event", "not_a_marker", "unreadable"} <= set(kinds)
 
         record = {
             "eventSource": "aws:s3",
