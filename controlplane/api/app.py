@@ -228,7 +228,7 @@ def create_app(settings: Settings) -> FastAPI:
             snapshot = await fleet_of(c).wait_for(model, release, request.fleet_timeout_seconds)
         except ControlPlaneError as exc:
             return JSONResponse(
-                error_body(exc.code, exc.message, **body, **exc.details),
+                error_body(exc.code, exc.message, **{**exc.details, **body}),
                 status_code=status_for(exc.code),
             )
         return fleet_json_model(snapshot, model)

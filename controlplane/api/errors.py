@@ -95,7 +95,10 @@ def statuses_for(codes: Iterable[str]) -> dict[int, list[str]]:
     return dict(sorted(by_status.items()))
 
 
-def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+def error_body(code: str, message: str, /, **extra: Any) -> dict[str, Any]:
+    """``{"error": {code, message}, **extra}``; ``extra`` may carry keys of any name (an
+    error's details), so ``code`` and ``message`` are positional only and ``error`` stays ours."""
+    extra.pop("error", None)
     return {"error": {"code": code, "message": message}, **extra}
 
 

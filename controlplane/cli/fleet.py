@@ -134,8 +134,7 @@ def follow_fleet(
                 EXIT_FAILED,
                 "member_failed" if note else "desired_state_conflict",
                 f"the fleet's desired state of {model} is {now} now{note}",
-                **answer,
-                fleet=across,
+                {**answer, "fleet": across},
             )
         failed = [
             f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"
@@ -146,7 +145,9 @@ def follow_fleet(
             and m["models"][model].get("state") in ("failed", "held")
         ]
         if failed:
-            raise out.fail(EXIT_FAILED, "member_failed", "; ".join(failed), **answer, fleet=across)
+            raise out.fail(
+                EXIT_FAILED, "member_failed", "; ".join(failed), {**answer, "fleet": across}
+            )
         if wanted.get("converged") and wanted.get("phase") == "complete":
             out.say(f"fleet: every live member serves {model} {release or '(unloaded)'}")
             return across
@@ -157,7 +158,6 @@ def follow_fleet(
                 f"gave up waiting for the fleet after {timeout:g} s (phase "
                 f"{wanted.get('phase')}); the members go on converging: watch them with "
                 "controlplane fleet",
-                **answer,
-                fleet=across,
+                {**answer, "fleet": across},
             )
         time.sleep(POLL)

@@ -40,7 +40,7 @@ def follow(
                 "gave_up_waiting",
                 f"gave up waiting after {timeout:g} s; the operation goes on: follow it with "
                 f"{follow_command(client, operation['id'])}",
-                operation=operation,
+                {"operation": operation},
             )
         time.sleep(POLL)
         operation = fetch(out, client, operation["id"])
@@ -52,7 +52,7 @@ def follow(
         EXIT_FAILED,
         error.get("code", operation["status"]),
         error.get("message", ""),
-        operation=operation,
+        {"operation": operation},
     )
 
 

@@ -12,7 +12,7 @@ The exit codes live here, the one place that decides them (main.py's docstring l
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -85,10 +85,17 @@ class Out:
         if self.machine:
             typer.echo(render(data, self.format))
 
-    def fail(self, exit_code: int, code: str, message: str, **body: Any) -> typer.Exit:
-        """Say the error (with ``body``: as the document, or on stderr); the exit to raise."""
+    def fail(
+        self, exit_code: int, code: str, message: str, body: Mapping[str, Any] | None = None
+    ) -> typer.Exit:
+        """Say the error (with ``body`` beside it: as the document, or on stderr); the exit to
+        raise. ``body`` is a mapping, never keywords: an API answer carries keys of any name
+        (an ``unchanged`` deploy's ``message``), and none of them may clash with these
+        parameters or replace the ``error`` said here."""
         if self.machine:
-            typer.echo(render({"error": {"code": code, "message": message}, **body}, self.format))
+            extra = {key: value for key, value in (body or {}).items() if key != "error"}
+            document = {"error": {"code": code, "message": message}, **extra}
+            typer.echo(render(document, self.format))
         else:
             typer.echo(f"error: {code}: {message}", err=True)
         return typer.Exit(exit_code)

@@ -31,6 +31,18 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from controlplane.domain.stored import (
+    flag,
+    json_object,
+    listed,
+    maybe_text,
+    moment,
+    names,
+    seconds,
+    text,
+    whole,
+)
+
 RESERVED_PREFIX = "_controlplane"  # model names start with a letter or digit: no collision
 SCHEMA = 1
 
@@ -51,6 +63,7 @@ class Rollout:
     baking_since: datetime | None = None
     since_generation: int = 0  # the generation that started it: older member reports are stale
     note: str = ""  # how it ended, when it did not complete
+    lost: tuple[str, ...] = ()  # canaries that went away and were replaced (never picked again)
 
     @property
     def in_progress(self) -> bool:
@@ -213,10 +226,6 @@ def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _parse_time(value: object) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(str(value))
-
-
 def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
     rollout = desired.rollout
     claim = desired.claim
@@ -241,6 +250,7 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
             "baking_since": _time(rollout.baking_since),
             "since_generation": rollout.since_generation,
             "note": rollout.note,
+            "lost": list(rollout.lost),
         },
         "claim": None
         if claim is None
@@ -256,41 +266,58 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
 
 
 def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
-    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours."""
-    rollout = _object(data.get("rollout") or {}, "rollout")
-    claim = _object(data.get("claim") or {}, "claim")
+    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours: a
+    field missing, of the wrong type, or out of range (:mod:`.stored`), so that no value
+    read here can fail later where it is used."""
+    rollout = json_object(data.get("rollout") or {}, "rollout")
+    claim = json_object(data.get("claim") or {}, "claim")
     return DesiredModel(
-        model=str(data["model"]),
-        generation=int(data["generation"]),
-        release=data["release"],
-        previous=data.get("previous"),
-        set_by=str(data["set_by"]),
-        set_at=_required_time(data["set_at"]),
-        trigger=str(data["trigger"]),
-        reason=str(data.get("reason", "")),
+        model=text(data["model"], "model"),
+        generation=whole(data["generation"], "generation"),
+        release=maybe_text(data["release"], "release"),
+        previous=maybe_text(data.get("previous"), "previous"),
+        set_by=text(data["set_by"], "set_by"),
+        set_at=moment(data["set_at"], "set_at"),
+        trigger=text(data["trigger"], "trigger"),
+        reason=text(data.get("reason", ""), "reason"),
         degraded=tuple(
-            Degraded(str(d["release"]), _required_time(d["at"]), str(d.get("reason", "")))
-            for d in data.get("degraded") or ()
+            _degraded(json_object(d, f"degraded[{i}]"), f"degraded[{i}]")
+            for i, d in enumerate(listed(data.get("degraded") or [], "degraded"))
         ),
         rollout=Rollout(
-            phase=RolloutPhase(rollout.get("phase", RolloutPhase.COMPLETE.value)),
-            stable=rollout.get("stable"),
-            canaries=tuple(str(c) for c in rollout.get("canaries") or ()),
-            bake_seconds=float(rollout.get("bake_seconds") or 0.0),
-            baking_since=_parse_time(rollout.get("baking_since")),
-            since_generation=int(rollout.get("since_generation") or 0),
-            note=str(rollout.get("note") or ""),
+            phase=RolloutPhase(
+                text(rollout.get("phase", RolloutPhase.COMPLETE.value), "rollout.phase")
+            ),
+            stable=maybe_text(rollout.get("stable"), "rollout.stable"),
+            canaries=names(rollout.get("canaries") or [], "rollout.canaries"),
+            bake_seconds=seconds(rollout.get("bake_seconds") or 0.0, "rollout.bake_seconds"),
+            baking_since=None
+            if rollout.get("baking_since") is None
+            else moment(rollout["baking_since"], "rollout.baking_since"),
+            since_generation=whole(
+                rollout.get("since_generation") or 0, "rollout.since_generation"
+            ),
+            note=text(rollout.get("note") or "", "rollout.note"),
+            lost=names(rollout.get("lost") or [], "rollout.lost"),
         ),
         claim=None
         if not claim
         else Claim(
-            release=str(claim["release"]),
-            revision=claim.get("revision"),
-            member=str(claim["member"]),
-            incarnation=str(claim["incarnation"]),
-            at=_required_time(claim["at"]),
-            failed=claim.get("failed"),
+            release=text(claim["release"], "claim.release"),
+            revision=maybe_text(claim.get("revision"), "claim.revision"),
+            member=text(claim["member"], "claim.member"),
+            incarnation=text(claim["incarnation"], "claim.incarnation"),
+            at=moment(claim["at"], "claim.at"),
+            failed=maybe_text(claim.get("failed"), "claim.failed"),
         ),
+    )
+
+
+def _degraded(d: Mapping[str, Any], what: str) -> Degraded:
+    return Degraded(
+        text(d["release"], f"{what}.release"),
+        moment(d["at"], f"{what}.at"),
+        text(d.get("reason", ""), f"{what}.reason"),
     )
 
 
@@ -320,20 +347,21 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
 
 
 def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
-    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours."""
+    """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours (as
+    :func:`desired_from_storage` does)."""
     return MemberBeat(
-        member=str(data["member"]),
-        incarnation=str(data["incarnation"]),
-        at=_required_time(data["at"]),
-        interval=float(data["interval"]),
-        version=str(data.get("version", "")),
-        overload=data.get("overload"),
-        stale=bool(data.get("stale", False)),
+        member=text(data["member"], "member"),
+        incarnation=text(data["incarnation"], "incarnation"),
+        at=moment(data["at"], "at"),
+        interval=seconds(data["interval"], "interval"),
+        version=text(data.get("version", ""), "version"),
+        overload=maybe_text(data.get("overload"), "overload"),
+        stale=flag(data.get("stale", False), "stale"),
         url=peer_url(data.get("url")),
         name_conflict=_text(data.get("name_conflict")),
         models={
-            str(name): _member_model(_object(m, f"models.{name}"))
-            for name, m in _object(data.get("models") or {}, "models").items()
+            name: _member_model(json_object(m, f"models.{name}"), f"models.{name}")
+            for name, m in json_object(data.get("models") or {}, "models").items()
         },
     )
 
@@ -376,26 +404,11 @@ def _text(value: object, limit: int = 1000) -> str | None:
     return value[:limit] if isinstance(value, str) and value else None
 
 
-def _member_model(m: Mapping[str, Any]) -> MemberModel:
+def _member_model(m: Mapping[str, Any], what: str) -> MemberModel:
     return MemberModel(
-        release=m.get("release"),
-        state=MemberState(m["state"]),
-        target=m.get("target"),
-        generation=int(m.get("generation", 0)),
-        error=m.get("error"),
+        release=maybe_text(m.get("release"), f"{what}.release"),
+        state=MemberState(text(m["state"], f"{what}.state")),
+        target=maybe_text(m.get("target"), f"{what}.target"),
+        generation=whole(m.get("generation", 0), f"{what}.generation"),
+        error=maybe_text(m.get("error"), f"{what}.error"),
     )
-
-
-def _object(value: object, what: str) -> Mapping[str, Any]:
-    """``value`` if it is a JSON object; a record with anything else there is not ours (and
-    must fail as such, ``TypeError``, not with whatever ``.get`` on a list raises)."""
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{what} is a JSON {type(value).__name__}, not an object")
-    return value
-
-
-def _required_time(value: object) -> datetime:
-    parsed = _parse_time(value)
-    if parsed is None:
-        raise ValueError("a time is missing")
-    return parsed

@@ -11,6 +11,16 @@ Promotion needs every live canary's overload verdict healthy (or no GPU to watch
 off); an ``unknown`` verdict (metrics unreadable) holds the bake rather than pass it. Any member
 may advance a rollout (compare-and-swap makes one of them win), so it completes even when the
 member that started it is gone.
+
+A canary that goes away (not alive: no heartbeat for 3 of its beats; under Kubernetes a pod
+replaced by one with another name) is *replaced*: the first live member by name that is not a
+canary, and was not one before in this rollout, takes its place, and the rollout goes back to
+``canary``, so the bake starts again once every canary serves the release. A bake vouches for
+S seconds on N live canaries; time on a pod that vanished (maybe because of the release) vouches
+for nothing, and promoting on the bake's clock alone would pass a release no member is serving.
+With no member to take its place, the live canaries go on alone (none: the rollout waits). A
+rollout that loses more than :data:`LOST_PER_CANARY` canaries per canary is stopped, as a canary
+in trouble stops it: a release that keeps its canaries vanishing reaches no other member.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from controlplane.domain.fleet import (
 )
 
 PASSING_VERDICTS = frozenset({None, "healthy", "no_gpu"})  # what lets a bake complete
+LOST_PER_CANARY = 2  # canaries replaced per canary before the rollout is stopped
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,9 @@ def advance(
         why = _canary_trouble(desired, beat)
         if why is not None:
             return _rolled_back(desired, now, by=by, why=f"canary {beat.member}: {why}")
+    replaced = _replace_lost(desired, beats, now, by=by)
+    if replaced is not None:
+        return replaced
     if not canaries:
         return None  # no live canary to judge by: wait for one
     if rollout.phase is RolloutPhase.CANARY:
@@ -105,6 +119,47 @@ def advance(
         reason=f"{release} baked {rollout.bake_seconds:g} s on {len(canaries)} canary(ies); "
         "every member follows",
         rollout=replace(rollout, phase=RolloutPhase.COMPLETE),
+    )
+
+
+def _replace_lost(
+    desired: DesiredModel, beats: Mapping[str, MemberBeat], now: datetime, *, by: str
+) -> DesiredModel | None:
+    """The rollout with each canary that went away replaced by a live member, back in
+    ``canary``; stopped when too many went away; None when no canary is gone, or no member
+    can take a gone one's place."""
+    rollout = desired.rollout
+    gone = [m for m in rollout.canaries if m not in beats or not beats[m].alive(now)]
+    if not gone:
+        return None
+    taken = set(rollout.canaries) | set(rollout.lost)
+    free = sorted(m for m, beat in beats.items() if beat.alive(now) and m not in taken)
+    swaps = dict(zip(gone, free, strict=False))  # as many as there are members to take over
+    if not swaps:
+        return None
+    lost = (*rollout.lost, *swaps)
+    said = ", ".join(f"canary {old} is gone (no heartbeat for 3 beats)" for old in swaps)
+    if len(lost) > LOST_PER_CANARY * len(rollout.canaries):
+        why = (
+            f"{said}; {len(lost)} canaries went away during this rollout "
+            f"({', '.join(lost)}), more than {LOST_PER_CANARY} per canary: it is not moved to "
+            "yet another member"
+        )
+        return _rolled_back(desired, now, by=by, why=why)
+    took = ", ".join(f"{new} takes the place of {old}" for old, new in swaps.items())
+    return desired.changed(
+        by=by,
+        at=now,
+        trigger="rollout",
+        reason=f"{said}: {took}; the bake of {desired.release} starts again once every canary "
+        "serves it",
+        rollout=replace(
+            rollout,
+            phase=RolloutPhase.CANARY,
+            canaries=tuple(swaps.get(m, m) for m in rollout.canaries),
+            baking_since=None,
+            lost=lost,
+        ),
     )
 
 

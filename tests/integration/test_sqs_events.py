@@ -20,6 +20,7 @@ from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
+from tests.support.queue_junk import JUNK
 from tests.support.s3 import (
     MANIFEST,
     aws_env,
@@ -178,6 +179,44 @@ def test_junk_and_keys_of_no_release_are_dropped_and_stop_nothing(
     assert served - uploaded < _step_seconds(operation, "fetch", "load") + 1.0
     assert _health(heard.daemon)["state"] == "live"
     assert heard.daemon.process.poll() is None
+
+
+SQS_LIMIT = 256 * 1024  # bytes of a message body moto's SQS (and SQS by default) takes
+
+
+def _store_events(daemon: Daemon) -> dict[str, Any]:
+    jobs = daemon.get("/healthz").json()["jobs"]
+    [job] = [j for j in jobs if j["name"] == "store-events"]
+    return dict(job)
+
+
+def test_a_message_of_any_shape_is_deleted_and_the_job_keeps_running_and_deploying(
+    heard: Heard, triton: RunningTriton
+) -> None:
+    """JSON nested deeper than the parser goes (alone, under Records, or inside an SNS
+    envelope) crashed the store-events job, and came back after every visibility timeout;
+    nothing the queue holds may stop it now."""
+    eventually(lambda: _health(heard.daemon)["state"] == "live", 30, "the queue received from")
+    before = _store_events(heard.daemon)
+    assert before["state"] == "running", before
+    sent = 0
+    for body, _kind in JUNK.values():
+        if len(body.encode()) <= SQS_LIMIT:
+            heard.sqs.send_message(QueueUrl=heard.queue_url, MessageBody=body)
+            sent += 1
+    assert sent >= 30
+
+    eventually(lambda: queued(heard.sqs, heard.queue_url) == 0, 60, "every junk message deleted")
+    model = _model()
+    uploaded = heard.upload(model, "r1", k=5.0)
+    served = _served_at(triton, model, 5.0, timeout=60)
+    operation = _deploy_of(heard.daemon, model, "r1")
+    assert served - uploaded < _step_seconds(operation, "fetch", "load") + 1.0
+    job = _store_events(heard.daemon)
+    assert (job["state"], job["restarts"]) == ("running", before["restarts"]), job
+    assert _health(heard.daemon)["state"] == "live"
+    assert "(not_json: " in heard.daemon.log()
+    assert "unhandled errors in a TaskGroup" not in heard.daemon.log()
 
 
 def test_a_message_stays_in_the_queue_until_the_daemon_has_handled_it(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -208,6 +209,7 @@ def every_field_set() -> DesiredModel:
             baking_since=T0 - timedelta(seconds=30),
             since_generation=6,
             note="a note",
+            lost=("member-c",),
         ),
         claim=Claim(
             release="r4",
@@ -296,7 +298,7 @@ def test_a_desired_state_missing_a_required_field_is_refused(key: str) -> None:
     ("change", "error"),
     [
         ({"rollout": {"phase": "halfway"}}, ValueError),
-        ({"generation": "seven"}, ValueError),
+        ({"generation": "seven"}, TypeError),
         ({"set_at": "yesterday"}, ValueError),
         ({"set_at": None}, ValueError),
         ({"degraded": [{"release": "r0", "at": None}]}, ValueError),
@@ -325,7 +327,7 @@ def test_a_desired_state_that_is_not_ours_is_refused(
         ({"models": {"m": {"release": "r2", "state": "dancing"}}}, ValueError),
         ({"models": {"m": {"release": "r2"}}}, KeyError),
         ({"at": "now"}, ValueError),
-        ({"interval": "often"}, ValueError),
+        ({"interval": "often"}, TypeError),
         ({"models": ["m"]}, TypeError),
         ({"models": {"m": ["r2", "serving"]}}, TypeError),
     ],
@@ -337,6 +339,130 @@ def test_a_heartbeat_that_is_not_ours_is_refused(
 
     with pytest.raises(error):
         beat_from_storage(data)
+
+
+NAIVE = "2026-01-01T12:00:00"  # a time without a zone, as a hand edit writes it
+ROLLING: dict[str, Any] = {
+    "phase": "baking",
+    "stable": "r1",
+    "canaries": ["a"],
+    "bake_seconds": 60,
+    "baking_since": T0.isoformat(),
+    "since_generation": 5,
+}
+# Each a value a record read as JSON (Python's reader: NaN, Infinity and 1e400 are floats)
+# may hold, which parsed before and then failed where it was used: a 500 from GET /v1/fleet,
+# a restart of the fleet sync, or a NaN no JSON answer can carry.
+BAD_DESIRED: dict[str, dict[str, Any]] = {
+    "generation NaN": {"generation": math.nan},
+    "generation Infinity": {"generation": math.inf},
+    "generation negative": {"generation": -1},
+    "generation huge": {"generation": 2**63},
+    "generation a fraction": {"generation": 7.5},
+    "generation a boolean": {"generation": True},
+    "set_at without a zone": {"set_at": NAIVE},
+    "set_at garbage": {"set_at": "yesterday at noon"},
+    "set_at a number": {"set_at": 1767268800},
+    "set_at out of range": {"set_at": "0001-01-01T00:00:00+05:00"},
+    "release a number": {"release": 2},
+    "previous a list": {"previous": ["r1"]},
+    "model a list": {"model": ["m"]},
+    "set_by null": {"set_by": None},
+    "trigger a number": {"trigger": 1},
+    "reason an object": {"reason": {"why": "x"}},
+    "degraded an object": {"degraded": {"release": "r0"}},
+    "degraded at without a zone": {"degraded": [{"release": "r0", "at": NAIVE}]},
+    "degraded release a number": {"degraded": [{"release": 0, "at": T0.isoformat()}]},
+    "baking_since without a zone": {"rollout": {**ROLLING, "baking_since": NAIVE}},
+    "baking_since garbage": {"rollout": {**ROLLING, "baking_since": "soon"}},
+    "bake_seconds NaN": {"rollout": {**ROLLING, "bake_seconds": math.nan}},
+    "bake_seconds Infinity": {"rollout": {**ROLLING, "bake_seconds": math.inf}},
+    "bake_seconds negative": {"rollout": {**ROLLING, "bake_seconds": -5}},
+    "bake_seconds a string": {"rollout": {**ROLLING, "bake_seconds": "60"}},
+    "since_generation NaN": {"rollout": {**ROLLING, "since_generation": math.nan}},
+    "since_generation negative": {"rollout": {**ROLLING, "since_generation": -2}},
+    "canaries a string": {"rollout": {**ROLLING, "canaries": "a"}},
+    "canaries of numbers": {"rollout": {**ROLLING, "canaries": [1]}},
+    "phase a list": {"rollout": {**ROLLING, "phase": ["baking"]}},
+    "stable a number": {"rollout": {**ROLLING, "stable": 1}},
+    "note a number": {"rollout": {**ROLLING, "note": 1}},
+    "lost a string": {"rollout": {**ROLLING, "lost": "b"}},
+    "claim at without a zone": {
+        "claim": {"release": "r4", "member": "a", "incarnation": "i", "at": NAIVE}
+    },
+    "claim revision a number": {
+        "claim": {
+            "release": "r4",
+            "member": "a",
+            "incarnation": "i",
+            "at": T0.isoformat(),
+            "revision": 1,
+        }
+    },
+}
+BAD_BEATS: dict[str, dict[str, Any]] = {
+    "at without a zone": {"at": NAIVE},
+    "at garbage": {"at": "now"},
+    "at NaN": {"at": math.nan},
+    "interval NaN": {"interval": math.nan},
+    "interval Infinity": {"interval": math.inf},
+    "interval huge": {"interval": 1e300},
+    "interval an integer beyond any float": {"interval": 10**400},
+    "interval negative": {"interval": -5},
+    "interval a boolean": {"interval": True},
+    "member a number": {"member": 7},
+    "incarnation null": {"incarnation": None},
+    "version a number": {"version": 2},
+    "overload a number": {"overload": 0.99},
+    "stale a string": {"stale": "no"},
+    "models a list": {"models": ["m"]},
+    "a model's state a number": {"models": {"m": {"release": "r2", "state": 1}}},
+    "a model's release a number": {"models": {"m": {"release": 2, "state": "serving"}}},
+    "a model's generation NaN": {
+        "models": {"m": {"release": "r2", "state": "serving", "generation": math.nan}}
+    },
+    "a model's generation negative": {
+        "models": {"m": {"release": "r2", "state": "serving", "generation": -1}}
+    },
+    "a model's error a list": {
+        "models": {"m": {"release": "r2", "state": "failed", "error": ["boom"]}}
+    },
+}
+
+
+@pytest.mark.parametrize("shape", sorted(BAD_DESIRED))
+def test_a_desired_state_with_a_value_that_would_fail_where_it_is_used_is_refused(
+    shape: str,
+) -> None:
+    data = {**stored_desired(), **BAD_DESIRED[shape]}
+
+    with pytest.raises((TypeError, ValueError)) as refused:
+        desired_from_storage(data)
+
+    field = next(iter(BAD_DESIRED[shape]))
+    assert str(refused.value).startswith(field), refused.value
+
+
+@pytest.mark.parametrize("shape", sorted(BAD_BEATS))
+def test_a_heartbeat_with_a_value_that_would_fail_where_it_is_used_is_refused(
+    shape: str,
+) -> None:
+    data = {**beat_for_storage(beat("a", serving("r2"))), **BAD_BEATS[shape]}
+
+    with pytest.raises((TypeError, ValueError)) as refused:
+        beat_from_storage(data)
+
+    field = next(iter(BAD_BEATS[shape]))
+    assert str(refused.value).startswith(field), refused.value
+
+
+def test_a_time_with_another_zone_than_utc_is_read_as_the_same_moment() -> None:
+    data = {**beat_for_storage(beat("a")), "at": "2026-01-01T13:00:00+01:00"}
+
+    read = beat_from_storage(data)
+
+    assert read.at == T0
+    assert read.alive(T0)
 
 
 @pytest.mark.parametrize("key", ["member", "incarnation", "at", "interval"])
@@ -447,15 +573,89 @@ def test_a_dead_canary_is_not_waited_for() -> None:
     assert after.rollout.phase is RolloutPhase.BAKING
 
 
-def test_with_no_live_canary_the_rollout_waits() -> None:
+def test_with_no_live_canary_and_no_member_to_take_over_the_rollout_waits() -> None:
     wanted = desired(rollout=canary("a", "b"))
     failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
-    fleet = beats(
-        beat("a", serving("r2"), at=DEAD), beat("b", failed, at=DEAD), beat("c", serving("r1"))
-    )
+    fleet = beats(beat("a", serving("r2"), at=DEAD), beat("b", failed, at=DEAD))
 
     assert advance(wanted, fleet, T0, by="c") is None
     assert advance(wanted, {}, T0, by="c") is None
+
+
+@pytest.mark.parametrize("phase", [RolloutPhase.CANARY, RolloutPhase.BAKING])
+def test_a_canary_gone_is_replaced_by_the_first_live_member_and_the_bake_starts_again(
+    phase: RolloutPhase,
+) -> None:
+    """The canary's pod went away (its heartbeat stopped; under Kubernetes a pod with another
+    name took its place): the first live member by name that is not a canary takes over."""
+    wanted = desired(rollout=canary("b", phase=phase, baking_since=T0))
+    later = T0 + timedelta(seconds=50)
+    fleet = beats(
+        beat("b", serving("r2"), at=DEAD),
+        beat("new-pod", serving("r1"), at=later),
+        beat("a", serving("r1"), at=later),
+    )
+
+    after = advance(wanted, fleet, later, by="new-pod")
+
+    assert after is not None
+    assert after.generation == 6
+    assert after.rollout.phase is RolloutPhase.CANARY
+    assert (after.rollout.canaries, after.rollout.lost) == (("a",), ("b",))
+    assert after.rollout.baking_since is None
+    assert (after.release, after.rollout.stable) == ("r2", "r1")
+    assert [after.target_for(m) for m in ("a", "b", "new-pod")] == ["r2", "r1", "r1"]
+    assert after.reason.startswith("canary b is gone (no heartbeat for 3 beats): a takes the place")
+    # The new canary serves it: the bake starts then, and lasts the whole bake.
+    serves = beats(beat("a", serving("r2", generation=6), at=later), beat("new-pod", at=later))
+    baking = advance(after, serves, later, by="a")
+    assert baking is not None
+    assert (baking.rollout.phase, baking.rollout.baking_since) == (RolloutPhase.BAKING, later)
+    early, done = later + timedelta(seconds=59), later + timedelta(seconds=60)
+    assert advance(baking, _at(serves, early), early, by="a") is None
+    complete = advance(baking, _at(serves, done), done, by="a")
+    assert complete is not None
+    assert complete.rollout.phase is RolloutPhase.COMPLETE
+
+
+def _at(fleet: dict[str, MemberBeat], at: datetime) -> dict[str, MemberBeat]:
+    return {name: dataclasses.replace(b, at=at) for name, b in fleet.items()}
+
+
+def test_a_canary_without_a_heartbeat_at_all_is_gone_too_and_the_live_ones_stay() -> None:
+    wanted = desired(rollout=canary("a", "b", phase=RolloutPhase.BAKING, baking_since=T0))
+    fleet = beats(beat("a", serving("r2")), beat("c", serving("r1")), beat("d", serving("r1")))
+
+    after = advance(wanted, fleet, T0, by="c")
+
+    assert after is not None
+    assert (after.rollout.canaries, after.rollout.lost) == (("a", "c"), ("b",))
+
+
+def test_a_member_that_was_a_canary_of_this_rollout_is_not_picked_again() -> None:
+    """b went away and came back (a slow restart): it is not a canary any more, and serves the
+    stable release; a's place goes to c."""
+    rollout = dataclasses.replace(canary("a"), lost=("b",))
+    fleet = beats(beat("a", at=DEAD), beat("b", serving("r1")), beat("c", serving("r1")))
+
+    after = advance(desired(rollout=rollout), fleet, T0, by="b")
+
+    assert after is not None
+    assert (after.rollout.canaries, after.rollout.lost) == (("c",), ("b", "a"))
+
+
+def test_a_rollout_whose_canaries_keep_going_away_is_stopped() -> None:
+    rollout = dataclasses.replace(canary("c"), lost=("a", "b"))
+    fleet = beats(beat("c", serving("r2"), at=DEAD), beat("d", serving("r1")))
+
+    after = advance(desired(rollout=rollout), fleet, T0, by="d")
+
+    assert after is not None
+    assert after.rollout.phase is RolloutPhase.ROLLED_BACK
+    assert (after.release, after.previous) == ("r1", "r2")
+    assert after.is_degraded("r2")
+    assert "3 canaries went away during this rollout (a, b, c)" in after.rollout.note
+    assert [after.target_for(m) for m in ("c", "d")] == ["r1", "r1"]
 
 
 def baking(bake_seconds: float = 60.0) -> DesiredModel:

@@ -444,7 +444,7 @@ def test_a_record_with_a_list_where_an_object_belongs_is_left_out_not_fatal(
     caplog.set_level(logging.ERROR)
 
     assert records.read_all() == {"good": good}
-    assert any("rollout is a JSON list, not an object" in r.getMessage() for r in caplog.records)
+    assert any("rollout is a list, not an object" in r.getMessage() for r in caplog.records)
     with pytest.raises(StoreError):
         records.read("edited")
 
@@ -532,6 +532,62 @@ def test_a_heartbeat_that_is_not_one_hides_only_that_member(
     assert len(logged) == 3
     for member in ("b", "c", "d"):
         assert any(str(beat_file(root, member)) in message for message in logged)
+
+
+# What a hand edit may leave in a record, which Python's JSON reader takes but JSON has not:
+# (the value replaced, its replacement).
+NOT_JSON = {
+    "NaN": b"NaN",
+    "Infinity": b"-Infinity",
+    "nested deeper than the parser goes": b"[" * 200_000 + b"]" * 200_000,
+}
+
+
+def edited(record: bytes, field: bytes, shape: str) -> bytes:
+    """``record`` (one field a line, as the daemon writes it) with ``field``'s value edited
+    to ``shape``'s."""
+    new = NOT_JSON[shape]
+    line = next(line for line in record.splitlines() if line.strip().startswith(field))
+    return record.replace(line, line.replace(line.split(b": ")[1].rstrip(b","), new))
+
+
+@pytest.mark.parametrize("shape", sorted(NOT_JSON))
+def test_a_desired_state_of_json_python_reads_but_json_has_not_is_unreadable_and_listed(
+    shape: str, records: LocalDesiredStates, root: Path
+) -> None:
+    good = generation_one("good")
+    records.swap(good)
+    broken = desired_file(root, "broken")
+    broken.write_bytes(edited(encode_desired(generation_one("broken")), b'"bake_seconds"', shape))
+
+    assert records.read_all() == {"good": good}
+    assert list(records.unreadable()) == [str(broken)]
+    with pytest.raises(StoreError, match="cannot be read"):
+        records.read("broken")
+
+
+@pytest.mark.parametrize("shape", sorted(NOT_JSON))
+def test_a_heartbeat_of_json_python_reads_but_json_has_not_hides_that_member_only(
+    shape: str, records: LocalDesiredStates, root: Path
+) -> None:
+    records.beat(heartbeat("a"))
+    beat_file(root, "b").write_bytes(edited(encode_beat(heartbeat("b")), b'"interval"', shape))
+
+    assert records.beats() == {"a": heartbeat("a")}
+    assert list(records.unreadable()) == [str(beat_file(root, "b"))]
+
+
+def test_a_heartbeat_with_a_time_without_a_zone_is_listed_saying_so(
+    records: LocalDesiredStates, root: Path
+) -> None:
+    records.beat(heartbeat("b"))
+    stored = json.loads(beat_file(root, "b").read_bytes())
+    stored["at"] = "2026-01-01T12:00:00"
+    beat_file(root, "b").write_text(json.dumps(stored))
+
+    assert records.beats() == {}
+    [why] = records.unreadable().values()
+    assert "at is '2026-01-01T12:00:00', a time without a zone" in why
 
 
 def test_forget_deletes_a_member_s_heartbeat(records: LocalDesiredStates) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 
 import pytest
 
-from controlplane.adapters.stores.s3_events import Drop, read_message
+from controlplane.adapters.stores.s3_events import Drop, Heard, read_message
 from controlplane.settings import Settings
+from tests.support.queue_junk import JUNK, key_event
 
 
 def _event(key: str, *, bucket: str = "models", name: str = "ObjectCreated:Put") -> str:
@@ -49,6 +52,42 @@ def test_what_names_no_release_is_dropped_with_its_kind(body: str, kind: Drop) -
     heard = read_message(body, bucket="models", base="prod/")
     assert heard.models == frozenset()
     assert [drop for drop, _detail in heard.dropped] == [kind]
+
+
+@pytest.mark.parametrize("shape", sorted(JUNK))
+def test_a_body_of_any_shape_is_dropped_with_a_short_printable_detail(shape: str) -> None:
+    body, kind = JUNK[shape]
+
+    heard = read_message(body, bucket="models", base="prod/")
+
+    assert heard.models == frozenset()
+    assert [drop for drop, _detail in heard.dropped] == [kind] * len(heard.dropped)
+    assert heard.dropped
+    for _drop, detail in heard.dropped:
+        assert len(detail) <= 300, detail[:400]
+        assert detail.isprintable(), detail
+
+
+def _deep_stack(frames: int, then: Callable[[], Heard]) -> Heard:
+    return then() if frames == 0 else _deep_stack(frames - 1, then)
+
+
+@pytest.mark.parametrize("shape", sorted(JUNK))
+def test_a_body_is_read_safely_however_deep_the_caller_s_stack_is(shape: str) -> None:
+    """The job reads a message some way down its own stack: what the parser can nest there
+    depends on it, and a body too deep for it is dropped, never raised."""
+    body, _kind = JUNK[shape]
+    frames = sys.getrecursionlimit() - 150
+
+    heard = _deep_stack(frames, lambda: read_message(body, bucket="models", base="prod/"))
+
+    assert heard.models == frozenset()
+    assert heard.dropped
+
+
+def test_a_key_percent_encoded_whole_still_names_its_model() -> None:
+    body = key_event("prod%2Fresnet%2Fr1%2FSHA256SUMS")
+    assert read_message(body, bucket="models", base="prod/").models == {"resnet"}
 
 
 def test_a_queue_beside_a_directory_store_is_refused_naming_the_setting() -> None:

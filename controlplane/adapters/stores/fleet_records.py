@@ -84,12 +84,23 @@ class BadBeats:
 
 
 def _decode(data: bytes) -> dict[str, Any]:
+    """The record's JSON object. NaN and Infinity, which Python reads but JSON has not, are
+    refused here, and so is nesting deeper than the parser goes (a ``RecursionError``, which
+    is no ``ValueError``): every value a record holds is then checked where it is read
+    (:mod:`controlplane.domain.stored`)."""
     if len(data) > MAX_RECORD_BYTES:
         raise ValueError(f"{len(data)} bytes, more than a record ever holds")
-    found = json.loads(data)
+    try:
+        found = json.loads(data, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("JSON nested deeper than a record ever is") from None
     if not isinstance(found, dict):
         raise TypeError(f"a JSON {type(found).__name__}, not an object")
     return found
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is no JSON number (JSON has no NaN or Infinity)")
 
 
 def named_as(where: str, name: str, holds: str) -> bool:

@@ -16,7 +16,8 @@ differences that follow from SQS:
   failed, leaves the message in the queue: SQS shows it again after its visibility timeout.
   Messages that name no model (not JSON, not an S3 event, the ``s3:TestEvent`` S3 sends when a
   notification is configured, another bucket, a key outside the store or not a marker) are
-  deleted at once and logged, at most once a minute per kind of drop.
+  deleted at once and logged, at most once a minute per kind of drop. No body can stop the
+  job: one that reading fails on (``unreadable``) is dropped the same way.
 
 A queue that cannot be reached (it does not exist, access is denied, no connection) changes
 nothing but latency: the state turns ``unreachable`` (logged once per change, shown in
@@ -46,7 +47,7 @@ import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions  # type: ignore[import-untyped]
 
-from controlplane.adapters.stores.s3_events import Drop, read_message
+from controlplane.adapters.stores.s3_events import Drop, Heard, read_message
 from controlplane.domain.notifications import NotificationHealth, NotificationState
 from controlplane.ports import Clock, StoreChanges
 
@@ -161,7 +162,13 @@ class SqsStoreEvents:
     def _heard(self, message: dict[str, Any]) -> bool:
         """Keep a message until the models it names are listed; drop one that names none."""
         handle = str(message.get("ReceiptHandle", ""))
-        heard = read_message(str(message.get("Body", "")), bucket=self._bucket, base=self._base)
+        try:
+            heard = read_message(str(message.get("Body", "")), bucket=self._bucket, base=self._base)
+        except Exception as exc:
+            # Whoever may send to the queue chooses the bodies: one that read_message cannot
+            # read must cost a log line, not the job (it would come back after every
+            # visibility timeout and stop the job again).
+            heard = Heard(dropped=((Drop.UNREADABLE, f"{type(exc).__name__}: {exc}"[:200]),))
         for kind, detail in heard.dropped:
             self._drops.dropped(kind, detail, self._url)
         if not heard.models:
