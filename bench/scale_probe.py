@@ -33,7 +33,7 @@ async def scans(store_path: Path, count: int) -> dict[str, Any]:
     from controlplane.adapters.clock import SystemClock
     from controlplane.adapters.persistence import SqliteRepos
     from controlplane.adapters.stores.local import LocalStore
-    from controlplane.services.coordination import TaskOwner
+    from controlplane.services.tasks import TaskOwner
     from controlplane.services.watcher import ReleaseWatcher
 
     with tempfile.TemporaryDirectory(prefix="scale-probe-") as tmp:

@@ -27,6 +27,7 @@ from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.stress import Load
 from controlplane.domain.traffic import Signature
 from controlplane.domain.transfer import RetryCause
+from controlplane.domain.triton import TritonState
 
 # --- model store -------------------------------------------------------------------------
 
@@ -367,7 +368,7 @@ class IndexEntry:
 
     name: str
     version: str
-    state: str  # READY, LOADING, UNLOADING, UNAVAILABLE, ...
+    state: TritonState
     reason: str = ""
 
 

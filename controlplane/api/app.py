@@ -77,7 +77,6 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.operations import Cause, Operation, OperationStatus, Trigger, Unchanged
 from controlplane.services.fleet import FleetService, fleet_json, fleet_json_model
-from controlplane.services.runner import HOUSEKEEPING
 from controlplane.settings import Settings
 from controlplane.wiring import Container, build
 
@@ -412,7 +411,8 @@ def create_app(settings: Settings) -> FastAPI:
                 cause=Cause(reason=body.reason),
                 patient=body.wait or body.fleet,  # a caller that waits rides out an outage
             ),
-            patience=HOUSEKEEPING,  # a deploy waits for an old slot being freed; no refusal
+            # A deploy waits for an old slot being freed, rather than refused for it.
+            patience=c.deploy.behind_housekeeping(name),
         )
         return await answer(c, operation, body)
 

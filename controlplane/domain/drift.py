@@ -14,18 +14,21 @@ What a model needs, by strategy:
   points at it. Other slots of the model that hold something are retired, unless they are a
   warm previous release (RETIRING and READY), which keep their retire window.
 
-Triton busy with a name (LOADING, UNLOADING) is waited for, never acted on.
+Triton busy with a name (LOADING, UNLOADING) is waited for, never acted on. A strategy joins
+with its own assessment in :data:`_BY_STRATEGY`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from controlplane.domain.slots import Slot, SlotState
+from controlplane.domain.traffic import Strategy
+from controlplane.domain.triton import TritonState
 
-BUSY = frozenset({"LOADING", "UNLOADING"})
+READY, UNAVAILABLE = TritonState.READY, TritonState.UNAVAILABLE
 
 
 class Action(StrEnum):
@@ -57,10 +60,10 @@ class Observed:
 
     model: str
     desired: str | None
-    blue_green: bool
+    strategy: Strategy
     slots: Sequence[Slot]  # the records (blue-green: every slot; inplace: the model's own)
     on_disk: Mapping[str, str]  # dir name -> release its marker names (this model's dirs)
-    triton: Mapping[str, str]  # name -> Triton's state (READY, LOADING, UNAVAILABLE, ...)
+    triton: Mapping[str, TritonState]  # name -> Triton's state, for the names Triton lists
     alias_target: str | None = None  # blue-green: the slot the alias points at, if READY
     alias_on_disk: bool = False  # blue-green: the alias's dir is in the repository
 
@@ -73,18 +76,18 @@ class Assessment:
     slot: str | None = None  # the slot that serves (or should)
     retire: tuple[str, ...] = ()  # slots to take down (blue-green)
     serving: bool = False  # clients get the desired release now
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    # It serves, but the records do not say that ``slot`` is the ACTIVE one (a pass that found
+    # the alias pointing at it after a restart): record it so, no repair needed.
+    unrecorded: bool = False
 
 
 def assess(seen: Observed) -> Assessment:
-    if seen.blue_green:
-        return _blue_green(seen)
-    return _inplace(seen)
+    return _BY_STRATEGY[seen.strategy](seen)
 
 
 def _inplace(seen: Observed) -> Assessment:
     model = seen.model
-    state = seen.triton.get(model, "UNAVAILABLE")
+    state = seen.triton.get(model, UNAVAILABLE)
     placed = seen.on_disk.get(model)
     record = next((s for s in seen.slots if s.name == model), None)
     if seen.desired is None:
@@ -98,17 +101,17 @@ def _inplace(seen: Observed) -> Assessment:
             f"the repository holds {placed or 'nothing'}, {seen.desired} should serve",
             slot=model,
         )
-    if state in BUSY:
+    if state.busy:
         return Assessment(model, Action.WAIT, f"Triton is {state} {model}", slot=model)
     unsettled = record is not None and record.state in UNSETTLED
-    if state != "READY" or unsettled:
+    if state is not READY or unsettled:
         why = (
             f"{model} was left {record.state} mid-way (a reload cut short, or a daemon that "
             f"died); reloading {seen.desired} from disk"
-            if unsettled and state == "READY" and record is not None
+            if unsettled and state is READY and record is not None
             else f"Triton has {model} {state}; {seen.desired} is on disk"
         )
-        return Assessment(model, Action.LOAD, why, slot=model, serving=state == "READY")
+        return Assessment(model, Action.LOAD, why, slot=model, serving=state is READY)
     return Assessment(model, Action.NONE, f"serves {seen.desired}", slot=model, serving=True)
 
 
@@ -130,7 +133,7 @@ def _blue_green(seen: Observed) -> Assessment:
             for name in set(seen.on_disk) | {s.name for s in seen.slots if _holds(s)}
             if name != serving
             and not _warm(records.get(name), seen.triton.get(name))
-            and seen.triton.get(name) not in BUSY
+            and not seen.triton.get(name, UNAVAILABLE).busy
         )
     )
     if seen.desired is None:
@@ -150,14 +153,14 @@ def _blue_green(seen: Observed) -> Assessment:
             f"no slot holds {seen.desired}",
             retire=retire,
         )
-    slot_state = seen.triton.get(serving, "UNAVAILABLE")
-    alias_state = seen.triton.get(model, "UNAVAILABLE")
-    if slot_state in BUSY or alias_state in BUSY:
-        busy = serving if slot_state in BUSY else model
+    slot_state = seen.triton.get(serving, UNAVAILABLE)
+    alias_state = seen.triton.get(model, UNAVAILABLE)
+    if slot_state.busy or alias_state.busy:
+        busy = serving if slot_state.busy else model
         return Assessment(
             model, Action.WAIT, f"Triton is {seen.triton[busy]} {busy}", slot=serving, retire=retire
         )
-    if slot_state != "READY":
+    if slot_state is not READY:
         return Assessment(
             model,
             Action.LOAD,
@@ -165,8 +168,8 @@ def _blue_green(seen: Observed) -> Assessment:
             slot=serving,
             retire=retire,
         )
-    if alias_state != "READY" or seen.alias_target != serving:
-        where = seen.alias_target if alias_state == "READY" else alias_state
+    if alias_state is not READY or seen.alias_target != serving:
+        where = seen.alias_target if alias_state is READY else alias_state
         return Assessment(
             model,
             Action.REPOINT,
@@ -175,7 +178,6 @@ def _blue_green(seen: Observed) -> Assessment:
             retire=retire,
         )
     record = records.get(serving)
-    notes = () if record is not None and record.state is SlotState.ACTIVE else ("record",)
     return Assessment(
         model,
         Action.NONE,
@@ -183,15 +185,18 @@ def _blue_green(seen: Observed) -> Assessment:
         slot=serving,
         retire=retire,
         serving=True,
-        notes=notes,
+        unrecorded=record is None or record.state is not SlotState.ACTIVE,
     )
 
 
 def _holds(slot: Slot) -> bool:
     """The record says the slot holds something Triton may have loaded."""
-    return slot.state not in (SlotState.ABSENT, SlotState.UNAVAILABLE)
+    return not slot.state.idle
 
 
-def _warm(record: Slot | None, state: str | None) -> bool:
+def _warm(record: Slot | None, state: TritonState | None) -> bool:
     """A previous release kept loaded for a quick rollback: it keeps its retire window."""
-    return record is not None and record.state is SlotState.RETIRING and state == "READY"
+    return record is not None and record.state is SlotState.RETIRING and state is READY
+
+
+_BY_STRATEGY = {Strategy.BLUE_GREEN: _blue_green, Strategy.INPLACE: _inplace}

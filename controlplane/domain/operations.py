@@ -115,6 +115,35 @@ NO_CAUSE = Cause()
 
 
 @dataclass(frozen=True)
+class Patience:
+    """What a new operation does while another holds its model: wait for holders of the
+    ``behind`` kinds (None: any holder) up to ``seconds``, then refuse (``operation_in_progress``,
+    naming the holder). The default refuses at once."""
+
+    behind: frozenset[OperationKind] | None = frozenset()
+    seconds: float = 0.0
+
+    def waits_for(self, kind: OperationKind | None) -> bool:
+        if self.behind is None:
+            return True
+        return kind is not None and kind in self.behind
+
+
+REFUSE = Patience()  # another operation holds the model: say so at once (the API)
+
+
+def housekeeping(seconds: float) -> Patience:
+    """Behind the daemon's own freeing of an old slot (a retire, bounded by its drain and its
+    unload: ``seconds``): a deploy must not fail for it."""
+    return Patience(behind=frozenset({OperationKind.RETIRE}), seconds=seconds)
+
+
+def any_holder(seconds: float) -> Patience:
+    """Wait up to ``seconds`` for whatever holds the model to end, then refuse."""
+    return Patience(behind=None, seconds=seconds)
+
+
+@dataclass(frozen=True)
 class Unchanged:
     """A request for what serves already (the same release, unchanged in the store): nothing
     to do, and no operation is recorded."""

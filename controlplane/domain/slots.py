@@ -16,10 +16,10 @@ A slot is FAILED when its load failed, was cut short, or timed out and Triton st
 (a load that never ends keeps its name until Triton restarts), and when its unload did not
 finish; the reconcile loop takes such a slot down once Triton lets go of it.
 
-A slot the rollback chain's last step reloaded on CPU-only instances says so in its reason
-(:data:`ON_CPU_ONLY`, read by :func:`on_cpu_only`): Triton keeps that override until it loads the
-slot from its files again, so the mark follows the slot through the moves that keep what Triton
-holds (READY, ACTIVE, RETIRING) and is gone after any other.
+A slot the rollback chain's last step reloaded on CPU-only instances says so
+(:attr:`Slot.cpu_only`): Triton keeps that override until it loads the slot from its files
+again, so the mark follows the slot through the moves that keep what Triton holds (READY,
+ACTIVE, RETIRING) and is gone after any other.
 
 Transitions are a table; :func:`transition` refuses anything not in it and returns a new
 frozen value that records why the slot moved (its trigger and reason). :func:`observe` is the
@@ -35,6 +35,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from controlplane.domain.errors import InvalidTransition
+from controlplane.domain.operations import Trigger
 
 
 class SlotState(StrEnum):
@@ -49,6 +50,17 @@ class SlotState(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
     FAILED = "FAILED"
     STALE = "STALE"  # inplace: a reload was cut short; Triton may serve other files than placed
+
+    @property
+    def loaded(self) -> bool:
+        """Triton holds a release of the slot, as the records last knew, and nothing is
+        under way: the one meaning of "loaded" (UPDATING is a load in motion)."""
+        return self in LOADED
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the slot is in the repository or in Triton: a load may go into it."""
+        return self in (SlotState.ABSENT, SlotState.UNAVAILABLE)
 
 
 S = SlotState
@@ -67,21 +79,24 @@ TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 }
 
 
+LOADED = frozenset({S.READY, S.ACTIVE, S.RETIRING, S.STALE})
 # Moves between these keep the model Triton holds as it is (no load from the slot's files).
 _KEEPS_LOADED = frozenset({S.READY, S.ACTIVE, S.RETIRING})
-ON_CPU_ONLY = "on CPU-only instances"
+ON_CPU_ONLY = "on CPU-only instances"  # how a reason says it (status, logs)
 
 
 @dataclass(frozen=True)
 class Slot:
-    """What the daemon knows about one slot, and why it is in its state."""
+    """What the daemon knows about one slot, and why it is in its state: what moved it
+    (``trigger``: None for a slot never touched) and the ``reason`` in words."""
 
     name: str
     state: SlotState
     release: str | None
-    trigger: str
+    trigger: Trigger | None
     reason: str
     since: datetime
+    cpu_only: bool = False  # the rollback chain reloaded it on CPU-only instances
 
 
 def can_transition(source: SlotState, target: SlotState) -> bool:
@@ -92,18 +107,20 @@ def transition(
     slot: Slot,
     target: SlotState,
     *,
-    trigger: str,
+    trigger: Trigger,
     at: datetime,
     reason: str = "",
     release: str | None = None,
+    cpu_only: bool = False,
 ) -> Slot:
-    """Move ``slot`` to ``target`` if the table allows it; keep its release unless given."""
+    """Move ``slot`` to ``target`` if the table allows it; keep its release unless given.
+    ``cpu_only``: this move is the CPU-only reload; otherwise the mark stays only through the
+    moves that keep what Triton holds."""
     if not can_transition(slot.state, target):
         raise InvalidTransition(
             f"slot {slot.name!r} cannot go from {slot.state} to {target} ({trigger}: {reason})"
         )
-    if on_cpu_only(slot) and target in _KEEPS_LOADED and ON_CPU_ONLY not in reason:
-        reason = f"{reason} ({ON_CPU_ONLY})" if reason else ON_CPU_ONLY
+    keeps = cpu_only or (slot.cpu_only and slot.state in _KEEPS_LOADED and target in _KEEPS_LOADED)
     return dataclasses.replace(
         slot,
         state=target,
@@ -111,22 +128,25 @@ def transition(
         trigger=trigger,
         reason=reason,
         since=at,
+        cpu_only=keeps,
     )
-
-
-def on_cpu_only(slot: Slot) -> bool:
-    """The slot holds its release as the rollback chain's CPU-only reload left it."""
-    return slot.state in _KEEPS_LOADED and ON_CPU_ONLY in slot.reason
 
 
 def observe(
     slot: Slot, state: SlotState, *, release: str | None, at: datetime, reason: str
 ) -> Slot:
-    """Record the state reconcile observed, bypassing the table (reality wins)."""
+    """Record the state reconcile observed, bypassing the table (reality wins). What Triton
+    holds is not known to be the CPU-only reload's any more."""
     return dataclasses.replace(
-        slot, state=state, release=release, trigger="reconcile", reason=reason, since=at
+        slot,
+        state=state,
+        release=release,
+        trigger=Trigger.RECONCILE,
+        reason=reason,
+        since=at,
+        cpu_only=False,
     )
 
 
 def absent(name: str, at: datetime) -> Slot:
-    return Slot(name=name, state=S.ABSENT, release=None, trigger="", reason="", since=at)
+    return Slot(name=name, state=S.ABSENT, release=None, trigger=None, reason="", since=at)

@@ -18,8 +18,8 @@ from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Trigger
 from controlplane.ports import AlertBook, Clock, Telemetry
-from controlplane.services.coordination import TaskOwner
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.domain.traffic import TrafficPolicy
+from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.ports import (
     Clock,
     MetricsSource,
@@ -25,19 +25,19 @@ from controlplane.ports import (
     Triton,
 )
 from controlplane.services.bluegreen import BlueGreen, Bounds
-from controlplane.services.coordination import LoadSlots, ModelLocks, TaskOwner
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
-from controlplane.services.headroom import HeadroomPolicy
 from controlplane.services.inplace import Inplace
-from controlplane.services.memory import MemoryWatch
+from controlplane.services.memory import HeadroomPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
-from controlplane.services.prepare import Preparer
+from controlplane.services.prepare import Preparer, SignaturePolicy
 from controlplane.services.reconcile import Reconciler
-from controlplane.services.runner import CANCEL_GRACE, OperationRunner
-from controlplane.services.signing import SignaturePolicy
-from controlplane.services.slots import SlotBook
+from controlplane.services.retire import RetireTimers
+from controlplane.services.runner import LoadSlots, ModelLocks, OperationRunner
+from controlplane.services.slots import SlotBook, SlotFreer
+from controlplane.services.strategy import ModelStrategy
 from controlplane.services.stress import StressCheck
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.telemetry import NO_TELEMETRY
 
 
@@ -94,12 +94,16 @@ def assemble(
         locks=ModelLocks(),
         telemetry=telemetry,
         member=member,
-        housekeeping_bound=lambda model: (
-            policy_for(model).drain_timeout + limits.unload_seconds + CANCEL_GRACE
-        ),
     )
     client = OperationClient(runner=runner, clock=clock)
     slots = SlotBook(serving, clock)
+    freer = SlotFreer(
+        book=slots,
+        triton=triton,
+        staging=staging,
+        memory=memory,
+        unload_seconds=limits.unload_seconds,
+    )
     load_slots = LoadSlots(limits.concurrent_loads)
     preparer = Preparer(
         store=store,
@@ -114,13 +118,13 @@ def assemble(
         staging=staging,
         triton=triton,
         slots=slots,
+        freer=freer,
         load_slots=load_slots,
         metrics=metrics,
         memory=memory,
         headroom=headroom,
+        retire=RetireTimers(client=client, clock=clock, tasks=timers, policy_for=policy_for),
         clock=clock,
-        client=client,
-        timers=timers,
         policy_for=policy_for,
         bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
         stress=stress,
@@ -135,6 +139,7 @@ def assemble(
         headroom=headroom,
         unload_timeout=limits.unload_seconds,
     )
+    strategies: dict[Strategy, ModelStrategy] = {s.kind: s for s in (bluegreen, inplace)}
     deploy = DeployService(
         store=store,
         staging=staging,
@@ -144,18 +149,16 @@ def assemble(
         journal=journal,
         releases=releases,
         rollbacks=rollbacks,
-        bluegreen=bluegreen,
-        inplace=inplace,
+        strategies=strategies,
         memory=memory,
         clock=clock,
         policy_for=policy_for,
         require_checksums=limits.require_checksums,
-        unload_timeout=limits.unload_seconds,
+        unload_seconds=limits.unload_seconds,
         fleet=fleet,
     )
     reconciler = Reconciler(
         deploy=deploy,
-        bluegreen=bluegreen,
         runner=runner,
         client=client,
         staging=staging,
@@ -163,10 +166,7 @@ def assemble(
         slots=slots,
         serving=serving,
         journal=journal,
-        load_slots=load_slots,
         clock=clock,
-        policy_for=policy_for,
-        unload_timeout=limits.unload_seconds,
         telemetry=telemetry,
     )
     return Pipelines(runner, client, slots, load_slots, bluegreen, inplace, deploy, reconciler)

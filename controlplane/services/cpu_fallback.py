@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.domain.slots import ON_CPU_ONLY, SlotState
+from controlplane.domain.slots import ON_CPU_ONLY, Slot, SlotState
 from controlplane.ports import Triton
 from controlplane.services.runner import Run
 from controlplane.services.slots import SlotBook
 
 
-async def reload_on_cpu(run: Run, *, triton: Triton, slots: SlotBook, slot_name: str) -> None:
+async def reload_on_cpu(run: Run, *, triton: Triton, slots: SlotBook, slot: Slot) -> None:
     tracker = run.tracker
-    model = run.model
-    slot = await slots.get(model, slot_name)
+    model, slot_name = run.model, slot.name
     async with tracker.step("cpu"):
         updating = await slots.move(
             model, slot, SlotState.UPDATING, run.trigger, "reloading on CPU-only instances"
@@ -39,7 +38,9 @@ async def reload_on_cpu(run: Run, *, triton: Triton, slots: SlotBook, slot_name:
                 )
             )
             raise
-        await slots.move(model, updating, SlotState.ACTIVE, run.trigger, f"serving {ON_CPU_ONLY}")
+        await slots.move(
+            model, updating, SlotState.ACTIVE, run.trigger, f"serving {ON_CPU_ONLY}", cpu_only=True
+        )
         tracker.detail(slot=slot_name, instance_group=groups)
     async with tracker.step("verify"):
         tracker.detail(outputs=await triton.smoke(model, None))

@@ -3,11 +3,12 @@
 Entry points validate, take the model's lock and make the checks that can refuse a request
 (the release exists and is complete) before anything is recorded: a refusal before any work is
 an error answer, not an operation. The bodies run in a task owned by the
-:class:`~controlplane.services.runner.OperationRunner` (``inplace`` in :mod:`.inplace`,
-``blue-green`` in :mod:`.bluegreen`). Invariants:
+:class:`~controlplane.services.runner.OperationRunner`; what they do to the model is its
+strategy's (:mod:`.strategy`: ``inplace`` in :mod:`.inplace`, ``blue-green`` in
+:mod:`.bluegreen`). Invariants:
 
 * All operations on one model are serialized (the runner's lock); loads across models are
-  bounded by :class:`~controlplane.services.coordination.LoadSlots`.
+  bounded by :class:`~controlplane.services.runner.LoadSlots`.
 * Deploying the release that already serves, unchanged in the store, does nothing and says so
   (:class:`Unchanged`), as ``kubectl apply`` does; ``force`` loads it again.
 * A rollback a person asks for rejects the release it leaves: it is latched degraded, so it is
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
 
 from controlplane.domain.errors import (
     ControlPlaneError,
@@ -34,19 +35,22 @@ from controlplane.domain.errors import (
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
     NO_CAUSE,
+    REFUSE,
     CancelReason,
     Cause,
     Operation,
     OperationKind,
+    Patience,
     Step,
     StepStatus,
     Trigger,
     Unchanged,
+    housekeeping,
 )
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease
-from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.domain.triton import TritonState
 from controlplane.ports import (
     Clock,
     ModelStore,
@@ -56,16 +60,16 @@ from controlplane.ports import (
     Staging,
     Triton,
 )
-from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.fleet_ledger import FleetBase, FleetLedger, fleet_agrees
-from controlplane.services.inplace import Inplace
 from controlplane.services.memory import MemoryWatch
-from controlplane.services.runner import REFUSE, AfterSuccess, Body, OperationRunner, Patience, Run
-from controlplane.services.slots import SlotBook
+from controlplane.services.runner import CANCEL_GRACE, Claim, OperationRunner, Run
+from controlplane.services.slots import SlotBook, SlotSnapshot
+from controlplane.services.strategy import ModelStrategy
 
 log = logging.getLogger(__name__)
 PEOPLE = (Trigger.API, Trigger.CLI)
+READY = TritonState.READY
 
 
 class DeployService:
@@ -80,15 +84,15 @@ class DeployService:
         journal: OperationLog,
         releases: ReleaseBook,
         rollbacks: RollbackBook,
-        bluegreen: BlueGreen,
-        inplace: Inplace,
+        strategies: Mapping[Strategy, ModelStrategy],
         memory: MemoryWatch,
         clock: Clock,
         policy_for: Callable[[str], TrafficPolicy],
         require_checksums: bool = True,
-        unload_timeout: float = 60.0,
+        unload_seconds: float = 120.0,
         fleet: FleetLedger | None = None,
     ) -> None:
+        self._unload_seconds = unload_seconds
         self._store = store
         self._staging = staging
         self._triton = triton
@@ -97,23 +101,36 @@ class DeployService:
         self._journal = journal
         self._releases = releases
         self._rollbacks = rollbacks
-        self.bluegreen = bluegreen
-        self._inplace = inplace
+        self._strategies = strategies
         self._memory = memory
         self._clock = clock
         self._policy_for = policy_for
         self._require_checksums = require_checksums
-        self._unload_timeout = unload_timeout
         self.fleet = fleet
 
-    def blue_green(self, model: str) -> bool:
-        return self._policy_for(model).strategy is Strategy.BLUE_GREEN
+    def strategy(self, model: str) -> ModelStrategy:
+        return self._strategies[self._policy_for(model).strategy]
+
+    async def snapshot(self, model: str) -> SlotSnapshot:
+        """The model as recorded, with the slots its strategy names."""
+        return await self._slots.snapshot(model, self.strategy(model).slot_names(model))
+
+    def behind_housekeeping(self, model: str) -> Patience:
+        """Wait behind the daemon's own freeing of an old slot of ``model``: a retire holds
+        it at most its drain, its unload and the grace of a cut."""
+        bound = self._policy_for(model).drain_timeout + self._unload_seconds + CANCEL_GRACE
+        return housekeeping(bound)
 
     async def is_warm(self, model: str, release: str) -> bool:
-        """Whether serving ``release`` again is a re-point (its slot is still loaded)."""
-        return self.blue_green(model) and await self.bluegreen.warm(model, release) is not None
+        """Whether serving ``release`` again needs no load (its slot is still loaded)."""
+        return self.strategy(model).warm(await self.snapshot(model), release) is not None
 
     # --- entry points -----------------------------------------------------------------
+    #
+    # Each claims the model first (waiting as ``patience`` allows), reads it once, and makes
+    # the checks that can refuse: a refusal, or a request that changes nothing, releases the
+    # model and is no operation. ``patient``: the caller waits for the operation anyway, so
+    # the checks ride out a store outage as the fetch does, rather than refuse at once.
 
     async def deploy(
         self,
@@ -128,56 +145,25 @@ class DeployService:
         patient: bool = False,
     ) -> Operation | Unchanged:
         """Serve ``release``. ``force`` loads it even when it serves already, or when the
-        headroom check finds too little free memory. ``cause`` is recorded on the operation;
-        ``patience`` says how long to wait for an operation that holds the model.
-        ``patient``: the caller waits for the operation anyway, so the checks before it is
-        recorded ride out a store outage as the fetch does, rather than refuse at once."""
+        headroom check finds too little free memory. ``cause`` is recorded on the operation."""
         validate_model_name(model)
         validate_release_name(release)
-        base = await self._fleet_base(model, kind, trigger, patient=patient)
-        if not force and kind is OperationKind.DEPLOY:
-            unchanged = await self._unchanged(model, release)
-            if (
-                unchanged is not None
-                and fleet_agrees(base, release)
-                and not (base is not None and await self._held(model, release))
-            ):
-                log.info("%s", unchanged.message, extra={"model": model, "release": release})
-                return unchanged
-            if unchanged is not None:  # it serves here already: only the fleet has to hear it
-                return await self._start(
-                    kind,
-                    model,
-                    release,
-                    trigger,
-                    lambda run: self._publish(run, base, release),
-                    cause=cause,
-                    patience=patience,
-                )
-        strategy = self.bluegreen if self.blue_green(model) else self._inplace
-        info: ReleaseInfo | None = None
-
-        async def resolve() -> Step:
-            nonlocal info
-            resolved, info = await self._resolve(model, release, patient=patient)
-            return resolved
-
-        async def body(run: Run) -> None:
-            assert info is not None  # resolved before the operation was recorded
-            await strategy.deploy(run, revision=info.revision, force=force)
-            await self._publish(run, base, release)
-
-        return await self._start(
-            kind,
-            model,
-            release,
-            trigger,
-            body,
-            check=resolve,
-            after=self._after_swap,
-            cause=cause,
-            patience=patience,
-        )
+        async with self._runner.claimed(model, patience) as claim:
+            snapshot = await self.snapshot(model)
+            base = await self._fleet_base(model, kind, trigger, patient=patient)
+            if not force and kind is OperationKind.DEPLOY:
+                unchanged = await self._unchanged(snapshot, release)
+                settled = unchanged is not None and fleet_agrees(base, release)
+                if unchanged is not None and settled and not await self._held(base, model, release):
+                    log.info("%s", unchanged.message, extra={"model": model, "release": release})
+                    return unchanged
+                if unchanged is not None:  # it serves here already: only the fleet must hear
+                    return await self._publish_only(
+                        claim, snapshot, kind, release, trigger, base, cause
+                    )
+            return await self._load(
+                claim, snapshot, kind, release, trigger, base, cause, force, patient
+            )
 
     async def rollback(
         self,
@@ -192,61 +178,36 @@ class DeployService:
         """Serve the previous release again (or ``to``); a re-point when its slot is warm.
         Rolling back to the release that serves, unchanged, does nothing and says so."""
         validate_model_name(model)
-        base = await self._fleet_base(model, OperationKind.ROLLBACK, trigger, patient=patient)
-        if to in (None, "", "previous"):
-            record = await self._slots.record(model)
-            if record is None or record.active_release is None:
-                raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
-            previous = record.previous_release
-            if base is not None and base.record is not None:  # the fleet's, as just read
-                previous = base.record.previous_for(record.active_release, previous)
-            if previous is None:
-                raise NoPreviousRelease(
-                    f"model {model!r} has no previous release to roll back to; name one with 'to'"
+        kind = OperationKind.ROLLBACK
+        async with self._runner.claimed(model, patience) as claim:
+            snapshot = await self.snapshot(model)
+            base = await self._fleet_base(model, kind, trigger, patient=patient)
+            target = self._rollback_target(snapshot, base, to)
+            unchanged = await self._unchanged(snapshot, target)
+            if unchanged is not None and fleet_agrees(base, target):
+                return unchanged
+            if unchanged is not None:  # it serves here already: only the fleet has to hear it
+                return await self._publish_only(claim, snapshot, kind, target, trigger, base, cause)
+            strategy = self.strategy(model)
+            warm = strategy.warm(snapshot, target)
+            if warm is None:
+                return await self._load(
+                    claim, snapshot, kind, target, trigger, base, cause, False, patient
                 )
-            target = previous
-        else:
-            target = validate_release_name(to)
-        unchanged = await self._unchanged(model, target)
-        if unchanged is not None and fleet_agrees(base, target):
-            return unchanged
-        if unchanged is not None:  # it serves here already: only the fleet has to hear it
-            return await self._start(
-                OperationKind.ROLLBACK,
-                model,
+
+            async def body(run: Run) -> None:  # inside the retire window: no load
+                await strategy.roll_back(run, snapshot, warm)
+                await self._publish(run, base, target)
+
+            return await claim.start(
+                kind,
                 target,
                 trigger,
-                lambda run: self._publish(run, base, target),
+                body,
+                from_release=snapshot.active_release,
+                after=self._after_swap,
                 cause=cause,
-                patience=patience,
             )
-        warm = await self.bluegreen.warm(model, target) if self.blue_green(model) else None
-        if warm is None:
-            return await self.deploy(
-                model,
-                target,
-                trigger=trigger,
-                kind=OperationKind.ROLLBACK,
-                cause=cause,
-                patience=patience,
-                patient=patient,
-            )
-        slot_name = warm.name  # inside the retire window: a pure re-point
-
-        async def body(run: Run) -> None:
-            await self.bluegreen.repoint_back(run, slot_name)
-            await self._publish(run, base, target)
-
-        return await self._start(
-            OperationKind.ROLLBACK,
-            model,
-            target,
-            trigger,
-            body,
-            after=self._after_swap,
-            cause=cause,
-            patience=patience,
-        )
 
     async def unload(
         self,
@@ -257,30 +218,26 @@ class DeployService:
         patience: Patience = REFUSE,
     ) -> Operation:
         validate_model_name(model)
-        base = await self._fleet_base(model, OperationKind.UNLOAD, trigger)
-        record = await self._slots.record(model)
-        if record is None or record.active_release is None:
-            if base is not None and base.record is not None and base.record.release is not None:
-                # Not here, but the fleet serves it elsewhere: unloading it is the fleet's.
-                return await self._start(
-                    OperationKind.UNLOAD,
-                    model,
-                    None,
-                    trigger,
-                    lambda run: self._publish(run, base, None),
-                    cause=cause,
-                    patience=patience,
-                )
-            raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
-        unload = self.bluegreen.unload if self.blue_green(model) else self._inplace.unload
+        kind = OperationKind.UNLOAD
+        async with self._runner.claimed(model, patience) as claim:
+            snapshot = await self.snapshot(model)
+            base = await self._fleet_base(model, kind, trigger)
+            if snapshot.active_release is None:
+                if base is not None and base.record is not None and base.record.release:
+                    # Not here, but the fleet serves it elsewhere: unloading it is the fleet's.
+                    return await self._publish_only(
+                        claim, snapshot, kind, None, trigger, base, cause
+                    )
+                raise ModelNotFound(f"model {model!r} is not serving here; nothing to unload")
+            strategy = self.strategy(model)
 
-        async def body(run: Run) -> None:
-            await unload(run)
-            await self._publish(run, base, None)
+            async def body(run: Run) -> None:
+                await strategy.unload(run, snapshot)
+                await self._publish(run, base, None)
 
-        return await self._start(
-            OperationKind.UNLOAD, model, None, trigger, body, cause=cause, patience=patience
-        )
+            return await claim.start(
+                kind, None, trigger, body, from_release=snapshot.active_release, cause=cause
+            )
 
     async def serve_on_cpu(
         self,
@@ -292,26 +249,94 @@ class DeployService:
     ) -> Operation:
         """Reload the serving release with CPU-only instances (the rollback chain's last step)."""
         validate_model_name(model)
-        record = await self._slots.record(model)
-        if record is None or record.active_release is None:
-            raise ModelNotFound(f"model {model!r} is not serving here; nothing to move to CPU")
-        slot_name = model
-        if self.blue_green(model):
-            active = await self.bluegreen.active(model)
-            if active is None:
+        async with self._runner.claimed(model, patience) as claim:
+            snapshot = await self.snapshot(model)
+            release = snapshot.active_release
+            if release is None:
+                raise ModelNotFound(f"model {model!r} is not serving here; nothing to move to CPU")
+            slot_name = self.strategy(model).serving_name(snapshot)
+            if slot_name is None:
                 raise ModelNotFound(f"model {model!r} has no active slot to move to CPU")
-            slot_name = active.name
-        return await self._start(
-            OperationKind.CPU_FALLBACK,
-            model,
-            record.active_release,
+            return await claim.start(
+                OperationKind.CPU_FALLBACK,
+                release,
+                trigger,
+                lambda run: reload_on_cpu(
+                    run, triton=self._triton, slots=self._slots, slot=snapshot.slot(slot_name)
+                ),
+                from_release=release,
+                cause=cause,
+            )
+
+    # --- the bodies ---------------------------------------------------------------------
+
+    async def _load(
+        self,
+        claim: Claim,
+        snapshot: SlotSnapshot,
+        kind: OperationKind,
+        release: str,
+        trigger: Trigger,
+        base: FleetBase | None,
+        cause: Cause,
+        force: bool,
+        patient: bool,
+    ) -> Operation:
+        """Resolve ``release`` (a refusal here is no operation), then serve it from the store."""
+        resolved, info = await self._resolve(snapshot.model, release, patient=patient)
+        strategy = self.strategy(snapshot.model)
+
+        async def body(run: Run) -> None:
+            await strategy.deploy(run, snapshot, revision=info.revision, force=force)
+            await self._publish(run, base, release)
+
+        return await claim.start(
+            kind,
+            release,
             trigger,
-            lambda run: reload_on_cpu(
-                run, triton=self._triton, slots=self._slots, slot_name=slot_name
-            ),
+            body,
+            from_release=snapshot.active_release,
+            done_steps=[resolved],
+            after=self._after_swap,
             cause=cause,
-            patience=patience,
         )
+
+    async def _publish_only(
+        self,
+        claim: Claim,
+        snapshot: SlotSnapshot,
+        kind: OperationKind,
+        release: str | None,
+        trigger: Trigger,
+        base: FleetBase | None,
+        cause: Cause,
+    ) -> Operation:
+        """It serves here already (or, unloading, nowhere here): only the fleet has to hear."""
+        return await claim.start(
+            kind,
+            release,
+            trigger,
+            lambda run: self._publish(run, base, release),
+            from_release=snapshot.active_release,
+            cause=cause,
+        )
+
+    def _rollback_target(
+        self, snapshot: SlotSnapshot, base: FleetBase | None, to: str | None
+    ) -> str:
+        if to not in (None, "", "previous"):
+            return validate_release_name(to or "")
+        model, active = snapshot.model, snapshot.active_release
+        if active is None:
+            raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
+        previous = snapshot.previous_release
+        if base is not None and base.record is not None:  # the fleet's, as just read
+            previous = base.record.previous_for(active, previous)
+        if previous is None:
+            raise NoPreviousRelease(
+                f"model {model!r} has no previous release to roll back to; name one with 'to'"
+            )
+        return previous
 
     async def cancel(self, operation_id: str, reason: CancelReason) -> Operation:
         """Cut a running operation short for ``reason`` (its own clean-up runs)."""
@@ -347,51 +372,17 @@ class DeployService:
                 raise
             raise _store_away(self._store.uri, exc) from exc
 
-    async def _held(self, model: str, release: str) -> bool:
+    async def _held(self, base: FleetBase | None, model: str, release: str) -> bool:
         """A member holds back from ``release``: deploying it again is a new decision."""
-        return self.fleet is not None and await self.fleet.held_by_a_member(model, release)
+        if base is None or self.fleet is None:
+            return False
+        return await self.fleet.held_by_a_member(model, release)
 
     async def _publish(self, run: Run, base: FleetBase | None, release: str | None) -> None:
         if base is not None and self.fleet is not None:
             await self.fleet.publish_result(run, base, release)
 
     # --- pieces -----------------------------------------------------------------------
-
-    async def _start(
-        self,
-        kind: OperationKind,
-        model: str,
-        release: str | None,
-        trigger: Trigger,
-        body: Body,
-        *,
-        check: Callable[[], Awaitable[Step]] | None = None,
-        after: AfterSuccess | None = None,
-        cause: Cause = NO_CAUSE,
-        patience: Patience = REFUSE,
-    ) -> Operation:
-        """Take the model's lock (waiting as ``patience`` allows), make ``check`` (a refusal
-        there is not an operation), then record the operation, with the check as its first
-        step, and run ``body``."""
-        operation_id = await self._runner.claim(model, patience)
-        try:
-            checked = [await check()] if check is not None else []
-            record = await self._slots.record(model)
-        except BaseException:
-            self._runner.release(model, operation_id)
-            raise
-        return await self._runner.start(
-            operation_id,
-            kind=kind,
-            model=model,
-            release=release,
-            trigger=trigger,
-            from_release=record.active_release if record else None,
-            body=body,
-            done_steps=checked,
-            after=after,
-            cause=cause,
-        )
 
     async def _resolve(
         self, model: str, release: str, *, patient: bool
@@ -424,18 +415,13 @@ class DeployService:
         )
         return step, info
 
-    async def _unchanged(self, model: str, release: str) -> Unchanged | None:
+    async def _unchanged(self, snapshot: SlotSnapshot, release: str) -> Unchanged | None:
         """``release`` serves already, from the same revision the store holds, and Triton
         says it is READY: a deploy of it would change nothing."""
-        record = await self._slots.record(model)
-        if record is None or record.active_release != release:
+        model = snapshot.model
+        if snapshot.active_release != release:
             return None
-        if self.blue_green(model):
-            active = await self.bluegreen.active(model)
-            slot_name = active.name if active is not None else None
-        else:
-            slot = await self._slots.get(model)
-            slot_name = model if slot.state is SlotState.ACTIVE else None
+        slot_name = self.strategy(model).serving_name(snapshot)
         if slot_name is None:
             return None
         marker = await asyncio.to_thread(self._staging.read_marker, slot_name)
@@ -446,7 +432,7 @@ class DeployService:
             return None  # the deploy itself will say what is wrong
         if marker is None or marker.release != release or marker.revision != info.revision:
             return None
-        if index.get(slot_name) != "READY" or index.get(model) != "READY":
+        if index.get(slot_name) is not READY or index.get(model) is not READY:
             return None
         return Unchanged(
             model,

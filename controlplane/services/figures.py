@@ -30,7 +30,7 @@ from controlplane.domain.figures import (
 )
 from controlplane.domain.fleet import MemberState
 from controlplane.domain.notifications import NotificationHealth
-from controlplane.domain.slots import SlotState, on_cpu_only
+from controlplane.domain.slots import SlotState
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Triton
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_sync import FleetSync, SyncReport
@@ -156,4 +156,4 @@ def _serving_desired(model: str, last_pass: PassReport | None, sync: SyncReport 
 
 
 def _cpu_only(record: ModelRecord) -> bool:
-    return any(slot.state is SlotState.ACTIVE and on_cpu_only(slot) for slot in record.slots)
+    return any(slot.state is SlotState.ACTIVE and slot.cpu_only for slot in record.slots)

@@ -49,7 +49,6 @@ from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
 from controlplane.services.operations import Begin, Ended, OperationClient
-from controlplane.services.runner import HOUSEKEEPING
 from controlplane.timing import Backoff, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
@@ -309,7 +308,7 @@ class FleetSync:
             )
         else:
             begin = partial(self._deploy.deploy, model, target, trigger=Trigger.FLEET, cause=cause)
-        outcome = await self._client.run(begin, patience=HOUSEKEEPING)
+        outcome = await self._client.run(begin, patience=self._deploy.behind_housekeeping(model))
         if outcome.ended is Ended.BUSY:
             return  # an operation of ours started meanwhile: the next pass looks again
         done = outcome.operation

@@ -15,26 +15,40 @@ One deploy: resolve -> fetch -> verify -> headroom -> place -> load -> record. I
 
 Under this strategy a load that never ends holds the model's own name in Triton until Triton
 restarts (blue-green loads into a spare slot instead): the old version keeps serving.
+
+Repairs (for the reconcile loop): the model's dir holds the desired release, so a model Triton
+does not have READY, or that was left mid-way, is loaded from it; a dir of a first deploy that
+never finished, when nothing should serve, is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from controlplane.domain.drift import Action, Assessment, Observed
 from controlplane.domain.errors import ControlPlaneError, TritonTimeout
-from controlplane.domain.slots import SlotState
-from controlplane.ports import Placement, Serving, Staging, Triton
-from controlplane.services.coordination import LoadSlots
-from controlplane.services.headroom import HeadroomPolicy, check_headroom
-from controlplane.services.memory import MemoryWatch
+from controlplane.domain.slots import Slot, SlotState
+from controlplane.domain.traffic import Strategy
+from controlplane.domain.triton import TritonState
+from controlplane.ports import IndexEntry, Placement, ReleaseMarker, Staging, Triton
+from controlplane.services.memory import HeadroomPolicy, MemoryWatch, check_headroom
 from controlplane.services.prepare import Preparer
-from controlplane.services.runner import Run
-from controlplane.services.slots import SlotBook, serving_after, unload_best_effort
+from controlplane.services.runner import LoadSlots, Run
+from controlplane.services.slots import (
+    SlotBook,
+    SlotSnapshot,
+    load_from_disk,
+    record_serving,
+    serving_after,
+    unload_best_effort,
+    unloaded,
+)
 
 log = logging.getLogger(__name__)
-SERVING = (SlotState.ACTIVE, SlotState.READY, SlotState.STALE)
+READY = TritonState.READY
 
 
 @dataclass
@@ -46,6 +60,10 @@ class _Placed:
 
 
 class Inplace:
+    """The inplace strategy (:class:`~controlplane.services.strategy.ModelStrategy`)."""
+
+    kind = Strategy.INPLACE
+
     def __init__(
         self,
         *,
@@ -67,12 +85,29 @@ class Inplace:
         self._headroom = headroom
         self._unload_timeout = unload_timeout
 
+    # --- what the snapshot says -----------------------------------------------------------
+
+    def slot_names(self, model: str) -> tuple[str, ...]:
+        return (model,)
+
+    def serving_name(self, snapshot: SlotSnapshot) -> str | None:
+        slot = snapshot.slot(snapshot.model)
+        return slot.name if slot.state is SlotState.ACTIVE else None
+
+    def warm(self, snapshot: SlotSnapshot, release: str) -> Slot | None:
+        return None  # one slot: going back to another release is a load
+
+    async def roll_back(self, run: Run, snapshot: SlotSnapshot, warm: Slot) -> None:
+        raise AssertionError("inplace has no warm slot to go back to")
+
     # --- deploy ---------------------------------------------------------------------------
 
-    async def deploy(self, run: Run, *, revision: str | None, force: bool = False) -> None:
+    async def deploy(
+        self, run: Run, snapshot: SlotSnapshot, *, revision: str | None, force: bool
+    ) -> None:
         placed = _Placed()
         try:
-            await self._steps(run, placed, revision=revision, force=force)
+            await self._steps(run, snapshot, placed, revision=revision, force=force)
         except asyncio.CancelledError:
             if placed.placement is not None and not (placed.loading and run.stopping):
                 # Shielded: the repository must be put back whatever else is cancelled.
@@ -83,7 +118,15 @@ class Inplace:
                 await asyncio.shield(asyncio.to_thread(self._staging.restore, placed.placement))
             raise
 
-    async def _steps(self, run: Run, placed: _Placed, *, revision: str | None, force: bool) -> None:
+    async def _steps(
+        self,
+        run: Run,
+        snapshot: SlotSnapshot,
+        placed: _Placed,
+        *,
+        revision: str | None,
+        force: bool,
+    ) -> None:
         tracker = run.tracker
         model, release = run.model, run.operation.release
         assert release is not None
@@ -92,8 +135,8 @@ class Inplace:
         )
         await check_headroom(tracker, self._headroom, prepared, force=force)
 
-        slot = await self._slots.get(model)
-        replacing = slot.state in SERVING
+        slot = snapshot.slot(model)
+        replacing = slot.state.loaded
         async with self._load_slots.hold(tracker):
             async with tracker.step("place"):
                 placed.placement = await asyncio.to_thread(
@@ -145,7 +188,7 @@ class Inplace:
                 placed.loading = False
 
         async with tracker.step("record"):
-            serving = await serving_after(self._slots, model, release)
+            serving = serving_after(snapshot, release)
             if replacing:
                 done = self._slots.moved(
                     slot, SlotState.ACTIVE, run.trigger, f"serving {release}", release=release
@@ -188,10 +231,10 @@ class Inplace:
 
     # --- unload -----------------------------------------------------------------------
 
-    async def unload(self, run: Run) -> None:
+    async def unload(self, run: Run, snapshot: SlotSnapshot) -> None:
         tracker = run.tracker
         model = run.model
-        slot = await self._slots.get(model)
+        slot = snapshot.slot(model)
         async with self._memory.unloading(model, tracker):  # the residue: on "remove"
             async with tracker.step("unload"):
                 slot = await self._slots.move(
@@ -213,9 +256,64 @@ class Inplace:
                 tracker.detail(removed=removed)
                 slot = self._slots.moved(slot, SlotState.ABSENT, run.trigger, "dir removed")
         async with tracker.step("record"):
-            record = await self._slots.record(model)
-            await self._slots.commit(
-                model,
-                slot,
-                serving=Serving(active=None, previous=record.active_release if record else None),
-            )
+            await self._slots.commit(model, slot, serving=unloaded(snapshot))
+
+    # --- repairs ----------------------------------------------------------------------------
+
+    async def observe(
+        self,
+        snapshot: SlotSnapshot,
+        index: Mapping[str, IndexEntry],
+        placed: Mapping[str, ReleaseMarker],
+    ) -> Observed:
+        model = snapshot.model
+        marker = placed.get(model)
+        return Observed(
+            model=model,
+            desired=snapshot.active_release,
+            strategy=Strategy.INPLACE,
+            slots=[snapshot.slot(model)],
+            on_disk={model: marker.release} if marker is not None and marker.model == model else {},
+            triton={model: index[model].state} if model in index else {},
+        )
+
+    async def settle(self, seen: Observed) -> None:
+        model = seen.model
+        record = next((s for s in seen.slots if s.name == model), None)
+        state, release = seen.triton.get(model), seen.on_disk.get(model)
+        if state is READY and record is not None and record.state.loaded:
+            return
+        settled = (
+            SlotState.ACTIVE
+            if state is READY
+            else SlotState.FAILED
+            if state is not None and state.busy
+            else SlotState.UNAVAILABLE
+            if release is not None
+            else SlotState.ABSENT
+        )
+        await self._slots.observe(model, settled, release, "as found by reconcile")
+
+    async def repair(self, run: Run, seen: Observed, assessment: Assessment) -> None:
+        tracker, model = run.tracker, seen.model
+        tracker.operation_detail({"why": assessment.why, "action": assessment.action.value})
+        if assessment.action is Action.REMOVE:
+            async with tracker.step("remove"):
+                await unload_best_effort(self._triton, model, self._unload_timeout)
+                await asyncio.to_thread(self._staging.remove, model)
+                await self._slots.observe(
+                    model, SlotState.ABSENT, None, "unconfirmed deploy removed"
+                )
+        if assessment.action is Action.LOAD and assessment.slot is not None:
+            async with self._load_slots.hold(tracker):
+                await load_from_disk(tracker, self._triton, self._slots, seen, model)
+            async with tracker.step("record"):
+                await record_serving(self._slots, model, model, seen.desired)
+
+    def not_serving(self, snapshot: SlotSnapshot, index: Mapping[str, IndexEntry]) -> str | None:
+        model = snapshot.model
+        entry = index.get(model)
+        if entry is None or entry.state is not READY:
+            state = entry.state if entry is not None else "not loaded"
+            return f"{model} is {state} in Triton"
+        return None

@@ -28,16 +28,18 @@ from typing import Protocol
 
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.operations import (
+    REFUSE,
     CancelReason,
     Cause,
     Operation,
     OperationKind,
     OperationStatus,
+    Patience,
     Trigger,
     Unchanged,
 )
 from controlplane.ports import Clock
-from controlplane.services.runner import REFUSE, Body, OperationRunner, Patience
+from controlplane.services.runner import Body, OperationRunner
 from controlplane.timing import within
 
 log = logging.getLogger(__name__)

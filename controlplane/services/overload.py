@@ -30,8 +30,8 @@ from controlplane.domain.evaluator import (
 )
 from controlplane.domain.operations import Trigger
 from controlplane.ports import Clock, Telemetry, UtilizationSource
-from controlplane.services.coordination import TaskOwner
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.telemetry import NO_TELEMETRY
 
 log = logging.getLogger(__name__)

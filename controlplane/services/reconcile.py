@@ -25,40 +25,34 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.operations import (
+    REFUSE,
     CancelReason,
     Cause,
     Operation,
     OperationKind,
     Trigger,
 )
-from controlplane.domain.slots import SlotState
-from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.domain.triton import TritonState, index_by_name
 from controlplane.ports import (
     Clock,
-    IndexEntry,
     ModelRecord,
     OperationLog,
-    ReleaseMarker,
     ServingRepo,
     Staging,
     Telemetry,
     Triton,
 )
-from controlplane.services.bluegreen import BlueGreen, index_by_name
-from controlplane.services.coordination import LoadSlots
 from controlplane.services.deploy import DeployService
 from controlplane.services.operations import Ended, OperationClient
-from controlplane.services.runner import HOUSEKEEPING, REFUSE, OperationRunner, Run
-from controlplane.services.slots import SlotBook, unload_best_effort
+from controlplane.services.runner import OperationRunner
+from controlplane.services.slots import SlotBook, record_serving
 from controlplane.services.telemetry import NO_TELEMETRY
-from controlplane.services.tracker import OperationTracker
 from controlplane.timing import Backoff, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
@@ -69,7 +63,6 @@ INDEX_LOOK = 1.0  # between beats: how often Triton's index is looked at (one gR
 # first retry is soon, because the commonest cause is a world that changed under the pass
 # (Triton restarted between reading its index and acting on it).
 RETRY = Backoff(first=0.5, limit=300.0)
-_LOADED = (SlotState.READY, SlotState.ACTIVE, SlotState.RETIRING, SlotState.STALE)
 
 
 @dataclass
@@ -117,7 +110,6 @@ class Reconciler:
         self,
         *,
         deploy: DeployService,
-        bluegreen: BlueGreen,
         runner: OperationRunner,
         client: OperationClient,
         staging: Staging,
@@ -125,14 +117,10 @@ class Reconciler:
         slots: SlotBook,
         serving: ServingRepo,
         journal: OperationLog,
-        load_slots: LoadSlots,
         clock: Clock,
-        policy_for: Callable[[str], TrafficPolicy],
-        unload_timeout: float,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self._deploy = deploy
-        self._bluegreen = bluegreen
         self._runner = runner
         self._client = client
         self._staging = staging
@@ -140,10 +128,7 @@ class Reconciler:
         self._slots = slots
         self._serving = serving
         self._journal = journal
-        self._load_slots = load_slots
         self._clock = clock
-        self._policy_for = policy_for
-        self._unload_timeout = unload_timeout
         self._telemetry = telemetry
         self.last: PassReport | None = None
         # since when a liveness check waits for Triton's answer (None: none waits), so that a
@@ -265,7 +250,7 @@ class Reconciler:
 
     async def _lost_a_model(self) -> bool:
         try:
-            ready = {e.name for e in await self._triton.index() if e.state == "READY"}
+            ready = {e.name for e in await self._triton.index() if e.state is TritonState.READY}
         except ControlPlaneError:
             return True  # Triton stopped answering: the pass will say so
         lost = self._ready_seen - ready
@@ -298,7 +283,8 @@ class Reconciler:
         repairs: list[asyncio.Task[None]] = []
         records = await self._serving.all()
         managed = {name for r in records for name in (r.name, *(slot.name for slot in r.slots))}
-        self._ready_seen = {n for n, entry in index.items() if entry.state == "READY"} & managed
+        ready = {n for n, entry in index.items() if entry.state is TritonState.READY}
+        self._ready_seen = ready & managed
         for record in records:
             model = record.name
             repairing = self._repairs.get(model)
@@ -309,19 +295,18 @@ class Reconciler:
                     # until a pass after the repair (woken by its end) says so.
                     report.assessments[model] = self.last.assessments[model]
                 continue
+            strategy = self._deploy.strategy(model)
+            snapshot = self._slots.snapshot_of(model, record, strategy.slot_names(model))
             try:
-                seen = await self._observe(
-                    model, record.active_release, record.slots, index, placed
-                )
+                seen = await strategy.observe(snapshot, index, placed)
             except ControlPlaneError as exc:
                 report.failed[model] = str(exc)
                 continue
             assessment = assess(seen)
             report.assessments[model] = assessment
-            await self._keep_retire_timers(seen)
             if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
-                if "record" in assessment.notes and assessment.slot is not None:
-                    await self._record_serving(model, assessment.slot, record.active_release)
+                if assessment.unrecorded and assessment.slot is not None:
+                    await record_serving(self._slots, model, assessment.slot, seen.desired)
                 self._retry.succeeded(model)
                 continue
             if (left := self._retry.left(model)) > 0:  # it failed lately: do not hammer it
@@ -343,68 +328,20 @@ class Reconciler:
             del self._repairs[model]
         self.wake.set()  # look again now: what the repair did is what readiness reports
 
-    async def _observe(
-        self,
-        model: str,
-        desired: str | None,
-        records: Sequence[object],
-        index: dict[str, IndexEntry],
-        placed: dict[str, ReleaseMarker],
-    ) -> Observed:
-        policy = self._policy_for(model)
-        blue_green = policy.strategy is Strategy.BLUE_GREEN
-        if blue_green:
-            names = {n for n, m in placed.items() if m.model == model and policy.owns(model, n)}
-            slots = await self._bluegreen.slots(model)
-            names |= {s.name for s in slots}
-        else:
-            names = {model}
-            slots = [await self._slots.get(model)]
-        on_disk = {n: placed[n].release for n in names if n in placed and placed[n].model == model}
-        triton = {n: index[n].state for n in (*names, model) if n in index}
-        target = None
-        if blue_green and triton.get(model) == "READY":
-            target = await self._triton.alias_target(model)
-        alias_on_disk = blue_green and await asyncio.to_thread(self._staging.is_alias_dir, model)
-        return Observed(
-            model=model,
-            desired=desired,
-            blue_green=blue_green,
-            slots=slots,
-            on_disk=on_disk,
-            triton=triton,
-            alias_target=target,
-            alias_on_disk=alias_on_disk,
-        )
-
     async def not_serving(self) -> dict[str, str]:
         """Managed models whose desired release Triton does not serve now, and why: a quick
         look at Triton's index (for readiness), plus what the last pass found."""
         index = index_by_name(await self._triton.index())
         found: dict[str, str] = {}
         for record in await self._serving.all():
-            desired, model = record.active_release, record.name
-            if desired is None:
+            if record.active_release is None:
                 continue
-            if self._policy_for(model).strategy is Strategy.BLUE_GREEN:
-                alias = index.get(model)
-                holders = [
-                    s.name
-                    for s in record.slots
-                    if s.release == desired
-                    and (entry := index.get(s.name)) is not None
-                    and entry.state == "READY"
-                ]
-                if alias is None or alias.state != "READY":
-                    state = alias.state if alias is not None else "not loaded"
-                    found[model] = f"the alias {model} is {state} in Triton"
-                elif not holders:
-                    found[model] = f"no slot holding {desired} is READY in Triton"
-            else:
-                entry = index.get(model)
-                if entry is None or entry.state != "READY":
-                    state = entry.state if entry is not None else "not loaded"
-                    found[model] = f"{model} is {state} in Triton"
+            strategy = self._deploy.strategy(record.name)
+            names = strategy.slot_names(record.name)
+            snapshot = self._slots.snapshot_of(record.name, record, names)
+            why = strategy.not_serving(snapshot, index)
+            if why is not None:
+                found[record.name] = why
         if self.last is not None:
             for model, why in self.last.not_serving.items():
                 found.setdefault(model, why)
@@ -420,15 +357,13 @@ class Reconciler:
             assert seen.desired is not None
             log.warning("repairing %s: %s; deploying it again", model, assessment.why)
             self._telemetry.repair_started(action.value)
+            strategy = self._deploy.strategy(model)
             try:  # records as Triton and the disk show them, so every transition is valid
-                claim = await self._runner.claim(model, REFUSE)
+                async with self._runner.claimed(model, REFUSE):
+                    await strategy.settle(seen)
             except OperationInProgress:
                 report.busy.append(model)  # someone started an operation meanwhile: theirs
                 return
-            try:
-                await self._settle_records(seen)
-            finally:
-                self._runner.release(model, claim)
             outcome = await self._client.run(
                 partial(
                     self._deploy.deploy,
@@ -438,16 +373,17 @@ class Reconciler:
                     kind=OperationKind.REPAIR,
                     cause=cause,
                 ),
-                patience=HOUSEKEEPING,
+                patience=self._deploy.behind_housekeeping(model),
             )
         elif action in (Action.LOAD, Action.REPOINT, Action.REMOVE) or assessment.retire:
             if action is not Action.NONE and action is not Action.WAIT:
                 log.warning("repairing %s: %s (%s)", model, assessment.why, action.value)
                 self._telemetry.repair_started(action.value)
+            strategy = self._deploy.strategy(model)
             outcome = await self._client.housekeeping(
                 OperationKind.REPAIR,
                 model,
-                lambda run: self._put_back(run, seen, assessment),
+                lambda run: strategy.repair(run, seen, assessment),
                 cause=cause,
                 release=seen.desired,
             )
@@ -488,129 +424,6 @@ class Reconciler:
             error,
             delay,
         )
-
-    async def _put_back(self, run: Run, seen: Observed, assessment: Assessment) -> None:
-        tracker = run.tracker
-        model = seen.model
-        tracker.operation_detail({"why": assessment.why, "action": assessment.action.value})
-        if assessment.action is Action.REMOVE:
-            async with tracker.step("remove"):
-                await unload_best_effort(self._triton, model, self._unload_timeout)
-                await asyncio.to_thread(self._staging.remove, model)
-                if not seen.blue_green:  # a blue-green model's own name is its alias, no slot
-                    await self._slots.observe(
-                        model, SlotState.ABSENT, None, "unconfirmed deploy removed"
-                    )
-        slot = assessment.slot
-        if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
-            # One load slot for the slot's load and the alias's: both take one of Triton's
-            # load threads, and an alias queued inside Triton behind other models' loads
-            # would keep a model that is loaded from serving.
-            async with self._load_slots.hold(tracker):
-                if assessment.action is Action.LOAD:
-                    await self._load(tracker, seen, slot)
-                if seen.blue_green:
-                    async with tracker.step("switch"):
-                        # The alias's dir may be gone (an unload cut short after removing it,
-                        # or a person): Triton loads even an overridden model from its dir.
-                        await asyncio.to_thread(self._staging.ensure_alias_dir, model)
-                        signature = await self._triton.signature(slot)
-                        await self._triton.point_alias(model, slot, signature)
-                        tracker.detail(target=slot)
-        if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
-            async with tracker.step("record"):
-                await self._record_serving(model, slot, seen.desired)
-        for name in assessment.retire:
-            async with tracker.step("unload"):
-                tracker.detail(slot=name)
-                record = next((s for s in seen.slots if s.name == name), None)
-                current = record or await self._slots.get(model, name)
-                if current.state is not SlotState.UNAVAILABLE or name in seen.on_disk:
-                    current = await self._slots.observe(
-                        model,
-                        _state_for(seen.triton.get(name)),
-                        seen.on_disk.get(name),
-                        "not needed: taken down by reconcile",
-                        slot_name=name,
-                    )
-                await self._bluegreen.take_down(model, current, run.trigger, "not needed")
-        stale = [
-            s.name
-            for s in seen.slots
-            if s.state is SlotState.ABSENT
-            and s.name not in self._policy_for(model).slots(model)
-            and seen.blue_green
-        ]
-        if stale:
-            await self._serving.forget_slots(model, stale)
-
-    async def _settle_records(self, seen: Observed) -> None:
-        """Record each slot as Triton and the disk show it (an operation that died left its
-        records mid-way)."""
-        names = {s.name for s in seen.slots} | set(seen.on_disk)
-        if not seen.blue_green:
-            names = {seen.model}
-        for name in sorted(names):
-            record = next((s for s in seen.slots if s.name == name), None)
-            state = seen.triton.get(name)
-            release = seen.on_disk.get(name)
-            if state == "READY" and record is not None and record.state in _LOADED:
-                continue
-            settled = (
-                SlotState.ACTIVE
-                if state == "READY" and not seen.blue_green
-                else SlotState.READY
-                if state == "READY"
-                else SlotState.FAILED
-                if state in ("LOADING", "UNLOADING")
-                else SlotState.UNAVAILABLE
-                if release is not None
-                else SlotState.ABSENT
-            )
-            await self._slots.observe(
-                seen.model, settled, release, "as found by reconcile", slot_name=name
-            )
-
-    async def _load(self, tracker: OperationTracker, seen: Observed, slot: str) -> None:
-        async with tracker.step("load"):
-            tracker.detail(slot=slot, release=seen.desired)
-            try:
-                await self._triton.load(slot)
-            except ControlPlaneError as exc:
-                await self._slots.observe(
-                    seen.model,
-                    SlotState.UNAVAILABLE,
-                    seen.desired,
-                    f"on disk; the repair's load failed ({exc.code}), tried again next beat",
-                    slot_name=slot,
-                )
-                raise
-
-    async def _record_serving(self, model: str, slot: str, desired: str | None) -> None:
-        await self._slots.observe(
-            model, SlotState.ACTIVE, desired, "serving (repaired by reconcile)", slot_name=slot
-        )
-
-    async def _keep_retire_timers(self, seen: Observed) -> None:
-        """A warm previous release keeps a retire window, also after a daemon restart."""
-        if not seen.blue_green or self._policy_for(seen.model).keep_warm:
-            return
-        for slot in seen.slots:
-            if (
-                slot.state is SlotState.RETIRING
-                and seen.triton.get(slot.name) == "READY"
-                and not self._bluegreen.retire_timer(slot.name)
-            ):
-                self._bluegreen.schedule_retire(seen.model, slot.name)
-
-
-def _state_for(triton_state: str | None) -> SlotState:
-    """The slot state that matches Triton's, for a slot about to be taken down."""
-    if triton_state == "READY":
-        return SlotState.READY
-    if triton_state in ("LOADING", "UNLOADING"):
-        return SlotState.FAILED
-    return SlotState.UNAVAILABLE
 
 
 def outcome_id(operation: Operation | None) -> str | None:

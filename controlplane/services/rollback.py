@@ -35,6 +35,7 @@ from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import (
     Cause,
     Trigger,
+    any_holder,
 )
 from controlplane.domain.rollback import (
     AUTOMATIC,
@@ -48,7 +49,6 @@ from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Te
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.operations import Begin, Ended, OperationClient, Outcome
-from controlplane.services.runner import any_holder
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.timing import seconds_left
 

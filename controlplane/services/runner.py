@@ -2,7 +2,11 @@
 
 It owns, for every operation: the model's lock (taken before anything is recorded, released
 after everything is cleaned), the task that runs the body, the tracker that records it, the
-reason it may be cut short, and the clean-up of its staging dir. Bodies (the blue-green and
+reason it may be cut short, and the clean-up of its staging dir. All operations on one model
+are serialized: a second one waits as its :class:`Patience` allows, then is refused with
+``operation_in_progress`` naming the one that runs. Loads across models are bounded
+(:class:`LoadSlots`); an operation that has to wait for a load slot records the wait as its own
+step, ``queue``, so that the time shows. Bodies (the blue-green and
 inplace pipelines, the CPU-only reload, retire, repair) receive a :class:`Run` and nothing else
 of the runner's.
 
@@ -20,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 
-from controlplane.domain.errors import ControlPlaneError, OperationNotFound
+from controlplane.domain.errors import ControlPlaneError, OperationInProgress, OperationNotFound
 from controlplane.domain.operations import (
     NO_CAUSE,
     CancelReason,
@@ -32,11 +37,11 @@ from controlplane.domain.operations import (
     Operation,
     OperationKind,
     OperationStatus,
+    Patience,
     Step,
     Trigger,
 )
 from controlplane.ports import Clock, OperationLog, Staging, Telemetry
-from controlplane.services.coordination import ModelLocks
 from controlplane.services.telemetry import NO_TELEMETRY
 from controlplane.services.tracker import OperationTracker, current_operation
 from controlplane.timing import first_of, seconds_left
@@ -75,30 +80,98 @@ Body = Callable[[Run], Awaitable[None]]
 AfterSuccess = Callable[[Operation], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class Patience:
-    """What a new operation does while another holds its model: wait for holders of the
-    ``behind`` kinds (None: any holder) up to ``seconds`` (None: as long as the daemon's own
-    housekeeping may take, drain and unload included), then refuse. The default refuses at
-    once. :mod:`.operations` names the ones callers use."""
+class ModelLocks:
+    def __init__(self) -> None:
+        self._holders: dict[str, str] = {}
+        self._freed: dict[str, asyncio.Event] = {}  # set when the model's holder lets go
 
-    behind: frozenset[OperationKind] | None = frozenset()
-    seconds: float | None = 0.0
+    def claim(self, model: str, operation_id: str) -> None:
+        holder = self._holders.get(model)
+        if holder is not None:
+            raise OperationInProgress(
+                f"operation {holder} is already running on model {model!r}; wait for it "
+                f"(GET /v1/operations/{holder}) and try again",
+                details={"operation_id": holder},
+            )
+        self._holders[model] = operation_id
 
-    def waits_for(self, kind: OperationKind | None) -> bool:
-        if self.behind is None:
-            return True
-        return kind is not None and kind in self.behind
+    def release(self, model: str, operation_id: str) -> None:
+        if self._holders.get(model) == operation_id:
+            del self._holders[model]
+            freed = self._freed.pop(model, None)
+            if freed is not None:
+                freed.set()
+
+    def holder(self, model: str) -> str | None:
+        return self._holders.get(model)
+
+    async def released(self, model: str) -> None:
+        """Return once the operation holding ``model`` now lets go (at once when none does)."""
+        if model not in self._holders:
+            return
+        await self._freed.setdefault(model, asyncio.Event()).wait()
 
 
-REFUSE = Patience()  # another operation holds the model: say so at once (the API)
-# Behind the daemon's own freeing of an old slot: a deploy must not fail for it.
-HOUSEKEEPING = Patience(behind=frozenset({OperationKind.RETIRE}), seconds=None)
+class LoadSlots:
+    """At most ``size`` loads at once across models (Triton's own load threads are the real
+    bound: more at once only queue inside Triton, where no one sees them wait)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("at least one load slot is needed")
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+
+    @asynccontextmanager
+    async def hold(self, tracker: OperationTracker | None = None) -> AsyncIterator[None]:
+        """Hold a load slot; a wait for one is recorded as the step ``queue``."""
+        if tracker is not None and self._slots.locked():
+            async with tracker.step("queue"):
+                tracker.detail(load_slots=self.size)
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
-def any_holder(seconds: float) -> Patience:
-    """Wait up to ``seconds`` for whatever holds the model to end, then refuse."""
-    return Patience(behind=None, seconds=seconds)
+@dataclass
+class Claim:
+    """A model held for an operation that is not recorded yet (see
+    :meth:`OperationRunner.claimed`)."""
+
+    runner: OperationRunner
+    model: str
+    operation_id: str
+    started: bool = False
+
+    async def start(
+        self,
+        kind: OperationKind,
+        release: str | None,
+        trigger: Trigger,
+        body: Body,
+        *,
+        from_release: str | None,
+        done_steps: Sequence[Step] = (),
+        after: AfterSuccess | None = None,
+        cause: Cause = NO_CAUSE,
+    ) -> Operation:
+        self.started = True  # the lock is the operation's from here, whatever happens
+        return await self.runner.start(
+            self.operation_id,
+            kind=kind,
+            model=self.model,
+            release=release,
+            trigger=trigger,
+            from_release=from_release,
+            body=body,
+            done_steps=done_steps,
+            after=after,
+            cause=cause,
+        )
 
 
 class OperationRunner:
@@ -111,10 +184,7 @@ class OperationRunner:
         locks: ModelLocks,
         telemetry: Telemetry = NO_TELEMETRY,
         member: str | None = None,
-        housekeeping_bound: Callable[[str], float] = lambda _model: 300.0,
     ) -> None:
-        # The longest the daemon's own housekeeping (a retire: drain, unload) holds a model.
-        self._housekeeping_bound = housekeeping_bound
         self._journal = journal
         self._member = member  # recorded on every operation: which daemon ran it
         self._staging = staging
@@ -130,9 +200,7 @@ class OperationRunner:
         """Take ``model``'s lock for a new operation; its id. While another operation holds
         it, wait as ``patience`` allows (for holders of its kinds, up to its seconds), then
         :class:`OperationInProgress` naming the holder."""
-        deadline = self._clock.monotonic() + (
-            patience.seconds if patience.seconds is not None else self._housekeeping_bound(model)
-        )
+        deadline = self._clock.monotonic() + patience.seconds
         while (holder := self._locks.holder(model)) is not None:
             run = self._runs.get(holder)
             kind = run.operation.kind if run is not None else None
@@ -208,6 +276,17 @@ class OperationRunner:
         self._tasks[operation_id] = task
         task.add_done_callback(lambda _done: self._forget(operation_id))
         return tracker.operation
+
+    @asynccontextmanager
+    async def claimed(self, model: str, patience: Patience) -> AsyncIterator[Claim]:
+        """Hold ``model`` (claimed with ``patience``) while the checks before an operation
+        run; :meth:`Claim.start` hands the lock to the operation, else it is let go on exit."""
+        claim = Claim(self, model, await self.claim(model, patience))
+        try:
+            yield claim
+        finally:
+            if not claim.started:
+                self._locks.release(model, claim.operation_id)
 
     async def begin(
         self,

@@ -4,18 +4,68 @@ Under the ``inplace`` strategy a model has one slot, named after the model itsel
 that touches several rows (a switch moves two slots and what serves) is one :meth:`commit`,
 one transaction. :meth:`observe` records what reconcile saw, whatever the table says; normal
 operations move slots only through :meth:`moved` and :meth:`move`, with their own trigger.
+
+A slot is freed in one way, :meth:`SlotFreer.take_down`, whoever frees it (a deploy making
+room, a retire, an unload, a repair), so every unload is audited for residue.
+
+An operation reads its model once, as a :class:`SlotSnapshot` (what serves, every slot its
+strategy names), when it has taken the model's lock: nothing else changes the records until it
+ends, so the snapshot and the slots the operation moves are all it needs to know.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 
+from controlplane.domain.drift import Observed
 from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.operations import Trigger
 from controlplane.domain.slots import Slot, SlotState, absent, observe, transition
-from controlplane.ports import Clock, ModelRecord, Serving, ServingRepo, Triton
+from controlplane.ports import Clock, ModelRecord, Serving, ServingRepo, Staging, Triton
+from controlplane.services.memory import MemoryWatch
+from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """One model as recorded at one moment: what serves, what served before, and every slot
+    its strategy knows (those never recorded as ABSENT), in the strategy's order."""
+
+    model: str
+    record: ModelRecord | None
+    slots: tuple[Slot, ...]
+    at: datetime  # when it was read
+
+    @property
+    def active_release(self) -> str | None:
+        """What should serve: the one place this is read from."""
+        return self.record.active_release if self.record is not None else None
+
+    @property
+    def previous_release(self) -> str | None:
+        return self.record.previous_release if self.record is not None else None
+
+    def slot(self, name: str) -> Slot:
+        found = next((s for s in self.slots if s.name == name), None)
+        return found if found is not None else absent(name, self.at)
+
+    def active(self) -> Slot | None:
+        """The slot that serves what should serve (ACTIVE); None when none does."""
+        return next((s for s in self.slots if s.state is SlotState.ACTIVE), None)
+
+    def warm(self, release: str) -> Slot | None:
+        """A retiring slot still loaded with ``release``: serving it again is a re-point."""
+        return next(
+            (s for s in self.slots if s.state is SlotState.RETIRING and s.release == release),
+            None,
+        )
 
 
 class SlotBook:
@@ -25,6 +75,22 @@ class SlotBook:
 
     async def record(self, model: str) -> ModelRecord | None:
         return await self._serving.get(model)
+
+    async def snapshot(self, model: str, names: Iterable[str] = ()) -> SlotSnapshot:
+        """The model in one read; ``names`` are the slots its strategy always has (filled in
+        as ABSENT when never recorded), listed first and in that order."""
+        return self.snapshot_of(model, await self._serving.get(model), names)
+
+    def snapshot_of(
+        self, model: str, record: ModelRecord | None, names: Iterable[str] = ()
+    ) -> SlotSnapshot:
+        """:meth:`snapshot` from a record read already (reconcile reads every model at once)."""
+        now = self._clock.now()
+        recorded = {s.name: s for s in (record.slots if record is not None else ())}
+        base = list(dict.fromkeys(names))
+        ordered = [recorded.get(n) or absent(n, now) for n in base]
+        ordered += [s for name, s in sorted(recorded.items()) if name not in base]
+        return SlotSnapshot(model, record, tuple(ordered), now)
 
     async def get(self, model: str, slot_name: str | None = None) -> Slot:
         name = slot_name or model
@@ -39,19 +105,21 @@ class SlotBook:
         self,
         slot: Slot,
         target: SlotState,
-        trigger: str,
+        trigger: Trigger,
         reason: str,
         *,
         release: str | None = None,
+        cpu_only: bool = False,
     ) -> Slot:
         """``slot`` moved to ``target`` if the table allows it (not saved: see commit)."""
         moved = transition(
             slot,
             target,
-            trigger=str(trigger),
+            trigger=trigger,
             at=self._clock.now(),
             reason=reason,
             release=release,
+            cpu_only=cpu_only,
         )
         if moved.state is SlotState.ABSENT:
             moved = dataclasses.replace(moved, release=None)
@@ -62,12 +130,13 @@ class SlotBook:
         model: str,
         slot: Slot,
         target: SlotState,
-        trigger: str,
+        trigger: Trigger,
         reason: str,
         *,
         release: str | None = None,
+        cpu_only: bool = False,
     ) -> Slot:
-        moved = self.moved(slot, target, trigger, reason, release=release)
+        moved = self.moved(slot, target, trigger, reason, release=release, cpu_only=cpu_only)
         await self.commit(model, moved)
         return moved
 
@@ -75,7 +144,7 @@ class SlotBook:
         """Save slots (and what serves) of ``model`` in one transaction."""
         await self._serving.commit(model, self._clock.now(), serving=serving, slots=slots)
 
-    async def stage_and_load(self, model: str, slot: Slot, trigger: str, release: str) -> Slot:
+    async def stage_and_load(self, model: str, slot: Slot, trigger: Trigger, release: str) -> Slot:
         """From any resting state to LOADING, through STAGED, recorded in one commit."""
         staged = slot
         if slot.state in (SlotState.ABSENT, SlotState.UNAVAILABLE, SlotState.FAILED):
@@ -102,14 +171,22 @@ class SlotBook:
         await self.commit(model, seen)
         return seen
 
+    async def forget(self, model: str, names: Iterable[str]) -> None:
+        """Drop slot rows that no longer mean anything (a spare whose dir is gone)."""
+        await self._serving.forget_slots(model, list(names))
 
-async def serving_after(book: SlotBook, model: str, release: str) -> Serving:
+
+def serving_after(snapshot: SlotSnapshot, release: str) -> Serving:
     """What serves once ``release`` does: the release it replaces becomes the previous."""
-    record = await book.record(model)
-    previous = record.previous_release if record else None
-    if record and record.active_release and record.active_release != release:
-        previous = record.active_release
+    previous = snapshot.previous_release
+    if snapshot.active_release and snapshot.active_release != release:
+        previous = snapshot.active_release
     return Serving(active=release, previous=previous)
+
+
+def unloaded(snapshot: SlotSnapshot) -> Serving:
+    """What serves once the model is unloaded: nothing, and what served is the previous."""
+    return Serving(active=None, previous=snapshot.active_release)
 
 
 async def unload_best_effort(triton: Triton, name: str, timeout: float) -> bool:
@@ -121,3 +198,82 @@ async def unload_best_effort(triton: Triton, name: str, timeout: float) -> bool:
         log.warning("could not unload %s: %s", name, exc)
         return False
     return True
+
+
+class SlotFreer:
+    """Takes a slot down: unloads it (best effort), waits for UNAVAILABLE, removes its dir and
+    audits what it left behind (the residue, in the current step of the operation), recorded
+    at each move. The one way a slot is freed, whichever strategy or loop asks."""
+
+    def __init__(
+        self,
+        *,
+        book: SlotBook,
+        triton: Triton,
+        staging: Staging,
+        memory: MemoryWatch,
+        unload_seconds: float,
+    ) -> None:
+        self._book = book
+        self._triton = triton
+        self._staging = staging
+        self._memory = memory
+        self.unload_seconds = unload_seconds
+
+    async def take_down(self, tracker: OperationTracker, slot: Slot, reason: str) -> Slot:
+        """Ends ABSENT; FAILED when Triton did not let go within the unload bound (reconcile
+        tries again)."""
+        model, trigger = tracker.operation.model, tracker.operation.trigger
+        book = self._book
+        if slot.state is SlotState.LOADING:
+            slot = await book.move(model, slot, SlotState.FAILED, trigger, reason)
+        if slot.state is SlotState.STAGED:
+            await asyncio.to_thread(self._staging.remove, slot.name)
+            return await book.move(model, slot, SlotState.ABSENT, trigger, reason)
+        if slot.state.loaded or slot.state in (SlotState.UPDATING, SlotState.FAILED):
+            slot = await book.move(model, slot, SlotState.UNLOADING, trigger, reason)
+        unloaded = True
+        async with self._memory.unloading(slot.name, tracker):
+            if slot.state is SlotState.UNLOADING:
+                unloaded = await unload_best_effort(self._triton, slot.name, self.unload_seconds)
+            await asyncio.to_thread(self._staging.remove, slot.name)
+        if not unloaded:
+            return await book.move(
+                model,
+                slot,
+                SlotState.FAILED,
+                trigger,
+                f"{reason}; Triton did not unload it within {self.unload_seconds:g} s",
+            )
+        done = slot
+        if done.state is SlotState.UNLOADING:
+            done = book.moved(done, SlotState.UNAVAILABLE, trigger, f"{reason}; unloaded")
+        if done.state is SlotState.UNAVAILABLE:
+            done = book.moved(done, SlotState.ABSENT, trigger, f"{reason}; dir removed")
+        await book.commit(model, done)
+        return done
+
+
+async def load_from_disk(
+    tracker: OperationTracker, triton: Triton, book: SlotBook, seen: Observed, slot: str
+) -> None:
+    """Load ``slot`` from the files its dir holds (a repair: no store, no fetch)."""
+    async with tracker.step("load"):
+        tracker.detail(slot=slot, release=seen.desired)
+        try:
+            await triton.load(slot)
+        except ControlPlaneError as exc:
+            await book.observe(
+                seen.model,
+                SlotState.UNAVAILABLE,
+                seen.desired,
+                f"on disk; the repair's load failed ({exc.code}), tried again next beat",
+                slot_name=slot,
+            )
+            raise
+
+
+async def record_serving(book: SlotBook, model: str, slot: str, desired: str | None) -> None:
+    await book.observe(
+        model, SlotState.ACTIVE, desired, "serving (repaired by reconcile)", slot_name=slot
+    )

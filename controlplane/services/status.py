@@ -35,8 +35,9 @@ from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
-from controlplane.domain.slots import Slot, SlotState, on_cpu_only
+from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.domain.triton import TritonState
 from controlplane.ports import (
     Clock,
     IndexEntry,
@@ -393,7 +394,7 @@ class StatusService:
             cooldown_until=self._cooldown(history.last_rollback),
             last_repair=history.last_repair,
             drift=self._drift(model),
-            cpu_only=any(s.state is SlotState.ACTIVE and on_cpu_only(s) for s in slots),
+            cpu_only=any(s.state is SlotState.ACTIVE and s.cpu_only for s in slots),
             ignored_releases=listing.ignored,
             signer=history.signer,
         )
@@ -441,4 +442,4 @@ def _seen_by_triton(index: dict[str, IndexEntry] | None, name: str) -> str:
     if index is None:
         return "unknown"
     entry = index.get(name)
-    return entry.state if entry else "UNAVAILABLE"
+    return (entry.state if entry else TritonState.UNAVAILABLE).value

@@ -84,11 +84,10 @@ from controlplane.ports import (
     ServingRepo,
 )
 from controlplane.services.catalog import StoreCatalog, kept
-from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
 from controlplane.services.ignored_log import IgnoredNamesLog
 from controlplane.services.operations import OperationClient
-from controlplane.services.runner import HOUSEKEEPING
+from controlplane.services.tasks import TaskOwner
 from controlplane.timing import Wake
 
 log = logging.getLogger(__name__)
@@ -348,7 +347,7 @@ class ReleaseWatcher:
                     trigger=Trigger.WATCHER,
                     cause=Cause(reason=f"{newest.name} is the newest complete release"),
                 ),
-                patience=HOUSEKEEPING,
+                patience=self._deploy.behind_housekeeping(model),
             )
         except OperationInProgress:
             self._when_free(model, key)  # taken since the look above

@@ -18,7 +18,6 @@ from controlplane.adapters.triton.metrics import TritonMetrics
 from controlplane.domain.notifications import NotificationHealth
 from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
-from controlplane.services.coordination import TaskOwner
 from controlplane.services.deploy import DeployService
 from controlplane.services.figures import FigureReader
 from controlplane.services.fleet import FleetService
@@ -32,6 +31,7 @@ from controlplane.services.rollback import AutoRollback
 from controlplane.services.runner import OperationRunner
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
 

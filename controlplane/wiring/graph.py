@@ -29,20 +29,19 @@ from controlplane.ports import ModelRecord, UtilizationSource
 from controlplane.services.alerts import AlertReceiver
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.catalog import StoreCatalog
-from controlplane.services.coordination import TaskOwner
 from controlplane.services.figures import FigureReader, FleetSources
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_ledger import FleetLedger, Member
 from controlplane.services.fleet_sync import FleetSync
-from controlplane.services.headroom import HeadroomPolicy
-from controlplane.services.memory import LeakPolicy, MemoryWatch
+from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
+from controlplane.services.prepare import SignaturePolicy
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
-from controlplane.services.signing import SignaturePolicy
 from controlplane.services.status import StatusService
 from controlplane.services.stress import StressCheck
 from controlplane.services.supervisor import Supervisor
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
 from controlplane.timing import Wake

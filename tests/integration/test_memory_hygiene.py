@@ -132,3 +132,30 @@ def test_memory_that_grows_with_every_swap_is_flagged(
     else:
         assert growth < 48 * MIB
         assert "a leak is likely" not in daemon.log()
+
+
+def test_an_unload_audits_each_slot_it_frees(
+    daemons: DaemonFactory, store: Path, model_name: str
+) -> None:
+    """``POST /v1/models/{m}/unload`` of a blue-green model with a warm previous slot: the
+    alias goes first, then each slot in a step of its own that carries its residue audit."""
+    model = model_name
+    write_scale_release(store, model, "r1", k=1.0)
+    write_scale_release(store, model, "r2", k=2.0)
+    daemon = daemons(store, config=_config(model, retire_after=3600))
+    _deploy(daemon, model, "r1")
+    _deploy(daemon, model, "r2")  # r1 stays warm on blue
+
+    answer = daemon.post(f"/v1/models/{model}/unload", {"wait": True})
+
+    assert answer.status_code == 200, answer.text
+    steps = answer.json()["operation"]["steps"]
+    assert [s["name"] for s in steps] == ["unload", "unload", "unload", "record", "publish"]
+    assert steps[0]["detail"]["alias"] == model
+    freed = {s["detail"]["slot"]: s["detail"] for s in steps[1:3]}
+    assert set(freed) == {f"{model}__blue", f"{model}__green"}
+    for slot, detail in freed.items():
+        residue = detail["residue"]
+        assert residue["clean"] is True, (slot, residue)
+    assert not (daemon.repository / f"{model}__blue").exists()
+    assert not (daemon.repository / f"{model}__green").exists()

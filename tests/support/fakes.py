@@ -47,18 +47,18 @@ from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.operations import Operation, Trigger, Unchanged
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
+from controlplane.domain.triton import TritonState
 from controlplane.ports import Clock, IndexEntry, MetricsSource, ModelStore, Triton
 from controlplane.services.assembly import Limits, assemble
 from controlplane.services.bluegreen import BlueGreen
-from controlplane.services.coordination import LoadSlots, TaskOwner
 from controlplane.services.deploy import DeployService
-from controlplane.services.headroom import HeadroomPolicy
-from controlplane.services.memory import LeakPolicy, MemoryWatch
+from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
 from controlplane.services.reconcile import Reconciler
-from controlplane.services.runner import OperationRunner
+from controlplane.services.runner import LoadSlots, OperationRunner
 from controlplane.services.slots import SlotBook
 from controlplane.services.status import StatusService
+from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fake_clock import START, FakeClock
 
@@ -161,7 +161,8 @@ class FakeTriton:
         self._stuck.add(model)
 
     def set_state(self, model: str, state: str, reason: str = "") -> None:
-        self.models[model] = IndexEntry(name=model, version="1", state=state, reason=reason)
+        entry = IndexEntry(name=model, version="1", state=TritonState.parse(state), reason=reason)
+        self.models[model] = entry
 
     def state(self, model: str) -> str | None:
         entry = self.models.get(model)

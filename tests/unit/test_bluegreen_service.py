@@ -34,7 +34,6 @@ from controlplane.domain.slots import SlotState
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.services.deploy import DeployService
-from controlplane.services.runner import HOUSEKEEPING
 from tests.support.fakes import (
     FakeMetrics,
     FakeTriton,
@@ -413,7 +412,7 @@ def test_a_deploy_during_a_retire_waits_for_it_instead_of_being_refused(tmp_path
             deploy = asyncio.create_task(  # as the API asks: behind the daemon's housekeeping
                 parts.client.start(
                     partial(service.deploy, MODEL, "r3", trigger=Trigger.API),
-                    patience=HOUSEKEEPING,
+                    patience=service.behind_housekeeping(MODEL),
                 )
             )
             await parts.clock.run_for(0.5)
@@ -777,7 +776,7 @@ def test_keep_fallback_warm_never_retires_the_previous_release(tmp_path: Path) -
             await deployed(service, "r1", "r2")
             await make_reconciler(service, parts).run_pass()  # nor does a reconcile beat
 
-            assert not parts.bluegreen.retire_timer(BLUE)  # no retire is even scheduled
+            assert not parts.bluegreen.retire_timers.scheduled(BLUE)  # no retire is even scheduled
             assert await retires(service) == []
             assert await slot_state(parts, BLUE) == (SlotState.RETIRING, "r1")
             assert parts.triton.state(BLUE) == "READY"

@@ -79,7 +79,7 @@ def telemetry() -> PrometheusTelemetry:
     telemetry.repair_started("load")
     telemetry.job_restarted("reconcile")
     telemetry.store_retried(RetryCause.THROTTLED)
-    slot = Slot("resnet__blue", SlotState.ACTIVE, "r2", "alert", "serving", T0)
+    slot = Slot("resnet__blue", SlotState.ACTIVE, "r2", Trigger.ALERT, "serving", T0)
     view = FleetView(T0, dict.fromkeys(MemberStanding, 1), {"resnet": False})
     telemetry.render(
         Figures(

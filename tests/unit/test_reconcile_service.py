@@ -732,7 +732,6 @@ def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
             staging = FlakyStaging(parts.staging)
             reconciler = Reconciler(
                 deploy=service,
-                bluegreen=parts.bluegreen,
                 runner=parts.runner,
                 client=parts.client,
                 staging=staging,  # type: ignore[arg-type]
@@ -740,10 +739,7 @@ def test_a_start_up_that_fails_is_logged_retried_and_then_ready(
                 slots=parts.slots,
                 serving=parts.repos.serving,
                 journal=parts.repos.operations,
-                load_slots=parts.load_slots,
                 clock=parts.clock,
-                policy_for=lambda _model: parts.policy,
-                unload_timeout=5.0,
             )
             ready = asyncio.Event()
             supervisor = Supervisor(parts.clock, backoff=Backoff(0.01, 30.0))

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from controlplane.domain.errors import InvalidTransition
+from controlplane.domain.operations import Trigger
 from controlplane.domain.slots import (
     ON_CPU_ONLY,
     TRANSITIONS,
@@ -17,7 +18,6 @@ from controlplane.domain.slots import (
     absent,
     can_transition,
     observe,
-    on_cpu_only,
     transition,
 )
 
@@ -30,7 +30,12 @@ INVALID = [(a, b) for a, b in ALL_PAIRS if b not in TRANSITIONS[a]]
 
 def slot_in(state: SlotState, release: str | None = "r1") -> Slot:
     return Slot(
-        name="resnet__blue", state=state, release=release, trigger="t0", reason="r0", since=T0
+        name="resnet__blue",
+        state=state,
+        release=release,
+        trigger=Trigger.API,
+        reason="r0",
+        since=T0,
     )
 
 
@@ -60,17 +65,22 @@ def test_shortcuts_are_not_allowed() -> None:
 def test_valid_transitions_record_why(source: SlotState, target: SlotState) -> None:
     before = slot_in(source)
 
-    after = transition(before, target, trigger="deploy", at=T1, reason="op-1", release="r2")
+    after = transition(before, target, trigger=Trigger.API, at=T1, reason="op-1", release="r2")
 
     assert after == Slot(
-        name="resnet__blue", state=target, release="r2", trigger="deploy", reason="op-1", since=T1
+        name="resnet__blue",
+        state=target,
+        release="r2",
+        trigger=Trigger.API,
+        reason="op-1",
+        since=T1,
     )
     assert before == slot_in(source)  # the original is untouched
 
 
 @pytest.mark.parametrize(("source", "target"), VALID[:3], ids=[f"{a}->{b}" for a, b in VALID[:3]])
 def test_release_is_kept_unless_given(source: SlotState, target: SlotState) -> None:
-    after = transition(slot_in(source, release="r7"), target, trigger="api", at=T1)
+    after = transition(slot_in(source, release="r7"), target, trigger=Trigger.API, at=T1)
     assert after.release == "r7"
     assert after.reason == ""
 
@@ -80,7 +90,7 @@ def test_pairs_outside_the_table_raise(source: SlotState, target: SlotState) -> 
     before = slot_in(source)
 
     with pytest.raises(InvalidTransition) as caught:
-        transition(before, target, trigger="deploy", at=T1, reason="op-1")
+        transition(before, target, trigger=Trigger.API, at=T1, reason="op-1")
 
     assert caught.value.code == "invalid_transition"
     assert f"from {source} to {target}" in caught.value.message
@@ -114,7 +124,7 @@ def test_observe_bypasses_the_table(source: SlotState, target: SlotState) -> Non
         name="resnet__blue",
         state=target,
         release=None,
-        trigger="reconcile",
+        trigger=Trigger.RECONCILE,
         reason="triton says so",
         since=T1,
     )
@@ -123,7 +133,7 @@ def test_observe_bypasses_the_table(source: SlotState, target: SlotState) -> Non
 
 def test_absent_starts_empty() -> None:
     assert absent("m", T0) == Slot(
-        name="m", state=SlotState.ABSENT, release=None, trigger="", reason="", since=T0
+        name="m", state=SlotState.ABSENT, release=None, trigger=None, reason="", since=T0
     )
 
 
@@ -132,25 +142,36 @@ def test_the_cpu_only_mark_follows_a_slot_until_it_is_loaded_again() -> None:
     files: re-pointed away and back (blue-green), the slot still serves on CPU."""
     s = SlotState
     on_cpu = transition(
-        slot_in(s.UPDATING), s.ACTIVE, trigger="alert", at=T1, reason=f"serving {ON_CPU_ONLY}"
+        slot_in(s.UPDATING),
+        s.ACTIVE,
+        trigger=Trigger.ALERT,
+        at=T1,
+        reason=f"serving {ON_CPU_ONLY}",
+        cpu_only=True,
     )
-    assert on_cpu_only(on_cpu)
-    retiring = transition(on_cpu, s.RETIRING, trigger="api", at=T1, reason="r2 switched in")
-    back = transition(retiring, s.ACTIVE, trigger="api", at=T1, reason="rolled back to r1")
-    assert (on_cpu_only(retiring), on_cpu_only(back)) == (True, True)
-    assert back.reason == f"rolled back to r1 ({ON_CPU_ONLY})"
+    assert on_cpu.cpu_only
+    retiring = transition(on_cpu, s.RETIRING, trigger=Trigger.API, at=T1, reason="r2 switched in")
+    back = transition(retiring, s.ACTIVE, trigger=Trigger.API, at=T1, reason="rolled back to r1")
+    assert (retiring.cpu_only, back.cpu_only) == (True, True)
+    assert back.reason == "rolled back to r1"  # the mark is a field, never words to read
     # Reloaded (an in-place deploy), or unloaded: gone.
     reloaded = transition(
-        transition(back, s.UPDATING, trigger="api", at=T1, reason="updating to r3"),
+        transition(back, s.UPDATING, trigger=Trigger.API, at=T1, reason="updating to r3"),
         s.ACTIVE,
-        trigger="api",
+        trigger=Trigger.API,
         at=T1,
         reason="r3 serves",
     )
-    unloading = transition(retiring, s.UNLOADING, trigger="schedule", at=T1, reason="retired")
-    assert (on_cpu_only(reloaded), on_cpu_only(unloading)) == (False, False)
-    # A failed CPU-only reload never marks the slot.
+    unloading = transition(retiring, s.UNLOADING, trigger=Trigger.SCHEDULE, at=T1, reason="retired")
+    assert (reloaded.cpu_only, unloading.cpu_only) == (False, False)
+    # A failed CPU-only reload never marks the slot, whatever its reason says.
     failed = transition(
-        slot_in(s.UPDATING), s.ACTIVE, trigger="alert", at=T1, reason="CPU-only reload failed"
+        slot_in(s.UPDATING),
+        s.ACTIVE,
+        trigger=Trigger.ALERT,
+        at=T1,
+        reason=f"CPU-only reload failed; not {ON_CPU_ONLY}",
     )
-    assert not on_cpu_only(failed)
+    assert not failed.cpu_only
+    # What reconcile observes is not known to be the CPU-only reload's.
+    assert not observe(back, s.READY, release="r1", at=T1, reason="as found").cpu_only

@@ -99,7 +99,7 @@ def full_operation() -> Operation:
 
 def slot(name: str, state: SlotState, since: float, release: str | None = "r1") -> Slot:
     return Slot(
-        name=name, state=state, release=release, trigger="deploy", reason="op-1", since=at(since)
+        name=name, state=state, release=release, trigger=Trigger.API, reason="op-1", since=at(since)
     )
 
 
@@ -204,6 +204,7 @@ def test_a_switch_killed_at_any_moment_is_all_there_or_not_at_all(db_path: Path)
         from datetime import UTC, datetime
         from pathlib import Path
         from controlplane.adapters.persistence import SqliteRepos
+        from controlplane.domain.operations import Trigger
         from controlplane.domain.slots import Slot, SlotState
         from controlplane.ports import Serving
 
@@ -215,9 +216,9 @@ def test_a_switch_killed_at_any_moment_is_all_there_or_not_at_all(db_path: Path)
                 active, old = ("r1", "r2") if n % 2 else ("r2", "r1")
                 slots = [
                     Slot("m__blue", SlotState.ACTIVE if n % 2 else SlotState.RETIRING,
-                         "r1", "api", "", now),
+                         "r1", Trigger.API, "", now),
                     Slot("m__green", SlotState.RETIRING if n % 2 else SlotState.ACTIVE,
-                         "r2", "api", "", now),
+                         "r2", Trigger.API, "", now),
                 ]
                 await repos.serving.commit("m", now, serving=Serving(active, old), slots=slots)
                 if n == 0:

@@ -98,8 +98,8 @@ def _view(**changes: object) -> ModelView:
         "active_release": "r2",
         "previous_release": "r1",
         "slots": (
-            Slot("resnet__blue", SlotState.ACTIVE, "r2", "api", "serving r2", START),
-            Slot("resnet__green", SlotState.RETIRING, "r1", "api", EVIL, START),
+            Slot("resnet__blue", SlotState.ACTIVE, "r2", Trigger.API, "serving r2", START),
+            Slot("resnet__green", SlotState.RETIRING, "r1", Trigger.API, EVIL, START),
         ),
         "triton_state": "READY",
         "triton_reason": "",

@@ -7,9 +7,9 @@ import asyncio
 import shutil
 from pathlib import Path
 
+from controlplane.domain.operations import REFUSE
 from controlplane.ports import StoreChanges
 from controlplane.services.deploy import DeployService
-from controlplane.services.runner import REFUSE
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fakes import Parts, deploy_service, release_watcher, status_service
 from tests.support.models import write_scale_release

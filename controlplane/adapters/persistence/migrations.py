@@ -114,6 +114,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE operations ADD COLUMN reason TEXT;
     ALTER TABLE operations ADD COLUMN set_by TEXT;
     """,
+    # 6: a slot the CPU-only reload left says so in a column of its own, no longer in words of
+    # its reason (the rows written before say it there: read once, here).
+    """
+    ALTER TABLE slots ADD COLUMN cpu_only INTEGER NOT NULL DEFAULT 0;
+    UPDATE slots SET cpu_only = 1
+        WHERE state IN ('READY', 'ACTIVE', 'RETIRING')
+        AND reason LIKE '%on CPU-only instances%';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

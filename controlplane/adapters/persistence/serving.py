@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from controlplane.adapters.persistence.database import Database
+from controlplane.domain.operations import Trigger
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.ports import ModelRecord, Serving
 
@@ -65,19 +66,21 @@ class SqliteServing:
                 )
             for slot in slots:
                 db.execute(
-                    "INSERT INTO slots (model, slot, state, release, trigger, reason, since) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(model, slot) DO UPDATE SET "
+                    "INSERT INTO slots "
+                    "(model, slot, state, release, trigger, reason, since, cpu_only) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(model, slot) DO UPDATE SET "
                     "state = excluded.state, release = excluded.release, "
                     "trigger = excluded.trigger, reason = excluded.reason, "
-                    "since = excluded.since",
+                    "since = excluded.since, cpu_only = excluded.cpu_only",
                     (
                         model,
                         slot.name,
                         slot.state.value,
                         slot.release,
-                        slot.trigger,
+                        slot.trigger.value if slot.trigger is not None else "",
                         slot.reason,
                         slot.since.isoformat(),
+                        int(slot.cpu_only),
                     ),
                 )
 
@@ -108,10 +111,19 @@ def _record(db: sqlite3.Connection, row: sqlite3.Row) -> ModelRecord:
                 name=s["slot"],
                 state=SlotState(s["state"]),
                 release=s["release"],
-                trigger=s["trigger"],
+                trigger=_trigger(s["trigger"]),
                 reason=s["reason"],
                 since=datetime.fromisoformat(s["since"]),
+                cpu_only=bool(s["cpu_only"]),
             )
             for s in slots.fetchall()
         ),
     )
+
+
+def _trigger(stored: str) -> Trigger | None:
+    """The trigger a row names; None for a slot never moved (or a word of an older release)."""
+    try:
+        return Trigger(stored) if stored else None
+    except ValueError:
+        return None

@@ -54,6 +54,7 @@ from controlplane.domain.errors import (
 from controlplane.domain.smoke import SmokeSample, check_answer
 from controlplane.domain.stress import Load
 from controlplane.domain.traffic import Signature
+from controlplane.domain.triton import TritonState
 from controlplane.ports import IndexEntry
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class TritonDriver:
             except ControlPlaneError as exc:
                 log.warning("cannot read Triton's index after abandoning %s: %s", model, exc)
                 return False
-            if entry is None or entry.state != "LOADING":
+            if entry is None or entry.state is not TritonState.LOADING:
                 return True
             if loop.time() >= deadline:
                 return False
@@ -170,7 +171,7 @@ class TritonDriver:
         deadline = loop.time() + timeout
         while True:
             entry = await self._entry(model)
-            if entry is None or entry.state == "UNAVAILABLE":
+            if entry is None or entry.state is TritonState.UNAVAILABLE:
                 return
             if loop.time() >= deadline:
                 raise TritonTimeout(
@@ -193,7 +194,7 @@ class TritonDriver:
             IndexEntry(
                 name=str(m.name),
                 version=str(m.version),
-                state=str(m.state) or "UNAVAILABLE",
+                state=TritonState.parse(str(m.state)),
                 reason=str(m.reason),
             )
             for m in raw.models
@@ -294,7 +295,7 @@ class TritonDriver:
         rows = [e for e in await self.index() if e.name == model]
         if not rows:
             return None
-        ready = [e for e in rows if e.state == "READY"]
+        ready = [e for e in rows if e.state is TritonState.READY]
         return ready[0] if ready else rows[0]
 
     async def _load(self, model: str, config_json: str | None) -> None:
@@ -318,7 +319,7 @@ class TritonDriver:
                 raise
             raise TritonTimeout(f"load of {model!r} did not end within {limit}") from exc
         entry = await self._entry(model)
-        if entry is None or entry.state != "READY":
+        if entry is None or entry.state is not TritonState.READY:
             state = entry.state if entry else "absent"
             reason = entry.reason if entry else ""
             raise TritonLoadFailed(
