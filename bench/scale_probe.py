@@ -30,11 +30,11 @@ def rss_mib() -> float:
 
 
 async def scans(store_path: Path, count: int) -> dict[str, Any]:
-    from controlplane.adapters.clock import SystemClock
     from controlplane.adapters.persistence import SqliteRepos
     from controlplane.adapters.stores.local import LocalStore
     from controlplane.services.tasks import TaskOwner
     from controlplane.services.watcher import ReleaseWatcher
+    from controlplane.timing import SystemClock
 
     with tempfile.TemporaryDirectory(prefix="scale-probe-") as tmp:
         repos = SqliteRepos.open(Path(tmp) / "controlplane.db")

@@ -19,7 +19,7 @@ from controlplane.domain.checksums import FileDigest
 from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.memory import LeakTrend, MemorySample, ResidueReport
-from controlplane.domain.operations import Operation, OperationKind, Step
+from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.slots import Slot
@@ -690,9 +690,9 @@ class Telemetry(Protocol):
     """What the use cases report as it happens, for ``/metrics``. Every method is cheap and
     never raises: telemetry must not fail an operation."""
 
-    def operation_finished(self, operation: Operation) -> None: ...
-
-    def step_finished(self, operation: Operation, step: Step) -> None: ...
+    def operation_finished(self, operation: Operation) -> None:
+        """Its outcome, its duration and each of its steps'."""
+        ...
 
     def rollback_recorded(self, record: RollbackRecord) -> None: ...
 

@@ -13,15 +13,18 @@ tested in no time and without races. What is here:
 * :func:`within` and :func:`poll`: a bounded wait for an awaitable, and a check repeated until
   it holds or a deadline passes.
 
-It sits between the ports and the services and adapters that use it (``.importlinter``).
+It sits between the ports and the services and adapters that use it (``.importlinter``), and
+holds :class:`SystemClock`, the real time behind the port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
@@ -29,6 +32,19 @@ from controlplane.ports import Clock
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
+
+
+class SystemClock:
+    """The daemon's clock: the wall clock in UTC, the monotonic clock, the event loop's sleep."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
 
 
 # --- backoff ------------------------------------------------------------------------------

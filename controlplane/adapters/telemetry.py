@@ -31,7 +31,7 @@ from controlplane.adapters.telemetry_figures import FiguresCollector
 from controlplane.domain.alerts import Receipt
 from controlplane.domain.figures import Figures
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
-from controlplane.domain.operations import Operation, Step, Trigger
+from controlplane.domain.operations import Operation, Trigger
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.signatures import SIGNATURE_CODES
 from controlplane.domain.transfer import RetryCause, retry_cause
@@ -191,13 +191,12 @@ class PrometheusTelemetry:
         ).inc()
         if operation.duration_seconds is not None:
             self._operation_seconds.labels(kind=kind).observe(operation.duration_seconds)
-
-    def step_finished(self, operation: Operation, step: Step) -> None:
-        if step.duration_seconds is not None:
-            self._step_seconds.labels(step=step.name).observe(step.duration_seconds)
-        fetched = step.detail.get("bytes_fetched")
-        if step.name == "fetch" and isinstance(fetched, int) and fetched > 0:
-            self._downloaded.inc(fetched)
+        for step in operation.steps:  # once, as the operation ends: one call, not one a step
+            if step.duration_seconds is not None:
+                self._step_seconds.labels(step=step.name).observe(step.duration_seconds)
+            fetched = step.detail.get("bytes_fetched")
+            if step.name == "fetch" and isinstance(fetched, int) and fetched > 0:
+                self._downloaded.inc(fetched)
 
     def rollback_recorded(self, record: RollbackRecord) -> None:
         self._rollbacks.labels(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from controlplane.domain.alerts import Receipt
 from controlplane.domain.memory import LeakTrend, ResidueReport
-from controlplane.domain.operations import Operation, Step
+from controlplane.domain.operations import Operation
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import TritonMemory
@@ -18,9 +18,6 @@ from controlplane.ports import TritonMemory
 
 class NoTelemetry:
     def operation_finished(self, operation: Operation) -> None:
-        return None
-
-    def step_finished(self, operation: Operation, step: Step) -> None:
         return None
 
     def rollback_recorded(self, record: RollbackRecord) -> None:

@@ -56,11 +56,9 @@ class OperationTracker:
             yield
         except BaseException:
             self._apply(lambda op: op.finish_step(self._clock.now(), ok=False))
-            self._telemetry.step_finished(self._op, self._op.steps[-1])
             raise
         self._apply(lambda op: op.finish_step(self._clock.now(), ok=True))
         step = self._op.steps[-1]
-        self._telemetry.step_finished(self._op, step)
         log.info(
             "step %s done in %.3f s",
             name,

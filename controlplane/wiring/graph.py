@@ -13,15 +13,13 @@ from functools import partial
 from pathlib import Path
 
 from controlplane import __version__
-from controlplane.adapters.clock import SystemClock
 from controlplane.adapters.fleet_peers import HttpPeers
-from controlplane.adapters.host import HostAndGpuMemory
 from controlplane.adapters.keyring import Keyring
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.stores.local_watch import LocalStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
-from controlplane.adapters.triton.metrics import TritonMetrics
+from controlplane.adapters.triton.metrics import HostAndGpuMemory, TritonMetrics
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
@@ -44,7 +42,7 @@ from controlplane.services.supervisor import Supervisor
 from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher
 from controlplane.settings import Settings
-from controlplane.timing import Wake
+from controlplane.timing import SystemClock, Wake
 from controlplane.wiring.container import Container
 from controlplane.wiring.sources import (
     build_records,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.stores.bounded import read_at_most
+from controlplane.adapters.stores.markers import read_at_most
 
 
 @pytest.mark.parametrize("size", [0, 1, 99, 100, 101, 5000])

@@ -63,7 +63,6 @@ def telemetry() -> PrometheusTelemetry:
         finished_at=T0 + timedelta(seconds=2),
         steps=(step,),
     )
-    telemetry.step_finished(operation, step)
     telemetry.operation_finished(operation)
     telemetry.rollback_recorded(
         RollbackRecord("rb1", "resnet", T0, Trigger.WATCHER, "hot", "r2", "r1", RollbackOutcome.CPU)

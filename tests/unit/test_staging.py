@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.adapters.instance_lock import LOCK_NAME
-from controlplane.adapters.staging import renameat
-from controlplane.adapters.staging.fs import MARKER_NAME, StagingArea
+from controlplane.adapters.staging.fs import (
+    MARKER_NAME,
+    StagingArea,
+    exchange,
+    rename_noreplace,
+    renameat2_supported,
+)
 from controlplane.domain.checksums import MANIFEST_NAME, FileDigest
 from controlplane.domain.errors import (
     ChecksumMismatch,
@@ -437,7 +442,7 @@ def test_clean_all_without_a_staging_dir(tmp_path: Path) -> None:
 
 
 def test_renameat_is_supported_here(tmp_path: Path) -> None:
-    assert renameat.supported(tmp_path)
+    assert renameat2_supported(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -446,7 +451,7 @@ def test_exchange_swaps_two_dirs(tmp_path: Path) -> None:
     b = write_tree(tmp_path / "b", NEW)
     tree_a, tree_b = tree(a), tree(b)
 
-    renameat.exchange(a, b)
+    exchange(a, b)
 
     assert tree(a) == tree_b
     assert tree(b) == tree_a
@@ -455,13 +460,13 @@ def test_exchange_swaps_two_dirs(tmp_path: Path) -> None:
 def test_exchange_needs_both_paths(tmp_path: Path) -> None:
     a = write_tree(tmp_path / "a", OLD)
     with pytest.raises(FileNotFoundError):
-        renameat.exchange(a, tmp_path / "missing")
+        exchange(a, tmp_path / "missing")
     assert tree(a)[1] == OLD
 
 
 def test_rename_noreplace_moves_into_a_free_name(tmp_path: Path) -> None:
     a = write_tree(tmp_path / "a", OLD)
-    renameat.rename_noreplace(a, tmp_path / "b")
+    rename_noreplace(a, tmp_path / "b")
     assert not a.exists()
     assert tree(tmp_path / "b")[1] == OLD
 
@@ -477,7 +482,7 @@ def test_rename_noreplace_refuses_an_existing_target(tmp_path: Path, target_is_d
     before = tree(tmp_path)
 
     with pytest.raises(FileExistsError) as caught:
-        renameat.rename_noreplace(a, b)
+        rename_noreplace(a, b)
 
     assert caught.value.errno == errno.EEXIST
     assert caught.value.filename == str(a)

@@ -11,6 +11,9 @@ kept in a content-addressed cache under ``<staging>/cas`` (``cache.py``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import json
 import logging
 import os
@@ -24,7 +27,6 @@ from pathlib import Path
 
 from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.release_tree import regular_files
-from controlplane.adapters.staging import renameat
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import (
@@ -77,7 +79,7 @@ class StagingArea:
                 "filesystems, so a rename between them is not atomic; put staging.path on the "
                 "repository's filesystem (the default is 'staging' beside the repository)"
             )
-        if not renameat.supported(self.staging):
+        if not renameat2_supported(self.staging):
             raise StagingFailed(
                 f"the filesystem under {self.staging} does not support renameat2 "
                 "RENAME_EXCHANGE (Linux >= 3.15 with ext4, xfs, btrfs, tmpfs, ...)"
@@ -158,10 +160,10 @@ class StagingArea:
         target = self.repository / validate_slot_name(name)
         if os.path.lexists(target):
             self._check_owner(name, owner)
-            renameat.exchange(staged, target)
+            exchange(staged, target)
             replaced: Path | None = staged
         else:
-            renameat.rename_noreplace(staged, target)
+            rename_noreplace(staged, target)
             replaced = None
         _fsync_dir(self.repository)
         _fsync_dir(staged.parent)
@@ -187,7 +189,7 @@ class StagingArea:
 
     def restore(self, placement: Placement) -> None:
         if placement.replaced is not None:
-            renameat.exchange(placement.replaced, placement.target)
+            exchange(placement.replaced, placement.target)
             _fsync_dir(self.repository)
             shutil.rmtree(placement.replaced, ignore_errors=True)
         else:
@@ -202,7 +204,7 @@ class StagingArea:
         if not os.path.lexists(target):
             return False
         grave = self.staging / f"removed-{uuid.uuid4().hex}"
-        renameat.rename_noreplace(target, grave)
+        rename_noreplace(target, grave)
         _fsync_dir(self.repository)
         shutil.rmtree(grave, ignore_errors=True)
         return True
@@ -227,7 +229,7 @@ class StagingArea:
         (built / "1").mkdir(parents=True)
         (built / ALIAS_MARKER).write_text(json.dumps({"alias": model}), encoding="utf-8")
         _fsync_tree(built)
-        renameat.rename_noreplace(built, target)
+        rename_noreplace(built, target)
         _fsync_dir(self.repository)
 
     def is_alias_dir(self, model: str) -> bool:
@@ -336,3 +338,53 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# --- renameat2(2): the atomic exchange ---------------------------------------------------------
+
+
+AT_FDCWD = -100
+RENAME_NOREPLACE = 1 << 0
+RENAME_EXCHANGE = 1 << 1
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_renameat2 = _libc.renameat2
+_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+_renameat2.restype = ctypes.c_int
+
+
+def _call(source: Path, target: Path, flags: int) -> None:
+    result = _renameat2(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), flags)
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"renameat2: {os.strerror(code)}", str(source), None, str(target))
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Atomically swap two existing paths."""
+    _call(a, b, RENAME_EXCHANGE)
+
+
+def rename_noreplace(source: Path, target: Path) -> None:
+    """Rename, failing with EEXIST instead of replacing an existing ``target``."""
+    _call(source, target, RENAME_NOREPLACE)
+
+
+def renameat2_supported(probe_dir: Path) -> bool:
+    """Whether this kernel and filesystem support ``RENAME_EXCHANGE`` under ``probe_dir``."""
+    tag = uuid.uuid4().hex  # unique: a probe left by a killed start-up never gets in the way
+    a = probe_dir / f".renameat2-probe-{tag}-a"
+    b = probe_dir / f".renameat2-probe-{tag}-b"
+    try:
+        a.mkdir()
+        b.mkdir()
+        exchange(a, b)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            return False
+        raise
+    finally:
+        for path in (a, b):
+            if path.is_dir():
+                path.rmdir()

@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.adapters.stores.fleet_records import (
     DESIRED_DIR,
     MAX_RECORD_BYTES,
@@ -40,6 +39,7 @@ from controlplane.adapters.stores.fleet_records import (
     require_named,
 )
 from controlplane.adapters.stores.local import missing_store
+from controlplane.adapters.stores.markers import read_at_most
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name

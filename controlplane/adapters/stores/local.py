@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
-from controlplane.adapters.stores.bounded import read_at_most
-from controlplane.adapters.stores.markers import MarkerRevisions
+from controlplane.adapters.stores.markers import MarkerRevisions, read_at_most
 from controlplane.adapters.stores.retries import report_refetch, unstable
 from controlplane.domain.checksums import (
     MANIFEST_NAME,

@@ -35,8 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import BinaryIO
 
-from controlplane.adapters.stores.bounded import read_at_most
 from controlplane.domain.checksums import MAX_MANIFEST_BYTES
 from controlplane.domain.releases import ReleaseInfo
 
@@ -149,3 +149,16 @@ def _signature(found: os.stat_result) -> _Signature:
     return _PACKED.pack(
         found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
     )
+
+
+# --- reading a small file, sized by the file ---------------------------------------------------
+
+
+def read_at_most(stream: BinaryIO, limit: int) -> bytes:
+    """The file's bytes, at most ``limit + 1`` of them (one more than allowed tells a file too
+    big), whatever its size."""
+    size = os.fstat(stream.fileno()).st_size
+    data = stream.read(min(size, limit) + 1)
+    if len(data) <= size or len(data) > limit:
+        return data  # all of it (or already too much)
+    return data + stream.read(limit + 1 - len(data))  # it grew since the stat: read on

@@ -11,12 +11,14 @@ models served.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.ports import GpuMemory
+from controlplane.ports import GpuMemory, ShmSpace
 
 PENDING = "nv_inference_pending_request_count"
 GPU_UTILIZATION = "nv_gpu_utilization"
@@ -91,3 +93,64 @@ def _lines_of(text: str, metrics: tuple[str, ...]) -> str:
 
 _SAMPLE_SUFFIXES = ("", "_total", "_created", "_count", "_sum", "_bucket")
 _NAME = re.compile(r"(?:# (?:HELP|TYPE) )?([a-zA-Z_:][a-zA-Z0-9_:]*)")
+
+
+# --- the memory figures of the host and the GPU ------------------------------------------------
+
+
+PROC = Path("/proc")
+SHM = Path("/dev/shm")  # noqa: S108 - read, never written: where POSIX shared memory lives
+
+
+def meminfo(proc_root: Path = PROC) -> dict[str, int]:
+    """``/proc/meminfo`` in bytes; empty when it cannot be read.
+
+    Not ``psutil.virtual_memory()``: it reads the same file for the two figures used here, but
+    raises when the file cannot be read and warns when fields these figures do not need are
+    missing (as in some sandboxes).
+    """
+    try:
+        text = (proc_root / "meminfo").read_text(encoding="ascii")
+    except OSError:
+        return {}
+    figures = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            scale = 1024 if parts[1:] == ["kB"] else 1
+            figures[key.strip()] = int(parts[0]) * scale
+    return figures
+
+
+class HostAndGpuMemory:
+    """:class:`~controlplane.ports.MemoryFigures` from Triton's metrics and the host."""
+
+    def __init__(
+        self, metrics: TritonMetrics, *, proc_root: Path = PROC, shm_path: Path = SHM
+    ) -> None:
+        self._metrics = metrics
+        self._proc = proc_root
+        self._shm = shm_path
+
+    async def gpu_memory(self) -> dict[str, GpuMemory] | None:
+        return await self._metrics.gpu_memory()
+
+    def host_available(self) -> int | None:
+        return meminfo(self._proc).get("MemAvailable")
+
+    def host_total(self) -> int | None:
+        return meminfo(self._proc).get("MemTotal")
+
+    def shm(self) -> ShmSpace | None:
+        """``statvfs`` of the shm mount: a tmpfs (RAM) whose size is its own limit (Docker's
+        default is 64 MiB, a pod's is its ``emptyDir`` ``sizeLimit`` or the node's half RAM)."""
+        try:
+            found = os.statvfs(self._shm)
+        except OSError:
+            return None
+        return ShmSpace(
+            total=found.f_blocks * found.f_frsize,
+            free=found.f_bavail * found.f_frsize,
+            path=str(self._shm),
+        )

@@ -30,8 +30,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.adapters.host import meminfo
 from controlplane.adapters.triton import process
+from controlplane.adapters.triton.metrics import meminfo
 from controlplane.domain.memory import HeldFile, ResidueReport
 from controlplane.ports import TritonMemory
 
