@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from controlplane.domain.errors import DesiredStateConflict
@@ -30,7 +30,7 @@ from controlplane.domain.fleet import (
 )
 from controlplane.domain.operations import OperationKind, Trigger
 from controlplane.domain.rollout import RolloutPolicy, stable_release, start
-from controlplane.ports import Clock, DesiredStates, FleetPeers
+from controlplane.ports import Clock, DesiredStates, FleetPeers, ModelRecord
 from controlplane.services.runner import Run
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,19 @@ class FleetLedger:
         self._own_wake = wake
         self._peers = peers
         self._telling: set[asyncio.Task[None]] = set()
+        self._known: Mapping[str, DesiredModel] = {}  # the desired state as the sync last read it
+
+    def remember(self, desired: Mapping[str, DesiredModel]) -> None:
+        """The desired state as just read by the fleet sync: what "previous" means here."""
+        self._known = dict(desired)
+
+    def previous_of(self, record: ModelRecord) -> str | None:
+        """What "previous" means for ``record`` here, from the desired state as last read
+        (:meth:`DesiredModel.previous_for`)."""
+        wanted = self._known.get(record.name)
+        if wanted is None:
+            return record.previous_release
+        return wanted.previous_for(record.active_release, record.previous_release)
 
     async def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
         return await asyncio.to_thread(self.records.read, model, patient=patient)

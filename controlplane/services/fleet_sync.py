@@ -111,7 +111,7 @@ class FleetSync:
         clock: Clock,
         poll_interval: float,
         beat_interval: float,
-        overload: Callable[[], str | None] = lambda: None,
+        overload: Callable[[], str] | None = None,
         wake: Wake | None = None,
     ) -> None:
         self._ledger = ledger
@@ -222,6 +222,7 @@ class FleetSync:
                 self._ledger.tell_peers()  # the others follow the records it wrote now
             self._seeded = True
         report.desired = desired
+        self._ledger.remember(desired)
         for model, wanted in sorted(desired.items()):
             await self._share_latches(model, wanted)
             report.states[model] = await self._converge(model, wanted, records.get(model), report)
@@ -348,14 +349,6 @@ class FleetSync:
                 await self._rollbacks.unlatch(model, release)
                 log.info("%s %s is no longer degraded: the fleet let it go", model, release)
 
-    def previous_of(self, record: ModelRecord) -> str | None:
-        """What "previous" means for ``record`` here, from the desired state as last read
-        (:meth:`DesiredModel.previous_for`)."""
-        wanted = self.last.desired.get(record.name) if self.last is not None else None
-        if wanted is None:
-            return record.previous_release
-        return wanted.previous_for(record.active_release, record.previous_release)
-
     async def _held(self, model: str, target: str | None, wanted: DesiredModel) -> bool:
         """``target`` was latched degraded here after the fleet set it (a member-scope
         rollback): this member does not go back to it until it is set again."""
@@ -377,7 +370,7 @@ class FleetSync:
             interval=self._beat_interval,
             version=self.member.version,
             models=dict(states),
-            overload=self._overload(),
+            overload=self._overload() if self._overload is not None else None,
             stale=self.stale,
             url=self.member.url,
             name_conflict=self.name_conflict,

@@ -57,6 +57,15 @@ class OverloadView:
     at: datetime
     last_value: float | None
     note: str  # why the last sample is missing, if it is
+    no_gpu: bool = False  # the source answered, and reports no GPU: nothing can overload
+
+    @property
+    def heartbeat(self) -> str:
+        """The verdict a member's heartbeat carries: ``no_gpu`` when there is no GPU to
+        watch, else the evaluator's."""
+        if self.last_value is None and self.no_gpu:
+            return "no_gpu"
+        return self.evaluation.verdict.value
 
 
 class OverloadWatcher:
@@ -89,6 +98,14 @@ class OverloadWatcher:
     @property
     def view(self) -> OverloadView | None:
         return self._view
+
+    def latest(self) -> OverloadView | None:
+        """:attr:`view`, as a call (for status)."""
+        return self._view
+
+    def verdict(self) -> str:
+        """What a heartbeat says of this member's GPU (``unknown`` before the first sample)."""
+        return self._view.heartbeat if self._view is not None else "unknown"
 
     @property
     def threshold(self) -> float:
@@ -133,7 +150,9 @@ class OverloadWatcher:
         stamp = self._clock.now()
         self._history.append(GpuPoint(stamp, value))
         self._forget_old(stamp)
-        self._view = OverloadView(self._source_name, evaluation, stamp, value, note)
+        self._view = OverloadView(
+            self._source_name, evaluation, stamp, value, note, no_gpu=per_gpu == {}
+        )
         self._telemetry.overload_evaluated(evaluation.verdict.value, value)
         if evaluation.verdict is not previous:
             level = logging.WARNING if evaluation.verdict is Verdict.BREACH else logging.INFO

@@ -153,6 +153,14 @@ class Reconciler:
             return True
         return False
 
+    def last_pass(self) -> PassReport | None:
+        return self.last
+
+    def drift_of(self, model: str) -> str | None:
+        """What the last pass found wrong with ``model``; None when it serves as it should."""
+        found = self.last.assessments.get(model) if self.last is not None else None
+        return None if found is None or found.serving else found.why
+
     def waiting_for_triton(self) -> float | None:
         """How long the liveness check in flight has waited for Triton's answer (None: none
         is in flight)."""

@@ -85,7 +85,7 @@ class AutoRollback:
         enabled: Callable[[str], bool],
         telemetry: Telemetry = NO_TELEMETRY,
         fleet: FleetLedger | None = None,
-        previous_of: Callable[[ModelRecord], str | None] = lambda record: record.previous_release,
+        previous_of: Callable[[ModelRecord], str | None] | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._deploy = deploy
@@ -100,7 +100,7 @@ class AutoRollback:
         self._fleet = fleet  # rollback.scope: fleet
         # In a fleet, what served before is the fleet's previous release, not this member's
         # (a member that lost a race, or joined late, went through releases the fleet never had).
-        self._previous_of = previous_of
+        self._previous_of = previous_of or _own_previous
 
     @property
     def cooldown(self) -> float:
@@ -322,3 +322,8 @@ def _said(attempt: Outcome) -> str:
     if attempt.ended in (Ended.BUSY, Ended.CUT_SHORT) and attempt.message:
         return attempt.message
     return attempt.error
+
+
+def _own_previous(record: ModelRecord) -> str | None:
+    """A lone daemon's "previous": the release that served before here."""
+    return record.previous_release

@@ -74,6 +74,10 @@ class Supervisor:
     def statuses(self) -> list[JobStatus]:
         return [self._status[name] for name in self._jobs]
 
+    def health(self) -> dict[str, bool]:
+        """Whether each job runs, by name (``/metrics``)."""
+        return {status.name: not status.down for status in self.statuses()}
+
     def down(self) -> list[JobStatus]:
         return [status for status in self.statuses() if status.down]
 

@@ -162,9 +162,12 @@ class ReleaseWatcher:
         self._ignored_log = IgnoredNamesLog()
         self.wake = wake or Wake(clock)  # set by the store's events, or to scan at once
 
-    async def run(self) -> None:
+    async def run(self, after: asyncio.Event | None = None) -> None:
         """Scan forever, every interval or when woken; cancelled on shutdown. A scan that fails
-        is logged when its error is new (not on every beat), and the recovery once."""
+        is logged when its error is new (not on every beat), and the recovery once. ``after``:
+        start once it is set (start-up reconcile has run)."""
+        if after is not None:
+            await after.wait()
         failing: str | None = None
         while True:
             try:

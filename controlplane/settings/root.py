@@ -147,6 +147,15 @@ class Settings(BaseSettings):
             max_memory_growth=stress.max_memory_growth_bytes,
         )
 
+    def fallback_release(self, model: str) -> str | None:
+        return self.policy(model).fallback_release
+
+    def auto_rollback(self, model: str) -> bool:
+        return self.policy(model).auto_rollback
+
+    def auto_deploy(self, model: str) -> bool:
+        return self.policy(model).auto_deploy
+
     def rollout(self, model: str) -> RolloutPolicy:
         rollout = self.policy(model).rollout
         return RolloutPolicy(rollout.canary_members, rollout.bake_seconds)

@@ -22,7 +22,7 @@ differences that follow from SQS:
 A queue that cannot be reached (it does not exist, access is denied, no connection) changes
 nothing but latency: the state turns ``unreachable`` (logged once per change, shown in
 ``/healthz`` and ``controlplane_store_notifications_up``), and the queue is tried again with a
-backoff that doubles up to :data:`MAX_BACKOFF`; the first answer turns it ``live`` again and
+backoff that doubles up to :data:`RECONNECT`'s limit; the first answer turns it ``live`` again and
 wakes the watcher for a full listing of what was missed.
 
 Each receive runs in a daemon thread of its own: a long poll cannot be interrupted, and a
@@ -50,12 +50,12 @@ import botocore.exceptions  # type: ignore[import-untyped]
 from controlplane.adapters.stores.s3_events import Drop, Heard, read_message
 from controlplane.domain.notifications import NotificationHealth, NotificationState
 from controlplane.ports import Clock, StoreChanges
+from controlplane.timing import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WAIT_SECONDS = 20  # SQS's longest long poll: one request per 20 s while the queue is quiet
-FIRST_BACKOFF = 1.0
-MAX_BACKOFF = 30.0  # an unreachable queue is tried again at least this often
+RECONNECT = Backoff(first=1.0, limit=30.0)  # an unreachable queue is tried again this often
 DROP_LOG_EVERY = 60.0  # s between two log lines about dropped messages of one kind
 _AWS_HOST = re.compile(
     r"^(?:sqs\.)?(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.(?:queue\.)?amazonaws\.com"
@@ -77,8 +77,7 @@ class SqsStoreEvents:
         poll_interval: float,
         client: Any | None = None,
         wait_seconds: int = WAIT_SECONDS,
-        first_backoff: float = FIRST_BACKOFF,
-        max_backoff: float = MAX_BACKOFF,
+        backoff: Backoff = RECONNECT,
     ) -> None:
         self._url = queue_url
         self._bucket = bucket
@@ -87,8 +86,7 @@ class SqsStoreEvents:
         self._clock = clock
         self._poll_interval = poll_interval
         self._wait = wait_seconds
-        self._first_backoff = first_backoff
-        self._max_backoff = max_backoff
+        self._backoff = backoff
         self._owns_client = client is None
         self._client = client if client is not None else _client_for(queue_url)
         self._health = NotificationHealth(queue_url, NotificationState.STARTING, clock.now())
@@ -131,16 +129,16 @@ class SqsStoreEvents:
                 self._client.close()
 
     async def _receive_forever(self) -> None:
-        backoff = self._first_backoff
+        delay: float | None = None  # since the queue last answered
         while True:
             try:
                 answer = await _in_daemon_thread(self._receive)
             except _LIBRARY as exc:
-                self._unreachable(_why(exc, self._url), backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+                delay = self._backoff.after(delay)
+                self._unreachable(_why(exc, self._url), delay)
+                await self._clock.sleep(delay)
                 continue
-            backoff = self._first_backoff
+            delay = None
             self._reached()
             named = False
             for message in answer.get("Messages", []):
@@ -245,7 +243,7 @@ class SqsStoreEvents:
                 self._url,
                 why,
                 self._poll_interval,
-                self._max_backoff,
+                self._backoff.limit,
             )
             self._set(NotificationState.UNREACHABLE, problem=why, retry_at=retry_at)
         else:
