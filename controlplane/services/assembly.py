@@ -33,8 +33,8 @@ from controlplane.services.operations import OperationClient
 from controlplane.services.prepare import Preparer, SignaturePolicy
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.retire import RetireTimers
-from controlplane.services.runner import LoadSlots, ModelLocks, OperationRunner
-from controlplane.services.slots import SlotBook, SlotFreer
+from controlplane.services.runner import ModelLocks, OperationRunner
+from controlplane.services.slots import LoadSlots, SlotBook, SlotFreer
 from controlplane.services.strategy import ModelStrategy
 from controlplane.services.stress import StressCheck
 from controlplane.services.tasks import TaskOwner

@@ -43,8 +43,9 @@ from controlplane.services.bluegreen_repair import BlueGreenRepairs
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch, check_headroom
 from controlplane.services.prepare import Preparer
 from controlplane.services.retire import RetireTimers
-from controlplane.services.runner import LoadSlots, Run
+from controlplane.services.runner import Run
 from controlplane.services.slots import (
+    LoadSlots,
     SlotBook,
     SlotFreer,
     SlotSnapshot,

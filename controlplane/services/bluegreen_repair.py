@@ -20,8 +20,9 @@ from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
 from controlplane.ports import IndexEntry, ReleaseMarker, Staging, Triton
 from controlplane.services.retire import RetireTimers
-from controlplane.services.runner import LoadSlots, Run
+from controlplane.services.runner import Run
 from controlplane.services.slots import (
+    LoadSlots,
     SlotBook,
     SlotFreer,
     SlotSnapshot,

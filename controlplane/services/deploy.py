@@ -47,6 +47,7 @@ from controlplane.domain.operations import (
     Unchanged,
     housekeeping,
 )
+from controlplane.domain.publish import FleetBase, fleet_agrees, publishes
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.domain.traffic import Strategy, TrafficPolicy
@@ -61,7 +62,7 @@ from controlplane.ports import (
     Triton,
 )
 from controlplane.services.cpu_fallback import reload_on_cpu
-from controlplane.services.fleet_ledger import FleetBase, FleetLedger, fleet_agrees
+from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.memory import MemoryWatch
 from controlplane.services.runner import CANCEL_GRACE, Claim, OperationRunner, Run
 from controlplane.services.slots import SlotBook, SlotSnapshot
@@ -363,10 +364,11 @@ class DeployService:
     ) -> FleetBase | None:
         """The fleet's record this request replaces, read before the operation is recorded:
         as patient with the store as :meth:`_resolve` is."""
-        if self.fleet is None:
+        if self.fleet is None or not publishes(kind, trigger):
             return None
+        records = self.fleet.records
         try:
-            return await self.fleet.base_for(model, kind, trigger, patient=patient)
+            return FleetBase(await asyncio.to_thread(records.read, model, patient=patient))
         except StoreUnavailable as exc:
             if patient:
                 raise

@@ -28,7 +28,8 @@ from controlplane.domain.fleet import (
     RolloutPhase,
     first_generation,
 )
-from controlplane.domain.operations import OperationKind, Trigger
+from controlplane.domain.operations import OperationKind
+from controlplane.domain.publish import FleetBase
 from controlplane.domain.rollout import RolloutPolicy, stable_release, start
 from controlplane.ports import Clock, DesiredStates, FleetPeers, ModelRecord
 from controlplane.services.runner import Run
@@ -61,35 +62,6 @@ class Publication:
     base: DesiredModel | None  # the record read when the request arrived
     release: str | None  # None: unloaded
     latch: str | None = None  # a release rolled back from: latched degraded for the fleet
-
-
-@dataclass(frozen=True)
-class FleetBase:
-    """The fleet's record of a model when a request that publishes arrived (None: none yet)."""
-
-    record: DesiredModel | None
-
-
-def publishes(kind: OperationKind, trigger: Trigger) -> bool:
-    """Whether an operation of ``kind`` for ``trigger`` moves the fleet's desired state: what
-    a person or CI asks (but the CPU-only reload, which stays on its member), and the release
-    watcher's auto-deploy (this member went first). Not the fleet's own sync, repairs,
-    retires, nor automatic rollbacks (they move the fleet after their chain: AutoRollback)."""
-    if trigger in (Trigger.API, Trigger.CLI):
-        return kind is not OperationKind.CPU_FALLBACK
-    return trigger is Trigger.WATCHER and kind is OperationKind.DEPLOY
-
-
-def fleet_agrees(base: FleetBase | None, release: str) -> bool:
-    """Whether the fleet already wants ``release`` everywhere, not degraded (or the request
-    publishes nothing): a deploy of what serves here is then ``unchanged``."""
-    record = base.record if base is not None else None
-    return base is None or (
-        record is not None
-        and record.release == release
-        and not record.rollout.in_progress
-        and not record.is_degraded(release)
-    )
 
 
 class FleetLedger:
@@ -126,15 +98,6 @@ class FleetLedger:
 
     async def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
         return await asyncio.to_thread(self.records.read, model, patient=patient)
-
-    async def base_for(
-        self, model: str, kind: OperationKind, trigger: Trigger, *, patient: bool = False
-    ) -> FleetBase | None:
-        """The record a request's publish will replace; None when it publishes nothing.
-        ``patient``: the caller waits, so a store outage is ridden out, not refused."""
-        if not publishes(kind, trigger):
-            return None
-        return FleetBase(await self.read(model, patient=patient))
 
     async def held_by_a_member(self, model: str, release: str) -> bool:
         """Whether a live member holds back from ``release`` (it rolled it back itself, with
@@ -329,11 +292,6 @@ class FleetLedger:
         self._telling.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("could not wake the other members: %s", exc, exc_info=exc)
-
-    async def told_peers(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) for the wakes in flight to end."""
-        if self._telling:
-            await asyncio.wait(set(self._telling), timeout=timeout)
 
     async def _tell_peers(self, peers: FleetPeers) -> None:
         now = self._clock.now()

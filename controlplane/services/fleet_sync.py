@@ -138,10 +138,6 @@ class FleetSync:
         self._pokes = PokeGap(POKE_GAP, clock)
 
     @property
-    def last_beat_error(self) -> str | None:
-        return self._heart.last_error
-
-    @property
     def name_conflict(self) -> str | None:
         """Why this member's name seems taken by another daemon; None when it does not."""
         return self._heart.name_conflict

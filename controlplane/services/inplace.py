@@ -36,8 +36,9 @@ from controlplane.domain.triton import TritonState
 from controlplane.ports import IndexEntry, Placement, ReleaseMarker, Staging, Triton
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch, check_headroom
 from controlplane.services.prepare import Preparer
-from controlplane.services.runner import LoadSlots, Run
+from controlplane.services.runner import Run
 from controlplane.services.slots import (
+    LoadSlots,
     SlotBook,
     SlotSnapshot,
     load_from_disk,

@@ -112,31 +112,6 @@ class ModelLocks:
         await self._freed.setdefault(model, asyncio.Event()).wait()
 
 
-class LoadSlots:
-    """At most ``size`` loads at once across models (Triton's own load threads are the real
-    bound: more at once only queue inside Triton, where no one sees them wait)."""
-
-    def __init__(self, size: int) -> None:
-        if size < 1:
-            raise ValueError("at least one load slot is needed")
-        self.size = size
-        self._slots = asyncio.Semaphore(size)
-
-    @asynccontextmanager
-    async def hold(self, tracker: OperationTracker | None = None) -> AsyncIterator[None]:
-        """Hold a load slot; a wait for one is recorded as the step ``queue``."""
-        if tracker is not None and self._slots.locked():
-            async with tracker.step("queue"):
-                tracker.detail(load_slots=self.size)
-                await self._slots.acquire()
-        else:
-            await self._slots.acquire()
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-
 @dataclass
 class Claim:
     """A model held for an operation that is not recorded yet (see

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -174,6 +175,31 @@ class SlotBook:
     async def forget(self, model: str, names: Iterable[str]) -> None:
         """Drop slot rows that no longer mean anything (a spare whose dir is gone)."""
         await self._serving.forget_slots(model, list(names))
+
+
+class LoadSlots:
+    """At most ``size`` loads at once across models (Triton's own load threads are the real
+    bound: more at once only queue inside Triton, where no one sees them wait)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("at least one load slot is needed")
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+
+    @asynccontextmanager
+    async def hold(self, tracker: OperationTracker | None = None) -> AsyncIterator[None]:
+        """Hold a load slot; a wait for one is recorded as the step ``queue``."""
+        if tracker is not None and self._slots.locked():
+            async with tracker.step("queue"):
+                tracker.detail(load_slots=self.size)
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 def serving_after(snapshot: SlotSnapshot, release: str) -> Serving:

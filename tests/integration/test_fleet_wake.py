@@ -29,6 +29,7 @@ from controlplane.services.fleet_ledger import FleetLedger, Member, Publication
 from controlplane.services.runner import Run
 from controlplane.services.tracker import OperationTracker
 from tests.support.fakes import FakeClock, FakeDesiredStates
+from tests.support.polling import until
 from tests.unit.test_fleet_ledger import beat
 
 
@@ -92,7 +93,8 @@ async def publish_and_settle(
             Run(OperationTracker(operation, repos.operations, clock)),
             Publication(base=None, release="r1"),
         )
-        await ledger.told_peers(timeout=10)
+        # The wakes run in tasks of their own: wait until this task is the loop's last one.
+        await until(lambda: len(asyncio.all_tasks()) == 1, "the wakes ended", 10)
     finally:
         repos.close()
 

@@ -55,8 +55,8 @@ from controlplane.services.deploy import DeployService
 from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
 from controlplane.services.reconcile import Reconciler
-from controlplane.services.runner import LoadSlots, OperationRunner
-from controlplane.services.slots import SlotBook
+from controlplane.services.runner import OperationRunner
+from controlplane.services.slots import LoadSlots, SlotBook
 from controlplane.services.status import StatusService
 from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher

@@ -139,9 +139,6 @@ class HostAndGpuMemory:
     def host_available(self) -> int | None:
         return meminfo(self._proc).get("MemAvailable")
 
-    def host_total(self) -> int | None:
-        return meminfo(self._proc).get("MemTotal")
-
     def shm(self) -> ShmSpace | None:
         """``statvfs`` of the shm mount: a tmpfs (RAM) whose size is its own limit (Docker's
         default is 64 MiB, a pod's is its ``emptyDir`` ``sizeLimit`` or the node's half RAM)."""
