@@ -33,7 +33,7 @@ $(K8S_TOOLS): tools/k8s-tools.txt tools/install-k8s-tools.py | $(STAMP)
 
 # A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
 run: install
-	$(BIN)/python -m controlplane.devrun
+	$(BIN)/python -m devtools.devrun
 
 test: install system-deps lint typecheck layers config-check monitoring-check deploy-check pytest
 
@@ -43,8 +43,8 @@ system-deps:
 	@tools/system-deps.sh
 
 lint:
-	$(BIN)/ruff check controlplane tests bench tools
-	$(BIN)/ruff format --check controlplane tests bench tools
+	$(BIN)/ruff check controlplane devtools tests bench tools
+	$(BIN)/ruff format --check controlplane devtools tests bench tools
 
 typecheck:
 	$(BIN)/mypy

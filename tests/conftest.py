@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton, TritonPorts, launch_triton
+from devtools.launcher import RunningTriton, TritonPorts, launch_triton
 
 
 class TritonFactory(Protocol):

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from controlplane import __version__
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.integration.conftest import DaemonFactory, serving_r2
 from tests.integration.test_alert_webhook import notification

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release, write_sha256sums

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.support.chaos import (
     LogWatch,

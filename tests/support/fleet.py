@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
