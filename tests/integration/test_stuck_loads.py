@@ -22,13 +22,16 @@ from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
 FOREVER = 100_000.0
+QUICK_EXIT = ["--exit-timeout-secs=1"]  # stopped at teardown with a load still running
 
 
 def test_a_load_that_never_ends_is_answered_within_its_timeout_and_the_next_deploy_works(
     store: Path, model_name: str, tmp_path: Path, own_triton: TritonFactory, daemons: DaemonFactory
 ) -> None:
     (tmp_path / "repository").mkdir()
-    triton = own_triton(tmp_path / "repository")  # its own: the stuck stub lives until it stops
+    # Its own: the stuck stub lives until it stops, which then waits out Triton's exit timeout
+    # (10 s) for a load that never ends; 1 s is as good for that.
+    triton = own_triton(tmp_path / "repository", extra_args=QUICK_EXIT)
     write_scale_release(store, model_name, "r1", k=1.0)
     write_scale_release(store, model_name, "r2", k=2.0, init_sleep=FOREVER)
     write_scale_release(store, model_name, "r3", k=3.0)
@@ -61,7 +64,7 @@ def test_an_inplace_rollback_cut_by_its_budget_leaves_a_consistent_deployable_mo
     store: Path, model_name: str, tmp_path: Path, own_triton: TritonFactory, daemons: DaemonFactory
 ) -> None:
     (tmp_path / "repository").mkdir()
-    triton = own_triton(tmp_path / "repository")
+    triton = own_triton(tmp_path / "repository", extra_args=QUICK_EXIT)  # the cut load, too
     write_scale_release(store, model_name, "r1", k=1.0, init_sleep=8.0)  # a slow fallback
     write_scale_release(store, model_name, "r2", k=2.0)
     write_scale_release(store, model_name, "r3", k=3.0)
