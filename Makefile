@@ -1,4 +1,5 @@
-# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`. `make check` is
+# the fast loop while you work (static checks and the unit tests, no servers).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,7 +8,14 @@ AWS    := $(VENV)/awscli/bin/aws
 AWSCLI_VERSION := 1.46.3
 K8S_TOOLS := $(VENV)/.k8s-tools
 
-.PHONY: install system-deps run test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
+# pytest-xdist: two workers. Most of the suite waits on servers (Triton, daemons, moto), so two
+# side by side halve its time on 2 cores. --dist loadscope keeps a module (or class) on one
+# worker, so its module-scoped daemon starts once; session fixtures (the shared Triton, the
+# fleet tests' pool, moto) are per worker, on free ports. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope
+
+.PHONY: install system-deps run check unit test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
 install: $(STAMP) $(AWS) $(K8S_TOOLS)
 
@@ -33,8 +41,17 @@ $(K8S_TOOLS): tools/k8s-tools.txt tools/install-k8s-tools.py | $(STAMP)
 
 # A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
 run: install
-	$(BIN)/python -m controlplane.devrun
+	$(BIN)/python -m devtools.devrun
 
+# The fast loop, about a minute once installed: ruff, mypy, import-linter and the unit tests
+# (which fail if they touch the network). Before a commit lands, `make test`: it is what CI runs.
+check: install lint typecheck layers unit
+
+unit: install
+	$(BIN)/pytest tests/unit $(XDIST)
+
+# Everything, what CI runs (.ci/run): the checks above, the generated config, the monitoring
+# rules, the image and manifests, and pytest against the real Triton, Prometheus and Alertmanager.
 test: install system-deps lint typecheck layers config-check monitoring-check deploy-check pytest
 
 # Debian packages the checks and tests run (prometheus, promtool, alertmanager, tcmalloc):
@@ -43,8 +60,8 @@ system-deps:
 	@tools/system-deps.sh
 
 lint:
-	$(BIN)/ruff check controlplane tests bench tools
-	$(BIN)/ruff format --check controlplane tests bench tools
+	$(BIN)/ruff check controlplane devtools tests bench tools
+	$(BIN)/ruff format --check controlplane devtools tests bench tools
 
 typecheck:
 	$(BIN)/mypy
@@ -72,7 +89,7 @@ deploy-check: install system-deps
 	BIN=$(BIN) deploy/k8s/check.sh
 
 pytest: install system-deps
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST)
 
 bench: install
 	$(BIN)/python bench/hot_swap.py

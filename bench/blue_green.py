@@ -53,7 +53,7 @@ import tritonclient.grpc as grpcclient
 from bench.blue_green_report import SLOW_REPOINT_MS, section, table, verdict, write_readme
 from bench.hot_swap import Request, TimedLoad, cache_dir, overlaps, percentile
 from bench.report import README, machine, run_main
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
 

@@ -106,7 +106,7 @@ def phase(root: Path, poll: float, args: argparse.Namespace) -> Iterator[Phase]:
             for release in range(args.runs + 1):
                 write_scale_release(store, MODEL, f"r{release}", k=value_of(release))
             env = intervals(poll, BEAT)
-            fleets[size] = Fleet(store=store, tritons=tritons, root=base, env=env)
+            fleets[size] = Fleet(store=store, tritons=tritons, root=base, model=MODEL, env=env)
             for _ in range(size):
                 fleets[size].add(wait_ready=False)
         members = [m for fleet in fleets.values() for m in fleet.members]

@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient
 
 from bench.hot_swap import Request, cache_dir
 from bench.rollback import wait_until
-from controlplane.adapters.triton.launcher import RunningTriton, TritonPorts, launch_triton
+from devtools.launcher import RunningTriton, TritonPorts, launch_triton
 from tests.support.fleet import Member
 
 POLL_ENV = "CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS"

@@ -252,10 +252,11 @@ def idle_store_traffic(
             store=root / "unused",
             tritons=tritons,
             root=root / "s3",
+            model=MODEL,
             store_uri=f"s3://{BUCKET}/{PREFIX}",
             env=env,
         )
-        local = Fleet(store=local_store, tritons=tritons, root=root / "local", env=env)
+        local = Fleet(store=local_store, tritons=tritons, root=root / "local", model=MODEL, env=env)
         # Runs after both fleets stopped (callbacks run last first): their logs are complete.
         stack.callback(lambda: counts.problems.update(log_problems([*s3.members, *local.members])))
         stack.callback(s3.stop)

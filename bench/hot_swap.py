@@ -50,7 +50,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from bench.report import README, machine, run_main, section, table, verdict, write_readme
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
 

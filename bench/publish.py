@@ -35,7 +35,7 @@ import tritonclient.grpc as grpcclient
 
 from bench.hot_swap import cache_dir
 from bench.report import README, machine, run_main, write_section
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
 from tests.support.s3 import MANIFEST, aws_env, moto_server, s3_client, sqs_client

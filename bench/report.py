@@ -21,7 +21,7 @@ from typing import NoReturn
 
 import tritonclient.grpc as grpcclient
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- hot_swap:begin -->", "<!-- hot_swap:end -->"

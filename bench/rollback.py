@@ -53,7 +53,7 @@ import tritonclient.grpc as grpcclient
 from bench.hot_swap import Request, TimedLoad, cache_dir
 from bench.report import README, machine, run_main
 from bench.rollback_report import PATHS, section, table, verdict, write_readme
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.models import write_scale_release

@@ -49,7 +49,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from bench.hot_swap import cache_dir
 from bench.report import machine, run_main, write_section
 from bench.scale_report import section
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import start_daemon
 from tests.support.models import write_scale_release
 

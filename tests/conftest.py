@@ -14,7 +14,8 @@ from typing import Protocol
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton, TritonPorts, launch_triton
+from devtools.launcher import RunningTriton, TritonPorts, launch_triton
+from tests.support.stopping import stop_all
 
 
 class TritonFactory(Protocol):
@@ -84,8 +85,7 @@ def own_triton(triton_cache: Path, tmp_path: Path) -> Iterator[TritonFactory]:
         return running
 
     yield start
-    for running in reversed(started):
-        running.stop()
+    stop_all(started, RunningTriton.stop)  # side by side: each waits for its models to unload
 
 
 @pytest.fixture

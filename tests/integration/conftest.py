@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
+from tests.support.stopping import stop_all
+from tests.support.triton_pool import TritonPool
 
 _names = itertools.count()
 
@@ -27,6 +29,31 @@ def model_name(request: pytest.FixtureRequest) -> str:
     """A model name unique in the session, since tests share one Triton."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40]
     return f"{base.strip('-')}-{os.getpid()}-{next(_names)}"
+
+
+@pytest.fixture(scope="session")
+def triton_pool(
+    triton_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonPool]:
+    """Tritons kept for the session and lent to fleet members (tests/support/triton_pool.py)."""
+    pool = TritonPool(tmp_path_factory.mktemp("triton-pool"), triton_cache)
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture
+def pooled_tritons(triton_pool: TritonPool) -> Iterator[Callable[[Path], RunningTriton]]:
+    """Lend this test Tritons from the pool, one a call, for a fleet's members (the repository
+    dir a member would start its own Triton on stays unused: a pooled one has its own). Given
+    back at teardown, after the fixtures that use them (a fleet's daemons) have stopped."""
+    lent: list[RunningTriton] = []
+
+    def lend(_unused_repository: Path) -> RunningTriton:
+        lent.append(triton_pool.lend())
+        return lent[-1]
+
+    yield lend
+    triton_pool.give_back(lent)
 
 
 @pytest.fixture
@@ -43,8 +70,7 @@ def daemons(triton: RunningTriton, tmp_path: Path) -> Iterator[DaemonFactory]:
         return daemon
 
     yield start
-    for daemon in started:
-        daemon.stop()
+    stop_all(started, Daemon.stop)
 
 
 def serving_r2(

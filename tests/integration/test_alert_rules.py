@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.models import write_scale_release
 from tests.support.monitoring import Prometheus

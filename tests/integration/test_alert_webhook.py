@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory, rollback_operations, serving_r2
 from tests.integration.test_cli import cli
 from tests.support.inference import infer_once

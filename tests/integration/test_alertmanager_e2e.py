@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import (
     DaemonFactory,
     last_rollback,

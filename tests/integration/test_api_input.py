@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release

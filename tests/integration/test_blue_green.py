@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory, serving_r2
 from tests.support.daemon import Daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions

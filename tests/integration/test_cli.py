@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.adapters.triton.launcher import RunningTriton, free_port
+from devtools.launcher import RunningTriton, free_port
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
 from tests.support.models import corrupt_file, write_scale_release

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import LoadGenerator, infer_once, transitions

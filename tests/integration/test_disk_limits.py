@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.disk import PeakUsage, add_sparse_file, too_big_for

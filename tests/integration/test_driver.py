@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from controlplane.adapters.triton.driver import TritonDriver
-from controlplane.adapters.triton.launcher import RunningTriton, free_port
 from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
 from controlplane.domain.smoke import parse_smoke
+from devtools.launcher import RunningTriton, free_port
 from tests.conftest import TritonFactory
 from tests.support.chaos import kill_triton
 from tests.support.models import write_scale_release

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import free_ports
+from devtools.launcher import free_ports
 from tests.conftest import TritonFactory
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon

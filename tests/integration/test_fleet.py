@@ -8,7 +8,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
@@ -17,57 +17,61 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import TritonFactory
+from devtools.launcher import RunningTriton
 from tests.integration.test_cli import cli
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import eventually
+from tests.support.triton_pool import unique_model
 
 pytestmark = pytest.mark.triton
-MODEL = "fleetmodel"
 
 
 @pytest.fixture
-def fleet(own_triton: TritonFactory, store: Path, tmp_path: Path) -> Iterator[Fleet]:
-    with running_fleet(own_triton, store, tmp_path / "fleet") as running:
+def fleet(
+    pooled_tritons: Callable[[Path], RunningTriton], store: Path, tmp_path: Path
+) -> Iterator[Fleet]:
+    with running_fleet(
+        pooled_tritons, store, tmp_path / "fleet", unique_model("fleetmodel")
+    ) as running:
         yield running
 
 
 def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: Path) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     first, second, third = (fleet.add() for _ in range(3))
 
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
     states = {m["member"]: (m["release"], m["state"]) for m in answer.json()["fleet"]["members"]}
     assert states == {name: ("r1", "serving") for name in ("m1", "m2", "m3")}
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
     # Through another member, under client load on a third: no request fails anywhere.
-    with LoadGenerator(third.triton.grpc_url, MODEL, clients=2) as load:
+    with LoadGenerator(third.triton.grpc_url, fleet.model, clients=2) as load:
         load.wait_for_answers(5)
         answer = second.api.post(
-            f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+            f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
         )
         assert answer.status_code == 200, answer.text
         load.wait_for_answers(5)
     assert [e for log in load.logs for e in log.errors] == []
     assert {a for log in load.logs for a in log.answers} == {1.0, 2.0}
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
     view = fleet.fleet(via=third)
     assert [m["member"] for m in view["members"]] == ["m1", "m2", "m3"]
     assert all(m["alive"] for m in view["members"])
-    model = view["models"][MODEL]
+    model = view["models"][fleet.model]
     assert (model["desired"], model["converged"], model["phase"]) == ("r2", True, "complete")
     assert (model["set_by"], model["previous"]) == ("m2", "r1")
     # Each follower got there through its own operation, triggered by the fleet.
-    operations = third.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+    operations = third.api.get(f"/v1/operations?model={fleet.model}").json()["operations"]
     assert [(o["release"], o["trigger"], o["status"]) for o in operations][:2] == [
         ("r2", "fleet", "succeeded"),
         ("r1", "fleet", "succeeded"),
@@ -75,38 +79,40 @@ def test_a_deploy_through_one_member_reaches_every_member(fleet: Fleet, store: P
     # Who and why: the member that ran it, and the one that set the desired state it followed.
     assert [(o["member"], o["set_by"]) for o in operations][:2] == [("m3", "m2"), ("m3", "m1")]
     assert ": deploy of r2 by api through m2 (operation " in operations[0]["reason"]
-    history = cli(third.api.url, "history", MODEL)
+    history = cli(third.api.url, "history", fleet.model)
     assert history.returncode == 0, history.stderr
     assert "fleet (set by m2)" in history.stdout.splitlines()[1]
 
     # The CLI: the fleet as a table, and a rollback through one member that waits for all.
     table = cli(third.api.url, "fleet")
     assert table.returncode == 0, table.stderr
-    assert f"{MODEL:<24} r2" in table.stdout
+    assert f"{fleet.model:<24} r2" in table.stdout
     assert all(f"m{i}" in table.stdout for i in (1, 2, 3))
-    back = cli(first.api.url, "rollback", MODEL, "--wait", "--fleet", "-o", "json")
+    back = cli(first.api.url, "rollback", fleet.model, "--wait", "--fleet", "-o", "json")
     assert back.returncode == 0, back.stderr
-    assert f"fleet: every live member serves {MODEL} r1" in back.stderr
+    assert f"fleet: every live member serves {fleet.model} r1" in back.stderr
     answer = json.loads(back.stdout)  # as the API's "wait": true, "fleet": true would answer
     assert (answer["operation"]["kind"], answer["operation"]["release"]) == ("rollback", "r1")
     assert (answer["fleet"]["desired"], answer["fleet"]["converged"]) == ("r1", True)
     assert {m["member"]: m["release"] for m in answer["fleet"]["members"]} == {
         name: "r1" for name in ("m1", "m2", "m3")
     }
-    fleet.wait_serving(MODEL, "r1", 1.0)
-    assert [d["release"] for d in fleet.fleet()["models"][MODEL]["degraded"]] == ["r2"]
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    assert [d["release"] for d in fleet.fleet()["models"][fleet.model]["degraded"]] == ["r2"]
     # Every member holds the fleet's latch: r2 is nobody's fallback now.
     for member in (first, second, third):
-        eventually(partial(_degraded_is, member, ["r2"]), 30, f"{member.name} latched r2")
+        eventually(
+            partial(_degraded_is, member, fleet.model, ["r2"]), 30, f"{member.name} latched r2"
+        )
     # A person deploys r2 again, through another member: every member lets the latch go, and
     # each one's fallback is the fleet's previous release.
     again = second.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert again.status_code == 200, again.text
     for member in (first, second, third):
-        eventually(partial(_degraded_is, member, []), 30, f"{member.name} let r2 go")
-        rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
+        eventually(partial(_degraded_is, member, fleet.model, []), 30, f"{member.name} let r2 go")
+        rollback = member.api.get(f"/v1/models/{fleet.model}").json()["rollback"]
         assert rollback["fallback"] == "r1", member.name
 
 
@@ -116,8 +122,8 @@ def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_th
     """With a poll of 5 minutes, fleet deploys through either member are answered in seconds:
     the member that published wakes the others over their APIs (an address each advertises in
     its heartbeat), with no token, and they read the store at once."""
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     slow = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "300"}
     first, second = (fleet.add(extra_env=slow, token="fleet-secret") for _ in range(2))
     view = fleet.fleet()
@@ -127,17 +133,17 @@ def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_th
     }
 
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy",
+        f"/v1/models/{fleet.model}/deploy",
         {"release": "r1", "wait": True, "fleet": True, "fleet_timeout_seconds": 90},
     )
     assert answer.status_code == 200, answer.text
-    assert fleet.fleet()["models"][MODEL]["converged"] is True
+    assert fleet.fleet()["models"][fleet.model]["converged"] is True
     back = second.api.post(
-        f"/v1/models/{MODEL}/deploy",
+        f"/v1/models/{fleet.model}/deploy",
         {"release": "r2", "wait": True, "fleet": True, "fleet_timeout_seconds": 90},
     )
     assert back.status_code == 200, back.text
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
     # A wake needs no token (it carries nothing) and answers at once, however many come.
     for _ in range(20):
@@ -145,9 +151,9 @@ def test_the_member_that_moves_the_desired_state_wakes_the_others_long_before_th
         assert woken.status_code == 202, woken.text
         assert woken.json() == {"member": "m1", "woken": True}
     # The token still guards what changes anything.
-    refused = httpx.post(f"{first.api.url}/v1/models/{MODEL}/rollback", json={}, timeout=5)
+    refused = httpx.post(f"{first.api.url}/v1/models/{fleet.model}/rollback", json={}, timeout=5)
     assert refused.status_code == 401, refused.text
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
 
 def test_two_daemons_given_one_member_name_are_told_so_until_one_goes(fleet: Fleet) -> None:
@@ -176,7 +182,7 @@ def test_two_daemons_given_one_member_name_are_told_so_until_one_goes(fleet: Fle
 
 def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: Path) -> None:
     member = fleet.add()
-    broken = store / "_controlplane" / "desired" / f"{MODEL}.json"
+    broken = store / "_controlplane" / "desired" / f"{fleet.model}.json"
     broken.parent.mkdir(parents=True, exist_ok=True)
     broken.write_text('{"model": "fleetmodel", "generation": ')  # a hand edit gone wrong
 
@@ -286,48 +292,48 @@ def _sees_twin_conflict(fleet: Fleet, member: Member) -> bool:
     return bool(twins) and twins[0]["name_conflict"] is not None
 
 
-def _degraded_is(member: Member, releases: list[str]) -> bool:
-    rollback = member.api.get(f"/v1/models/{MODEL}").json()["rollback"]
+def _degraded_is(member: Member, model: str, releases: list[str]) -> bool:
+    rollback = member.api.get(f"/v1/models/{model}").json()["rollback"]
     return sorted(d["release"] for d in rollback["degraded"]) == releases
 
 
 def test_a_release_that_fails_on_the_receiving_member_reaches_no_other(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "bad", k=3.0, fail_init=True)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "bad", k=3.0, fail_init=True)
     first, second = fleet.add(), fleet.add()
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
-    refused = cli(second.api.url, "deploy", MODEL, "bad", "--wait", "--fleet")
+    refused = cli(second.api.url, "deploy", fleet.model, "bad", "--wait", "--fleet")
     assert refused.returncode == 1
     assert "triton_load_failed" in refused.stderr
     view = fleet.fleet()
-    assert view["models"][MODEL]["desired"] == "r1"
-    assert view["models"][MODEL]["generation"] == 1
+    assert view["models"][fleet.model]["desired"] == "r1"
+    assert view["models"][fleet.model]["generation"] == 1
     # Nothing moved: both members keep serving r1, and the first never tried the bad release.
-    fleet.wait_serving(MODEL, "r1", 1.0)
-    operations = first.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    operations = first.api.get(f"/v1/operations?model={fleet.model}").json()["operations"]
     assert [o["release"] for o in operations] == ["r1"]
 
 
 def test_a_member_that_cannot_serve_the_release_keeps_serving_and_reports_why(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    release = write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    release = write_scale_release(store, fleet.model, "r2", k=2.0)
     (release / "1" / "weights.bin").write_bytes(b"\0" * 64 * 1024)  # r2 is the larger one
     write_sha256sums(release)
     first = fleet.add()
     small = sum(p.stat().st_size for p in release.rglob("*") if p.is_file()) - 1
     # This member refuses releases as large as r2: r2 serves everywhere else.
     tight = fleet.add(extra_env={"CONTROLPLANE_STORE__MAX_RELEASE_BYTES": str(small)})
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "member_failed"
@@ -335,19 +341,19 @@ def test_a_member_that_cannot_serve_the_release_keeps_serving_and_reports_why(
     members = {m["member"]: m for m in answer.json()["fleet"]["members"]}
     assert (members["m1"]["release"], members["m1"]["state"]) == ("r2", "serving")
     assert (members["m2"]["release"], members["m2"]["state"]) == ("r1", "failed")
-    assert tight.answer(MODEL) == 1.0  # it keeps serving what it had
-    assert fleet.fleet()["models"][MODEL]["converged"] is False
+    assert tight.answer(fleet.model) == 1.0  # it keeps serving what it had
+    assert fleet.fleet()["models"][fleet.model]["converged"] is False
 
     # It tries again, later each time: the second failure comes after a longer wait.
     def failures() -> list[dict[str, object]]:
-        operations = tight.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+        operations = tight.api.get(f"/v1/operations?model={fleet.model}").json()["operations"]
         return [o for o in operations if o["release"] == "r2" and o["status"] == "failed"]
 
     eventually(lambda: len(failures()) >= 3, 60, "three attempts at r2", every=0.2)
     times = sorted(datetime.fromisoformat(str(o["created_at"])) for o in failures())
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
     assert gaps[1] > gaps[0]
-    assert tight.answer(MODEL) == 1.0
+    assert tight.answer(fleet.model) == 1.0
 
 
 def test_the_cli_says_which_member_failed_and_exits_1_whether_or_not_the_release_serves_here(
@@ -389,16 +395,16 @@ def test_the_cli_says_which_member_failed_and_exits_1_whether_or_not_the_release
 def test_a_new_member_serves_the_desired_release_before_it_is_ready(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0, init_sleep=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0, init_sleep=2.0)
     first = fleet.add()
-    assert first.api.deploy(MODEL, "r1").status_code == 200
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
 
     late = fleet.add("late", wait_ready=False)
     eventually(lambda: _ready(late), 120, "the new member is ready", every=0.05)
     # Ready means it serves what the fleet does: it answers at once.
-    assert late.answer(MODEL) == 1.0
+    assert late.answer(fleet.model) == 1.0
     view = fleet.fleet(via=late)
-    assert view["models"][MODEL]["converged"] is True
+    assert view["models"][fleet.model]["converged"] is True
 
 
 def _ready(member: Member) -> bool:
@@ -413,14 +419,14 @@ def _ready(member: Member) -> bool:
 WINDOW, INTERVAL = 3.0, 0.5
 
 
-def _rollback_config(*, canaries: int = 0, bake: float = 0.0) -> str:
+def _rollback_config(model: str, *, canaries: int = 0, bake: float = 0.0) -> str:
     return (
         "rollback:\n"
         f"  window_seconds: {WINDOW}\n"
         f"  interval_seconds: {INTERVAL}\n"
         "  cpu_budget_seconds: 10\n"
         "models:\n"
-        f"  {MODEL}:\n"
+        f"  {model}:\n"
         "    retire_after_seconds: 600\n"
         "    drain_timeout_seconds: 5\n"
         f"    rollout: {{canary_members: {canaries}, bake_seconds: {bake}}}\n"
@@ -448,31 +454,33 @@ def _add_watched(fleet: Fleet, exporters: dict[str, GpuExporter], config: str) -
     ]
 
 
-def _releases_seen(member: Member) -> set[str]:
-    operations = member.api.get(f"/v1/operations?model={MODEL}&limit=50").json()["operations"]
+def _releases_seen(member: Member, model: str) -> set[str]:
+    operations = member.api.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
     return {o["release"] for o in operations if o["release"]}
 
 
 def test_a_canary_rollout_bakes_on_one_member_before_the_others_follow(
     fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     bake = 4.0
-    first, second, _third = _add_watched(fleet, exporters, _rollback_config(canaries=1, bake=bake))
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    first, second, _third = _add_watched(
+        fleet, exporters, _rollback_config(fleet.model, canaries=1, bake=bake)
+    )
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
     began = time.monotonic()
     answer = second.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     took = time.monotonic() - began
     assert answer.status_code == 200, answer.text
     assert answer.json()["fleet"]["phase"] == "complete"
     assert answer.json()["fleet"]["canaries"] == ["m2"]
     assert took >= bake  # the rest waited for the bake
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
     # The publish step said which member was the canary.
     publish = [s for s in answer.json()["operation"]["steps"] if s["name"] == "publish"]
     assert publish[0]["detail"]["phase"] == "canary"
@@ -525,56 +533,60 @@ def _answers(member: Member, value: float) -> bool:
 def test_a_breach_on_the_canary_rolls_it_back_and_the_release_reaches_no_other(
     fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
-    first, second, third = _add_watched(fleet, exporters, _rollback_config(canaries=1, bake=600))
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    first, second, third = _add_watched(
+        fleet, exporters, _rollback_config(fleet.model, canaries=1, bake=600)
+    )
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
-    answer = second.api.deploy(MODEL, "r2")  # this member goes first: the canary
+    answer = second.api.deploy(fleet.model, "r2")  # this member goes first: the canary
     assert answer.status_code == 200, answer.text
-    eventually(lambda: fleet.fleet()["models"][MODEL]["phase"] == "baking", 30, "the canary baking")
-    assert (first.answer(MODEL), second.answer(MODEL), third.answer(MODEL)) == (1.0, 2.0, 1.0)
+    eventually(
+        lambda: fleet.fleet()["models"][fleet.model]["phase"] == "baking", 30, "the canary baking"
+    )
+    assert [m.answer(fleet.model) for m in (first, second, third)] == [1.0, 2.0, 1.0]
 
     exporters["m2"].set(gpu0=0.99)
     eventually(
-        lambda: fleet.fleet()["models"][MODEL]["phase"] == "rolled_back",
+        lambda: fleet.fleet()["models"][fleet.model]["phase"] == "rolled_back",
         WINDOW + 30,
         "the rollout rolled back",
     )
-    fleet.wait_serving(MODEL, "r1", 1.0)
-    model = fleet.fleet(via=third)["models"][MODEL]
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    model = fleet.fleet(via=third)["models"][fleet.model]
     assert model["desired"] == "r1"
     assert [d["release"] for d in model["degraded"]] == ["r2"]
     assert "m2" in (model["rollout_note"] or "")
     # The release never reached the members that were not canaries.
-    assert "r2" not in _releases_seen(first)
-    assert "r2" not in _releases_seen(third)
+    assert "r2" not in _releases_seen(first, fleet.model)
+    assert "r2" not in _releases_seen(third, fleet.model)
 
 
 def test_overload_on_one_member_brings_every_member_back_to_the_fallback(
     fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
-    first, _second, third = _add_watched(fleet, exporters, _rollback_config())
-    assert first.api.deploy(MODEL, "r1").status_code == 200
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    first, _second, third = _add_watched(fleet, exporters, _rollback_config(fleet.model))
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
-    with LoadGenerator(first.triton.grpc_url, MODEL, clients=2) as load:
+    with LoadGenerator(first.triton.grpc_url, fleet.model, clients=2) as load:
         load.wait_for_answers(5)
         exporters["m3"].set(gpu0=0.99)  # only m3's GPUs are hot
-        fleet.wait_serving(MODEL, "r1", 1.0, timeout=WINDOW + 60)
+        fleet.wait_serving(fleet.model, "r1", 1.0, timeout=WINDOW + 60)
         load.wait_for_answers(5)
     assert [e for log in load.logs for e in log.errors] == []
-    model = fleet.fleet()["models"][MODEL]
+    model = fleet.fleet()["models"][fleet.model]
     assert (model["desired"], model["set_by"]) == ("r1", "m3")
     assert [d["release"] for d in model["degraded"]] == ["r2"]
-    rollback = third.api.get(f"/v1/models/{MODEL}").json()["rollback"]["last"]
+    rollback = third.api.get(f"/v1/models/{fleet.model}").json()["rollback"]["last"]
     assert rollback["outcome"] == "fallback"
     assert "generation" in rollback["detail"]["fleet"]
 
@@ -582,36 +594,36 @@ def test_overload_on_one_member_brings_every_member_back_to_the_fallback(
 def test_member_scope_rolls_back_only_the_member_that_saw_the_overload(
     fleet: Fleet, store: Path, exporters: dict[str, GpuExporter]
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
-    config = _rollback_config().replace("rollback:\n", "rollback:\n  scope: member\n")
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    config = _rollback_config(fleet.model).replace("rollback:\n", "rollback:\n  scope: member\n")
     first, second, third = _add_watched(fleet, exporters, config)
-    assert first.api.deploy(MODEL, "r1").status_code == 200
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
 
     exporters["m3"].set(gpu0=0.99)
-    eventually(lambda: third.answer(MODEL) == 1.0, WINDOW + 30, "m3 back on r1")
+    eventually(lambda: third.answer(fleet.model) == 1.0, WINDOW + 30, "m3 back on r1")
     # It stays there (held), while the fleet still wants r2 and the others serve it.
     eventually(lambda: _member_state(fleet, "m3") == ("r1", "held"), 30, "m3 reporting it holds r1")
-    assert fleet.fleet()["models"][MODEL]["desired"] == "r2"
-    assert (first.answer(MODEL), second.answer(MODEL), third.answer(MODEL)) == (2.0, 2.0, 1.0)
+    assert fleet.fleet()["models"][fleet.model]["desired"] == "r2"
+    assert [m.answer(fleet.model) for m in (first, second, third)] == [2.0, 2.0, 1.0]
 
     # Someone deploys r2 again (it serves on m1 already): a new decision, which m3 follows.
     exporters["m3"].set(gpu0=0.30)
     again = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert again.status_code == 200, again.text
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
 
 def _member_state(fleet: Fleet, member: str) -> tuple[str | None, str | None]:
     for found in fleet.fleet()["members"]:
         if found["member"] == member:
-            state = found["models"].get(MODEL) or {}
+            state = found["models"].get(fleet.model) or {}
             return state.get("release"), state.get("state")
     return None, None
 
@@ -622,16 +634,16 @@ def _member_state(fleet: Fleet, member: str) -> tuple[str | None, str | None]:
 def test_a_member_killed_during_a_rollout_converges_after_its_restart(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0, init_sleep=3.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0, init_sleep=3.0)
     first, _second, third = (fleet.add() for _ in range(3))
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
-    assert first.api.deploy(MODEL, "r2", wait=False).status_code == 202
+    assert first.api.deploy(fleet.model, "r2", wait=False).status_code == 202
 
     def following() -> bool:
-        operations = third.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+        operations = third.api.get(f"/v1/operations?model={fleet.model}").json()["operations"]
         return any(
             o["release"] == "r2" and o["trigger"] == "fleet" and o["status"] == "running"
             for o in operations
@@ -640,23 +652,23 @@ def test_a_member_killed_during_a_rollout_converges_after_its_restart(
     eventually(following, 60, "m3 following the fleet to r2", every=0.05)
     third.api.kill()  # mid-load: the release half-placed or loading in its Triton
     fleet.start(third)
-    fleet.wait_serving(MODEL, "r2", 2.0)
-    assert fleet.fleet()["models"][MODEL]["converged"] is True
+    fleet.wait_serving(fleet.model, "r2", 2.0)
+    assert fleet.fleet()["models"][fleet.model]["converged"] is True
 
 
 def test_two_members_racing_to_set_the_desired_state_one_wins_and_the_other_is_told(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0, init_sleep=1.0)
-    write_scale_release(store, MODEL, "r3", k=3.0, init_sleep=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0, init_sleep=1.0)
+    write_scale_release(store, fleet.model, "r3", k=3.0, init_sleep=2.0)
     first, second = fleet.add(), fleet.add()
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
     # Both start from generation 1; r2 loads faster and publishes first.
     with first.api.client() as one, second.api.client() as other, ThreadPoolExecutor(2) as pool:
-        path = f"/v1/models/{MODEL}/deploy"
+        path = f"/v1/models/{fleet.model}/deploy"
         fast = pool.submit(one.post, path, json={"release": "r2", "wait": True})
         slow = pool.submit(other.post, path, json={"release": "r3", "wait": True})
         won, lost = fast.result(), slow.result()
@@ -672,8 +684,8 @@ def test_two_members_racing_to_set_the_desired_state_one_wins_and_the_other_is_t
     # Nothing is lost: the loser's operation is on record, and the fleet serves the winner.
     steps = [s["name"] for s in lost.json()["operation"]["steps"]]
     assert steps[-1] == "publish"
-    fleet.wait_serving(MODEL, "r2", 2.0)
-    assert fleet.fleet()["models"][MODEL]["generation"] == 2
+    fleet.wait_serving(fleet.model, "r2", 2.0)
+    assert fleet.fleet()["models"][fleet.model]["generation"] == 2
 
 
 def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
@@ -681,40 +693,40 @@ def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
 ) -> None:
     """The journal (SQLite) is history, not what should serve: a member restarted without it
     (a new emptyDir) keeps serving, takes the fleet's release back, and fails no request."""
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     member = fleet.add()
-    assert member.api.deploy(MODEL, "r1").status_code == 200
-    assert member.api.deploy(MODEL, "r2").status_code == 200
+    assert member.api.deploy(fleet.model, "r1").status_code == 200
+    assert member.api.deploy(fleet.model, "r2").status_code == 200
 
-    with LoadGenerator(member.triton.grpc_url, MODEL, clients=2) as load:
+    with LoadGenerator(member.triton.grpc_url, fleet.model, clients=2) as load:
         load.wait_for_answers(5)
         member.api.kill()
         member.api.database.unlink()
         for leftover in member.api.database.parent.glob(member.api.database.name + "-*"):
             leftover.unlink()  # its WAL and shared-memory files too
         fleet.start(member)
-        eventually(lambda: _serves_r2(member), 60, "the member recording r2 again")
+        eventually(lambda: _serves_r2(member, fleet.model), 60, "the member recording r2 again")
         load.wait_for_answers(5)
     assert [e for log in load.logs for e in log.errors] == []
     assert {a for log in load.logs for a in log.answers} == {2.0}
-    assert fleet.fleet()["models"][MODEL]["converged"] is True
+    assert fleet.fleet()["models"][fleet.model]["converged"] is True
 
     # What served before is the fleet's, which the journal's loss did not take: the view says
     # so, and a rollback "to previous" goes exactly where the view said.
-    idle = partial(_idle, member)
+    idle = partial(_idle, member, fleet.model)
     eventually(idle, 30, "the member's catch-up operation ending")
-    assert member.api.get(f"/v1/models/{MODEL}").json()["previous_release"] == "r1"
-    rolled = member.api.post(f"/v1/models/{MODEL}/rollback", {"to": "previous", "wait": True})
+    assert member.api.get(f"/v1/models/{fleet.model}").json()["previous_release"] == "r1"
+    rolled = member.api.post(f"/v1/models/{fleet.model}/rollback", {"to": "previous", "wait": True})
     assert rolled.status_code == 200, rolled.text
     assert rolled.json()["operation"]["release"] == "r1"
-    assert member.answer(MODEL) == 1.0
+    assert member.answer(fleet.model) == 1.0
 
 
-def _idle(member: Member) -> bool:
-    return member.api.get(f"/v1/models/{MODEL}").json()["running_operation"] is None
+def _idle(member: Member, model: str) -> bool:
+    return member.api.get(f"/v1/models/{model}").json()["running_operation"] is None
 
 
-def _serves_r2(member: Member) -> bool:
-    found: object = member.api.get(f"/v1/models/{MODEL}").json().get("active_release")
+def _serves_r2(member: Member, model: str) -> bool:
+    found: object = member.api.get(f"/v1/models/{model}").json().get("active_release")
     return found == "r2"

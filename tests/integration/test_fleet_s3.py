@@ -4,14 +4,14 @@ store can go away for it alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import TritonFactory
+from devtools.launcher import RunningTriton
 from tests.integration.test_cli import cli
 from tests.support.fault_proxy import FaultProxy
 from tests.support.fleet import Fleet, Member, running_fleet
@@ -20,28 +20,30 @@ from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 from tests.support.s3 import aws_env, upload_release_dir
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
+from tests.support.triton_pool import unique_model
 
 pytestmark = pytest.mark.triton
-MODEL = "fleets3"
 PREFIX = "models"
 
 
 @pytest.fixture
 def fleet(
-    own_triton: TritonFactory,
+    pooled_tritons: Callable[[Path], RunningTriton],
     tmp_path: Path,
     s3_bucket: tuple[Any, str],  # noqa: F811
     moto_endpoint: str,  # noqa: F811
 ) -> Iterator[Fleet]:
     client, bucket = s3_bucket
+    model = unique_model("fleets3")
     releases = tmp_path / "releases"
     for release, k in (("r1", 1.0), ("r2", 2.0)):
-        release_dir = write_scale_release(releases, MODEL, release, k=k)
+        release_dir = write_scale_release(releases, model, release, k=k)
         upload_release_dir(client, bucket, PREFIX, release_dir)
     with running_fleet(
-        own_triton,
+        pooled_tritons,
         tmp_path / "unused-local-store",
         tmp_path / "fleet",
+        model,
         store_uri=f"s3://{bucket}/{PREFIX}",
         env=aws_env(moto_endpoint),
     ) as running:
@@ -61,58 +63,60 @@ def test_a_fleet_on_s3_follows_every_deploy_through_any_member(
     releases = tmp_path / "releases"
     for release, k, broken in (("bad", 9.0, True), ("r3", 3.0, False)):
         release_dir = write_scale_release(
-            releases, MODEL, release, k=k, fail_init=broken, init_sleep=0.0 if broken else 3.0
+            releases, fleet.model, release, k=k, fail_init=broken, init_sleep=0.0 if broken else 3.0
         )
         upload_release_dir(client, bucket, PREFIX, release_dir)
     first, second, third = (fleet.add() for _ in range(3))
 
     answer = second.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    fleet.wait_serving(fleet.model, "r1", 1.0)
     view = fleet.fleet(via=third)
     assert [m["member"] for m in view["members"]] == ["m1", "m2", "m3"]
-    assert view["models"][MODEL]["converged"] is True
+    assert view["models"][fleet.model]["converged"] is True
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
-    assert f"{PREFIX}/_controlplane/desired/{MODEL}.json" in keys
+    assert f"{PREFIX}/_controlplane/desired/{fleet.model}.json" in keys
     assert {f"{PREFIX}/_controlplane/members/m{i}.json" for i in (1, 2, 3)} <= keys
-    assert [m["name"] for m in first.api.get("/v1/models").json()["models"]] == [MODEL]
+    assert [m["name"] for m in first.api.get("/v1/models").json()["models"]] == [fleet.model]
 
-    with LoadGenerator(third.triton.grpc_url, MODEL, clients=2) as load:
+    with LoadGenerator(third.triton.grpc_url, fleet.model, clients=2) as load:
         load.wait_for_answers(5)
         answer = first.api.post(
-            f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+            f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
         )
         assert answer.status_code == 200, answer.text
         load.wait_for_answers(5)
     assert [e for log in load.logs for e in log.errors] == []
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
 
-    refused = second.api.deploy(MODEL, "bad")
+    refused = second.api.deploy(fleet.model, "bad")
     assert refused.status_code == 422, refused.text
-    assert fleet.fleet()["models"][MODEL]["desired"] == "r2"
-    assert all("bad" not in _releases_seen(m) for m in (first, third))
+    assert fleet.fleet()["models"][fleet.model]["desired"] == "r2"
+    assert all("bad" not in _releases_seen(m, fleet.model) for m in (first, third))
 
-    assert first.api.deploy(MODEL, "r3", wait=False).status_code == 202
-    eventually(lambda: _following(third, "r3"), 60, "m3 following the fleet to r3", every=0.05)
+    assert first.api.deploy(fleet.model, "r3", wait=False).status_code == 202
+    eventually(
+        lambda: _following(third, fleet.model, "r3"), 60, "m3 following the fleet to r3", every=0.05
+    )
     third.api.kill()
     fleet.start(third)
-    fleet.wait_serving(MODEL, "r3", 3.0)
+    fleet.wait_serving(fleet.model, "r3", 3.0)
 
     late = fleet.add("m4", wait_ready=False)
     eventually(lambda: _ready(late), 120, "the new member ready", every=0.05)
-    assert late.answer(MODEL) == 3.0
-    assert fleet.fleet(via=late)["models"][MODEL]["converged"] is True
+    assert late.answer(fleet.model) == 3.0
+    assert fleet.fleet(via=late)["models"][fleet.model]["converged"] is True
 
 
-def _releases_seen(member: Member) -> set[str]:
-    operations = member.api.get(f"/v1/operations?model={MODEL}&limit=50").json()["operations"]
+def _releases_seen(member: Member, model: str) -> set[str]:
+    operations = member.api.get(f"/v1/operations?model={model}&limit=50").json()["operations"]
     return {o["release"] for o in operations if o["release"]}
 
 
-def _following(member: Member, release: str) -> bool:
-    operations = member.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+def _following(member: Member, model: str, release: str) -> bool:
+    operations = member.api.get(f"/v1/operations?model={model}").json()["operations"]
     return any(
         o["release"] == release and o["trigger"] == "fleet" and o["status"] == "running"
         for o in operations
@@ -133,13 +137,13 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     first, second = fleet.add(), fleet.add()
     cut_off = fleet.add(extra_env=aws_env(fault_proxy.endpoint))
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r1", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
 
     fault_proxy.go_down()
     eventually(
-        lambda: cut_off.api.get(f"/v1/models/{MODEL}").json()["fleet"]["stale"] is True,
+        lambda: cut_off.api.get(f"/v1/models/{fleet.model}").json()["fleet"]["stale"] is True,
         30,
         "the cut-off member saying it is stale",
     )
@@ -148,17 +152,17 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     # No fleet view rather than an old one: it cannot read the heartbeats.
     assert "controlplane_fleet_model_converged{" not in metrics
     assert "controlplane_fleet_members{" not in metrics
-    status = cli(cut_off.api.url, "status", MODEL)
+    status = cli(cut_off.api.url, "status", fleet.model)
     assert "STALE since" in status.stdout, status.stdout
     last_read = cut_off.api.get("/v1/fleet")  # what it read last, said to be stale
     assert last_read.status_code == 200, last_read.text
     assert last_read.json()["stale"] is True
-    assert last_read.json()["models"][MODEL]["desired"] == "r1"
-    assert first.api.deploy(MODEL, "r2").status_code == 200
-    eventually(lambda: second.answer(MODEL) == 2.0, 60, "the other members following")
+    assert last_read.json()["models"][fleet.model]["desired"] == "r1"
+    assert first.api.deploy(fleet.model, "r2").status_code == 200
+    eventually(lambda: second.answer(fleet.model) == 2.0, 60, "the other members following")
     # Still serving what it had, nothing unloaded, and ready: it serves.
     for _ in range(10):
-        assert cut_off.answer(MODEL) == 1.0
+        assert cut_off.answer(fleet.model) == 1.0
     assert cut_off.api.get("/readyz").status_code == 200
     # The others see it as not alive (its heartbeats cannot land): converged counts live ones.
     members = {m["member"]: m["alive"] for m in fleet.fleet()["members"]}
@@ -168,13 +172,13 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
     assert 'controlplane_fleet_members{state="alive"} 2.0' in seen
 
     fault_proxy.come_back()
-    fleet.wait_serving(MODEL, "r2", 2.0)
-    assert cut_off.api.get(f"/v1/models/{MODEL}").json()["fleet"]["stale"] is False
+    fleet.wait_serving(fleet.model, "r2", 2.0)
+    assert cut_off.api.get(f"/v1/models/{fleet.model}").json()["fleet"]["stale"] is False
     assert "controlplane_fleet_stale 0.0" in cut_off.api.get("/metrics").text
-    eventually(lambda: fleet.fleet()["models"][MODEL]["converged"], 30, "converged")
+    eventually(lambda: fleet.fleet()["models"][fleet.model]["converged"], 30, "converged")
     eventually(
         lambda: (
-            f'controlplane_fleet_model_converged{{model="{MODEL}"}} 1.0'
+            f'controlplane_fleet_model_converged{{model="{fleet.model}"}} 1.0'
             in cut_off.api.get("/metrics").text
         ),
         30,
@@ -186,7 +190,7 @@ def test_a_new_member_that_cannot_reach_the_store_is_not_ready_and_says_why(
     fleet: Fleet,
 ) -> None:
     first = fleet.add()
-    assert first.api.deploy(MODEL, "r1").status_code == 200
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
     lost = fleet.add(extra_env=aws_env("http://127.0.0.1:9"), wait_ready=False)
 
     def refused() -> bool:
@@ -198,5 +202,5 @@ def test_a_new_member_that_cannot_reach_the_store_is_not_ready_and_says_why(
 
     eventually(refused, 60, "the member saying why it is not ready")
     assert lost.api.get("/healthz").status_code == 200
-    status = lost.api.get(f"/v1/models/{MODEL}")
+    status = lost.api.get(f"/v1/models/{fleet.model}")
     assert status.status_code == 404  # it knows nothing of the model: it never read the store

@@ -22,12 +22,12 @@ import pytest
 
 from controlplane.adapters.fleet_peers import HttpPeers
 from controlplane.adapters.persistence import SqliteRepos
-from controlplane.adapters.triton.launcher import free_port
 from controlplane.domain.operations import Operation, OperationKind, OperationStatus, Trigger
 from controlplane.domain.rollout import RolloutPolicy
 from controlplane.services.fleet_ledger import FleetLedger, Member, Publication
 from controlplane.services.runner import Run
 from controlplane.services.tracker import OperationTracker
+from devtools.launcher import free_port
 from tests.support.fakes import FakeClock, FakeDesiredStates
 from tests.support.polling import until
 from tests.unit.test_fleet_ledger import beat

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.adapters.triton.metrics import TritonMetrics
+from devtools.launcher import RunningTriton
 from tests.support.gpu_exporter import GpuExporter
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import infer_once

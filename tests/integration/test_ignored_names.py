@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.integration.test_cli import cli_env
 from tests.support.daemon import Daemon

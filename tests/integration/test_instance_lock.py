@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.adapters.instance_lock import LOCK_NAME
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.inference import infer_once

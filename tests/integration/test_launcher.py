@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.support.models import write_scale_release
 
 pytestmark = pytest.mark.triton

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton, free_port
+from devtools.launcher import RunningTriton, free_port
 from tests.integration.conftest import DaemonFactory
 from tests.support.polling import eventually
 

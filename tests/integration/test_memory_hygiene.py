@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.integration.test_metrics import scrape, value
 from tests.support.daemon import Daemon

@@ -11,7 +11,7 @@ status`` alike.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -21,8 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from controlplane import __version__
-from controlplane.adapters.triton.launcher import RunningTriton
-from tests.conftest import TritonFactory
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory, serving_r2
 from tests.integration.test_alert_webhook import notification
 from tests.integration.test_cli import cli
@@ -33,6 +32,7 @@ from tests.support.metric_conventions import problems
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.monitoring import PROMTOOL
 from tests.support.polling import eventually
+from tests.support.triton_pool import unique_model
 
 pytestmark = pytest.mark.triton
 
@@ -228,59 +228,63 @@ def test_the_cpu_only_mode_and_the_degraded_latch_show_in_metrics_the_model_and_
     assert exported == latched
 
 
-MODEL = "metricsmodel"
-
-
 @pytest.fixture
-def fleet(own_triton: TritonFactory, store: Path, tmp_path: Path) -> Iterator[Fleet]:
-    with running_fleet(own_triton, store, tmp_path / "fleet") as running:
+def fleet(
+    pooled_tritons: Callable[[Path], RunningTriton], store: Path, tmp_path: Path
+) -> Iterator[Fleet]:
+    model = unique_model("metricsmodel")
+    with running_fleet(pooled_tritons, store, tmp_path / "fleet", model) as running:
         yield running
 
 
 def test_a_member_that_cannot_serve_the_release_shows_in_both_members_metrics(
     fleet: Fleet, store: Path
 ) -> None:
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    release = write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    release = write_scale_release(store, fleet.model, "r2", k=2.0)
     (release / "1" / "weights.bin").write_bytes(b"\0" * 64 * 1024)  # r2 is the larger one
     write_sha256sums(release)
     small = sum(p.stat().st_size for p in release.rglob("*") if p.is_file()) - 1
     first = fleet.add()
     tight = fleet.add(extra_env={"CONTROLPLANE_STORE__MAX_RELEASE_BYTES": str(small)})
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
     for member in (first, tight):
         eventually(
-            partial(shows, member.api, 1, "controlplane_fleet_model_converged", model=MODEL),
+            partial(shows, member.api, 1, "controlplane_fleet_model_converged", model=fleet.model),
             30,
-            f"{member.name} seeing {MODEL} converged",
+            f"{member.name} seeing {fleet.model} converged",
         )
-        assert gauge(member.api, "controlplane_fleet_model_generation", model=MODEL) == 1
+        assert gauge(member.api, "controlplane_fleet_model_generation", model=fleet.model) == 1
         assert gauge(member.api, "controlplane_fleet_members", state="alive") == 2
-        assert gauge(member.api, "controlplane_model_serving_desired_release", model=MODEL) == 1
+        assert (
+            gauge(member.api, "controlplane_model_serving_desired_release", model=fleet.model) == 1
+        )
 
     # r2 through the first member: it serves r2, the tight one cannot (and keeps r1).
     answer = first.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert answer.status_code == 502, answer.text
     eventually(
-        lambda: gauge(tight.api, "controlplane_model_serving_desired_release", model=MODEL) == 0,
+        lambda: (
+            gauge(tight.api, "controlplane_model_serving_desired_release", model=fleet.model) == 0
+        ),
         30,
         "the tight member saying it does not serve what it should",
     )
-    assert gauge(first.api, "controlplane_model_serving_desired_release", model=MODEL) == 1
+    assert gauge(first.api, "controlplane_model_serving_desired_release", model=fleet.model) == 1
     for member in (first, tight):
         eventually(
-            partial(shows, member.api, 0, "controlplane_fleet_model_converged", model=MODEL),
+            partial(shows, member.api, 0, "controlplane_fleet_model_converged", model=fleet.model),
             30,
-            f"{member.name} seeing {MODEL} not converged",
+            f"{member.name} seeing {fleet.model} not converged",
         )
-        assert gauge(member.api, "controlplane_fleet_model_generation", model=MODEL) == 2
+        assert gauge(member.api, "controlplane_fleet_model_generation", model=fleet.model) == 2
     failed = gauge(
         tight.api,
         "controlplane_operations_total",
-        model=MODEL,
+        model=fleet.model,
         kind="deploy",
         outcome="failed",
         trigger="fleet",

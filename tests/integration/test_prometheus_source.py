@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane.adapters.prometheus import PrometheusQuery
-from controlplane.adapters.triton.launcher import free_port
+from devtools.launcher import free_port
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.monitoring import Prometheus
 from tests.support.polling import eventually

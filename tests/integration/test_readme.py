@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.adapters.triton.launcher import RunningTriton, launch_triton
+from devtools.launcher import RunningTriton, launch_triton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.models import SHA256SUMS, write_scale_release
 from tests.support.readme import (

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import aio as grpcclient
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon

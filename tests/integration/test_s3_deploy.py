@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.fault_proxy import FaultProxy

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.fault_proxy import FaultProxy, SeenRequest

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.domain.names import MAX_NAME_LENGTH
+from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import LoadGenerator, infer_once
 from tests.support.models import cleanup_leaks, leak_files, write_scale_release, write_sha256sums

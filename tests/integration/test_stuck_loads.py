@@ -15,19 +15,23 @@ import pytest
 
 from tests.conftest import TritonFactory
 from tests.integration.conftest import DaemonFactory
+from tests.support.daemon import Daemon
 from tests.support.inference import infer_once
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.triton
 FOREVER = 100_000.0
+QUICK_EXIT = ["--exit-timeout-secs=1"]  # stopped at teardown with a load still running
 
 
 def test_a_load_that_never_ends_is_answered_within_its_timeout_and_the_next_deploy_works(
     store: Path, model_name: str, tmp_path: Path, own_triton: TritonFactory, daemons: DaemonFactory
 ) -> None:
     (tmp_path / "repository").mkdir()
-    triton = own_triton(tmp_path / "repository")  # its own: the stuck stub lives until it stops
+    # Its own: the stuck stub lives until it stops, which then waits out Triton's exit timeout
+    # (10 s) for a load that never ends; 1 s is as good for that.
+    triton = own_triton(tmp_path / "repository", extra_args=QUICK_EXIT)
     write_scale_release(store, model_name, "r1", k=1.0)
     write_scale_release(store, model_name, "r2", k=2.0, init_sleep=FOREVER)
     write_scale_release(store, model_name, "r3", k=3.0)
@@ -60,7 +64,7 @@ def test_an_inplace_rollback_cut_by_its_budget_leaves_a_consistent_deployable_mo
     store: Path, model_name: str, tmp_path: Path, own_triton: TritonFactory, daemons: DaemonFactory
 ) -> None:
     (tmp_path / "repository").mkdir()
-    triton = own_triton(tmp_path / "repository")
+    triton = own_triton(tmp_path / "repository", extra_args=QUICK_EXIT)  # the cut load, too
     write_scale_release(store, model_name, "r1", k=1.0, init_sleep=8.0)  # a slow fallback
     write_scale_release(store, model_name, "r2", k=2.0)
     write_scale_release(store, model_name, "r3", k=3.0)
@@ -94,9 +98,20 @@ def test_an_inplace_rollback_cut_by_its_budget_leaves_a_consistent_deployable_mo
     marker = (tmp_path / "repository" / model_name / ".controlplane-release.json").read_text()
     assert '"release": "r2"' in marker
     eventually(lambda: _serves(triton.grpc_url, model_name) == 2.0, 60, "r2 serves again from disk")
+    # The slot is STALE, and the reconcile loop's repair reloads it, for seconds: a deploy then
+    # is refused with 409 operation_in_progress, as during any operation (seen once in a full
+    # run). Deployable means once that repair has ended.
+    eventually(lambda: _repaired(daemon, model_name), 60, "the repair of the STALE slot ending")
     # Deployable: the next deploy works.
-    assert daemon.deploy(model_name, "r3").status_code == 200
+    deployed = daemon.deploy(model_name, "r3")
+    assert deployed.status_code == 200, deployed.text
     assert infer_once(triton.grpc_url, model_name) == 3.0
+
+
+def _repaired(daemon: Daemon, model: str) -> bool:
+    view = daemon.get(f"/v1/models/{model}").json()
+    slots = {s["name"]: (s["state"], s["release"]) for s in view["slots"]}
+    return view["running_operation"] is None and slots.get(model) == ("ACTIVE", "r2")
 
 
 def _serves(url: str, model: str) -> float | None:

@@ -23,7 +23,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.adapters.triton.process import (
     PYTHON_BACKEND_SHM_PREFIX,
     TritonProcess,
@@ -35,6 +34,7 @@ from controlplane.adapters.triton.process import (
     tree_rss_bytes,
 )
 from controlplane.adapters.triton.residue import audit, files_of, shm_segments, snapshot
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.support.models import (
     HELD_FILE,

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.adapters.triton.launcher import RunningTriton
+from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.support.chaos import (
     LogWatch,
@@ -287,7 +287,7 @@ class Campaign:
                     f"repository: {sorted(p.name for p in self.repository.iterdir())}\n"
                     f"daemon log tail:\n{self.daemon.log()[-4000:]}"
                 )
-            time.sleep(0.2)
+            time.sleep(0.05)
             why = self.not_converged()
         self.converged_at = time.monotonic()
         return self.converged_at
@@ -325,7 +325,7 @@ class Campaign:
         deadline = time.monotonic() + SETTLE_GRACE
         found = self.inconsistencies()
         while found and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.05)
             found = self.inconsistencies()
         out.findings.extend(found)
 

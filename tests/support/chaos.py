@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.adapters.triton.process import descendants, segments_mapped_by
+from devtools.launcher import RunningTriton
 from tests.support.tree import snapshot
 
 SHM_ROOT = Path("/dev/shm")

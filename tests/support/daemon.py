@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from controlplane.adapters.instance_lock import LOCK_NAME
-from controlplane.adapters.triton.launcher import RunningTriton, free_port
+from devtools.launcher import RunningTriton, free_port
 
 
 @dataclass

@@ -2,23 +2,25 @@
 one shared store (a directory or an S3 bucket).
 
 Members poll the desired state every second and beat every second, so that a test waits
-seconds, not the defaults' tens of seconds; everything else is as a user runs it.
+seconds, not the defaults' tens of seconds; everything else is as a user runs it. Each member's
+Triton comes from the session's pool (``pooled_tritons``: no fleet test kills one), so the
+fleet's model has a name of its own (``Fleet.model``) that no other test of the session uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from controlplane.adapters.triton.launcher import RunningTriton
-from tests.conftest import TritonFactory
+from devtools.launcher import RunningTriton
 from tests.support.daemon import Daemon, start_daemon
 from tests.support.inference import infer_once
 from tests.support.polling import eventually
+from tests.support.stopping import stop_all
 
 POLL = 1.0
 BEAT = 1.0
@@ -43,15 +45,19 @@ class Member:
 @dataclass
 class Fleet:
     store: Path
-    tritons: TritonFactory
+    # The member's Triton, given the repository dir made for it: a Triton started there, or
+    # one lent from the session's pool (``pooled_tritons``), which has a repository of its own.
+    tritons: Callable[[Path], RunningTriton]
     root: Path
+    model: str  # the model the test deploys: a name no other test of the session uses
     store_uri: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     config: str | None = None
     members: list[Member] = field(default_factory=list)
 
     def add(self, name: str | None = None, *, wait_ready: bool = True, **kwargs: Any) -> Member:
-        """A new member: its own Triton and repository, and a daemon on the shared store."""
+        """A new member: a Triton (and its repository) of its own, and a daemon on the shared
+        store."""
         name = name or f"m{len(self.members) + 1}"
         workdir = self.root / name
         if workdir.exists():  # a second daemon under one name (a mistake a test makes)
@@ -101,9 +107,8 @@ class Fleet:
             )
 
     def stop(self) -> None:
-        for member in self.members:
-            if member.daemon is not None:
-                member.daemon.stop()
+        """Every member's daemon, all at once."""
+        stop_all([m.daemon for m in self.members if m.daemon is not None], Daemon.stop)
 
 
 def _serving(member: Member, model: str, release: str, value: float) -> bool:
@@ -124,9 +129,9 @@ def _serves(daemon: Daemon, model: str, release: str) -> bool:
 
 @contextmanager
 def running_fleet(
-    tritons: TritonFactory, store: Path, root: Path, **kwargs: Any
+    tritons: Callable[[Path], RunningTriton], store: Path, root: Path, model: str, **kwargs: Any
 ) -> Iterator[Fleet]:
-    fleet = Fleet(store=store, tritons=tritons, root=root, **kwargs)
+    fleet = Fleet(store=store, tritons=tritons, root=root, model=model, **kwargs)
     try:
         yield fleet
     finally:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from controlplane.adapters.triton.launcher import free_port
+from devtools.launcher import free_port
 from tests.support.polling import eventually
 
 PROMETHEUS = "/usr/bin/prometheus"

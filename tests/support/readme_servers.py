@@ -3,8 +3,9 @@ person would: ``make run`` (Ctrl-C), ``tritonserver ...`` and ``controlplane ser
 
 A command arrives with the README's fixed paths and addresses already replaced by the test's
 (see ``tests/integration/test_readme.py``). Each server is started the way ``make run`` and the
-test fixtures start it: ``make run`` is its recipe, ``python -m controlplane.devrun``, in a
-scratch dir of its own (``.state/`` lands there); ``tritonserver`` is the bundled one, through
+test fixtures start it: ``make run`` is its recipe, ``python -m devtools.devrun``, in a
+scratch dir of its own (``.state/`` lands there, and the checkout is on ``PYTHONPATH`` as the
+checkout's root is for ``make run``); ``tritonserver`` is the bundled one, through
 the launcher, with the README's flags passed last so they win; ``controlplane serve`` is the
 venv's command with the block's exports.
 """
@@ -25,10 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.adapters.triton.launcher import RunningTriton, free_port, launch_triton
+from devtools.launcher import RunningTriton, free_port, launch_triton
 from tests.support.polling import eventually
 
 VENV_BIN = Path(sys.executable).parent
+CHECKOUT = Path(__file__).resolve().parents[2]  # devtools/ lives here, not in the venv
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -91,10 +93,12 @@ class Servers:
         # The server tree the launcher prepares is reused from the tests' cache, not copied.
         (cwd / ".state" / "triton-cache").symlink_to(self.triton_cache)
         log = cwd / "make-run.log"
+        python_path = [str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.devrun"],
+                [sys.executable, "-m", "devtools.devrun"],
                 cwd=cwd,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(python_path)},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

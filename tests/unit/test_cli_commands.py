@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.adapters.triton.launcher import free_port
+from devtools.launcher import free_port
 
 EXIT_USAGE = 2
 VENV_BIN = Path(sys.executable).parent  # where `make install` put the `controlplane` script

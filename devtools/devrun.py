@@ -4,7 +4,8 @@ Owns the development set-up only: a state dir `.state/` in the working directory
 started with the launcher, the daemon started as a child process (`python -m controlplane
 serve`) configured through the environment, a "what to try next" guide, and an orderly stop
 (daemon first, then Triton) on Ctrl-C, SIGTERM or when either child dies. Production runs the
-daemon as a sidecar next to an existing Triton; nothing here is used there.
+daemon as a sidecar next to an existing Triton; nothing here is used there, and the wheel does
+not ship it. Run it from the checkout's root (`make run`), where `devtools` is importable.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from controlplane.adapters.triton.launcher import (
+from devtools.launcher import (
     RunningTriton,
     TritonNotFoundError,
     TritonPorts,

@@ -3,9 +3,10 @@
 Owns everything about running *our own* Triton: finding the server inside the wheel, preparing
 a writable copy of its tree with the Python-backend stub for the running interpreter, the
 environment it needs, free ports, and the wait until it is live. `make run`
-(`controlplane.devrun`) and the integration-test fixtures use it; in production the daemon
-connects to a Triton it did not start, so the daemon itself never imports this module. It
-checks health with httpx, not tritonclient, so it works without the gRPC client.
+(`devtools.devrun`), the benchmarks and the integration-test fixtures use it; in production the
+daemon connects to a Triton it did not start, so `controlplane` never imports this module (an
+import-linter contract) and the wheel does not ship it. It checks health with httpx, not
+tritonclient, so it works without the gRPC client.
 
 Why a copy of the tree: the Python backend looks for `triton_python_backend_stub` next to
 `libtriton_python.so`, and the wheel ships one stub per Python version in a separate folder.
