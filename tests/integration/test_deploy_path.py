@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from controlplane.adapters.triton.launcher import RunningTriton
 from controlplane.api.app import create_app
 from controlplane.settings import Settings
 from controlplane.wiring import build
+from devtools.launcher import RunningTriton
 from tests.support.models import write_scale_release
 
 MOST_MODULES = 15  # of services and adapters, route to gRPC load

@@ -206,17 +206,17 @@ def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_no
     without a zone or a NaN interval, a desired state baking since a time without a zone or
     for NaN seconds. GET /v1/fleet answered 500 internal_error and the fleet-sync job kept
     restarting; each is now an unreadable record, and the fleet goes on."""
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     member = fleet.add()
-    assert member.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert member.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
     records = store / "_controlplane"
     before = _fleet_sync(member)
     assert before["state"] == "running", before
 
     beat = json.loads((records / "members" / "m1.json").read_text())
-    wanted = json.loads((records / "desired" / f"{MODEL}.json").read_text())
+    wanted = json.loads((records / "desired" / f"{fleet.model}.json").read_text())
     rolling = {"phase": "baking", "canaries": ["m1"], "stable": "r1", "bake_seconds": 5}
     broken = {
         "members/naive.json": {**beat, "member": "naive", "at": "2026-01-01T00:00:00"},
@@ -235,7 +235,7 @@ def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_no
     for name, record in broken.items():
         (records / name).write_text(json.dumps(record))  # Python writes NaN as it is: NaN
 
-    _two_passes(member)
+    _two_passes(member, fleet.model)
     view = member.api.get("/v1/fleet")
     assert view.status_code == 200, view.text
     listed = {r["record"]: r["error"] for r in view.json()["unreadable_records"]}
@@ -246,32 +246,32 @@ def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_no
 
     # A deploy still works, and waits for the fleet (whose view holds the bad records).
     answer = member.api.post(
-        f"/v1/models/{MODEL}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
     )
     assert answer.status_code == 200, answer.text
-    fleet.wait_serving(MODEL, "r2", 2.0)
+    fleet.wait_serving(fleet.model, "r2", 2.0)
     # The model's own record broken by hand: the member keeps serving what it has.
-    (records / "desired" / f"{MODEL}.json").write_text(
+    (records / "desired" / f"{fleet.model}.json").write_text(
         json.dumps({**wanted, "generation": 1e400})  # JSON's 1e400 is infinity to Python
     )
-    _two_passes(member)
+    _two_passes(member, fleet.model)
     view = member.api.get("/v1/fleet")
     assert view.status_code == 200, view.text
     assert len(view.json()["unreadable_records"]) == len(broken) + 1
     assert member.api.get("/readyz").status_code == 200
-    assert member.answer(MODEL) == 2.0
+    assert member.answer(fleet.model) == 2.0
     after = _fleet_sync(member)
     assert (after["state"], after["restarts"]) == ("running", before["restarts"]), after
     assert "unexpected error while answering a request" not in member.api.log()
 
 
-def _two_passes(member: Member) -> None:
+def _two_passes(member: Member, model: str) -> None:
     """Until the member's fleet sync has read the store twice since now (each pass does all
     it does with what it read before the next one reads)."""
     seen: set[object] = set()
 
     def read_again() -> bool:
-        seen.add(member.api.get(f"/v1/models/{MODEL}").json()["fleet"]["last_read"])
+        seen.add(member.api.get(f"/v1/models/{model}").json()["fleet"]["last_read"])
         return len(seen) >= 3
 
     eventually(read_again, 30, f"{member.name} reading the fleet's records twice", every=0.1)
@@ -363,25 +363,27 @@ def test_the_cli_says_which_member_failed_and_exits_1_whether_or_not_the_release
     that member and why, and exits 1, both on the first try (this member deploys it) and on a
     retry (it serves here already: the API answers ``unchanged``, with a ``message``), in the
     table and in JSON."""
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    release = write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    release = write_scale_release(store, fleet.model, "r2", k=2.0)
     (release / "1" / "weights.bin").write_bytes(b"\0" * 64 * 1024)
     write_sha256sums(release)
     first = fleet.add()
     small = sum(p.stat().st_size for p in release.rglob("*") if p.is_file()) - 1
     fleet.add(extra_env={"CONTROLPLANE_STORE__MAX_RELEASE_BYTES": str(small)})
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
 
     for attempt in ("first", "retry"):
-        told = cli(first.api.url, "deploy", MODEL, "r2", "--wait", "--fleet", "--timeout", "120")
+        told = cli(
+            first.api.url, "deploy", fleet.model, "r2", "--wait", "--fleet", "--timeout", "120"
+        )
         assert told.returncode == 1, (attempt, told.stdout, told.stderr)
         assert "Traceback" not in told.stderr, (attempt, told.stderr)
         assert "error: member_failed: m2: release_too_large" in told.stderr, (attempt, told.stderr)
         if attempt == "retry":
-            assert f"unchanged: {MODEL} serves r2 already" in told.stdout, told.stdout
+            assert f"unchanged: {fleet.model} serves r2 already" in told.stdout, told.stdout
 
-    machine = cli(first.api.url, "deploy", MODEL, "r2", "--wait", "--fleet", "-o", "json")
+    machine = cli(first.api.url, "deploy", fleet.model, "r2", "--wait", "--fleet", "-o", "json")
     assert machine.returncode == 1, machine.stderr
     assert "Traceback" not in machine.stderr, machine.stderr
     answer = json.loads(machine.stdout)  # one document: the error beside the API's answer
@@ -492,40 +494,40 @@ def test_a_canary_replaced_during_its_bake_hands_the_bake_to_a_live_member_which
     """The canary's pod goes away mid-bake and a pod with another name comes in its place: a
     live member that was not a canary takes the canary's place, serves the release, bakes it
     the whole bake again, and then every member follows."""
-    write_scale_release(store, MODEL, "r1", k=1.0)
-    write_scale_release(store, MODEL, "r2", k=2.0)
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
     bake = 8.0
-    config = _rollback_config(canaries=1, bake=bake)
+    config = _rollback_config(fleet.model, canaries=1, bake=bake)
     first, second, third = (fleet.add(name, config=config) for name in ("m1", "m2", "m3"))
-    assert first.api.deploy(MODEL, "r1").status_code == 200
-    fleet.wait_serving(MODEL, "r1", 1.0)
-    assert second.api.deploy(MODEL, "r2").status_code == 200  # m2 goes first: the canary
-    eventually(lambda: fleet.fleet()["models"][MODEL]["phase"] == "baking", 30, "m2 baking")
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    assert second.api.deploy(fleet.model, "r2").status_code == 200  # m2 goes first: the canary
+    eventually(lambda: fleet.fleet()["models"][fleet.model]["phase"] == "baking", 30, "m2 baking")
 
     second.api.stop()  # its pod is gone; another takes its place, under a new name
     stopped = time.monotonic()
     fourth = fleet.add("m4", config=config)
 
     def complete() -> bool:
-        return bool(fleet.fleet()["models"][MODEL]["phase"] == "complete")
+        return bool(fleet.fleet()["models"][fleet.model]["phase"] == "complete")
 
     eventually(complete, 60, "the rollout complete without its first canary")
     took = time.monotonic() - stopped
-    model = fleet.fleet()["models"][MODEL]
+    model = fleet.fleet()["models"][fleet.model]
     assert (model["desired"], model["canaries"]) == ("r2", ["m1"])
     assert took >= bake  # m1 baked it the whole bake, from the start
     for member in (first, third, fourth):
-        eventually(partial(_answers, member, 2.0), 60, f"{member.name} serves r2")
+        eventually(partial(_answers, member, fleet.model, 2.0), 60, f"{member.name} serves r2")
     # Who took over, and why, is on record.
     assert any(
         "canary m2 is gone" in (o.get("reason") or "")
-        for o in first.api.get(f"/v1/operations?model={MODEL}").json()["operations"]
+        for o in first.api.get(f"/v1/operations?model={fleet.model}").json()["operations"]
     )
 
 
-def _answers(member: Member, value: float) -> bool:
+def _answers(member: Member, model: str, value: float) -> bool:
     try:
-        return member.answer(MODEL) == value
+        return member.answer(model) == value
     except Exception:
         return False
 
