@@ -20,8 +20,8 @@ import grpc
 from google.protobuf import descriptor_pool, json_format, message_factory
 
 try:
-    from controlplane.adapters.triton import _protos
-except ModuleNotFoundError as exc:  # pragma: no cover - a checkout that skipped the build step
+    import controlplane.adapters.triton._protos as _protos
+except ModuleNotFoundError as exc:  # a checkout that never ran the build step
     if exc.name != f"{__package__}._protos":
         raise
     raise ModuleNotFoundError(
