@@ -61,10 +61,23 @@ def table(runs: Sequence[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def imports_table(imports: Sequence[tuple[str, float]]) -> str:
-    lines = ["| loaded by `controlplane serve` | RSS it adds (MiB) |", "|---|---:|"]
-    lines += [f"| {label} | {mib:.1f} |" for label, mib in imports]
-    lines.append(f"| total after imports | {sum(mib for _, mib in imports):.0f} |")
+def imports_table(imports: dict[str, Sequence[tuple[str, float]]]) -> str:
+    """RSS each group of imports adds, now and before the RSS work, rows in the order the
+    daemon imports them (a package only one of them loads has a dash in the other column)."""
+    now, before = dict(imports["now"]), dict(imports["before"])
+    labels = [label for label, _ in imports["now"]]
+    for at, (label, _) in enumerate(imports["before"]):
+        if label not in now:  # where the code before loaded it, among the rows both have
+            labels.insert(min(at, len(labels) - 3), label)
+    lines = [
+        "| loaded by `controlplane serve` | now: RSS it adds (MiB) | before the RSS work |",
+        "|---|---:|---:|",
+    ]
+    for label in labels:
+        cells = [f"{col[label]:.1f}" if label in col else "-" for col in (now, before)]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    totals = [sum(col.values()) for col in (now, before)]
+    lines.append(f"| total | {totals[0]:.0f} | {totals[1]:.0f} |")
     return "\n".join(lines)
 
 
@@ -92,45 +105,90 @@ def shares_table(shares: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+RSS_ROWS = [  # prefix of the keys in the runs, label
+    ("new", "this code"),
+    ("rss", "the code before the RSS work (`{rss}`), same venv"),
+    ("image", "this code in a venv of its runtime dependencies only (as the image)"),
+    ("old", "the scale baseline (`{old}`)"),
+    ("new_floor", "this code, store of 1 model"),
+]
+
+
+def rss_table(runs: Sequence[dict[str, float]], args: argparse.Namespace) -> str:
+    lines = [
+        "| idle, median over runs (MiB) | VmRSS | of it anonymous (RssAnon) | VmRSS, runs |",
+        "|---|---:|---:|---|",
+    ]
+    for prefix, label in RSS_ROWS:
+        rss, anon = _median(runs, f"{prefix}_rss_mib"), _median(runs, f"{prefix}_anon_mib")
+        if rss is None:
+            continue
+        spread = ", ".join(_cell(run.get(f"{prefix}_rss_mib"), 1.0, "{:.0f}") for run in runs)
+        name = label.format(rss=args.rss_baseline, old=args.baseline)
+        lines.append(f"| {name} | {rss:.0f} | {_cell(anon, 1.0, '{:.0f}')} | {spread} |")
+    return "\n".join(lines)
+
+
 def rss_text(
     runs: Sequence[dict[str, float]],
-    imports: Sequence[tuple[str, float]],
-    stubs: Sequence[tuple[str, float]],
-    releases: int,
+    imports: dict[str, Sequence[tuple[str, float]]],
+    args: argparse.Namespace,
 ) -> str:
-    """What holds the RSS, and what < 80 MiB would take, from what was measured."""
-    after_imports = sum(mib for _, mib in imports)
-    mine = dict(imports)
-    numpy = sum(mib for label, mib in imports if label.startswith(("numpy", "ml_dtypes")))
-    same = after_imports - mine["controlplane (settings, wiring, api)"]
-    with_stubs = sum(mib for _, mib in stubs)
-    floor = _median(runs, "new_floor_rss_mib") or 0.0
+    """What holds the RSS, what the RSS work took out, and what < 80 MiB would take, from what
+    was measured."""
+    now, before = dict(imports["now"]), dict(imports["before"])
     big = _median(runs, "new_rss_mib") or 0.0
-    estimate = floor - (same - with_stubs)
-    web = mine["pydantic, pydantic-settings, yaml"] + mine["fastapi, starlette"]
-    base = mine["interpreter, asyncio, json (the probe itself)"]
-    grpc = dict(stubs)["grpc, protobuf"]
+    floor = _median(runs, "new_floor_rss_mib") or 0.0
+    was = _median(runs, "rss_rss_mib")
+    image = _median(runs, "image_rss_mib")
+    after = sum(now.values())
+    gone = {k: v for k, v in before.items() if k not in now and not k.startswith(("other", "st"))}
+    web = sum(v for k, v in now.items() if k.startswith(("pydantic", "fastapi")))
+    grpc = now.get("grpc", 0.0) + now.get("protobuf", 0.0)
+    httpx = next(v for k, v in now.items() if k.startswith("httpx"))
+    run_time = next(v for k, v in now.items() if k.startswith("httpcore"))
+    base = next(v for k, v in now.items() if k.startswith("interpreter"))
+    own = now["controlplane's own modules"]
+    was_text = (
+        f"{was:.0f} MiB before the RSS work, in the same runs ({was - big:.0f} MiB more)"
+        if was is not None
+        else "not measured before the RSS work"
+    )
+    image_text = (
+        f" Installed as the image installs it (runtime dependencies only) it idles at "
+        f"{image:.0f} MiB: the test tools' libraries it picks up in the dev venv are not there."
+        if image is not None
+        else ""
+    )
     return f"""\
-The idle daemon holds {floor:.0f} MiB on a store of one model and {big:.0f} MiB on the big one
-(its {releases:,} releases add {big - floor:.0f} MiB); {after_imports:.0f} MiB of it is what its
-imports load, the rest threads, the database's cache, gRPC channels, the app, the heap.
+Idle RSS on the {args.models} x {args.releases} store: {big:.0f} MiB now, {was_text}.{image_text}
+On a store of one model it is {floor:.0f} MiB: the watcher's state for
+{args.models * args.releases:,} releases is {big - floor:.0f} MiB of it.
+
+{rss_table(runs, args)}
+
+What the imports hold, now and before the RSS work (each group in a fresh process, in the
+daemon's order; the rows after the shared libraries are the packages `controlplane serve`'s own
+modules import, each without the packages it imports in turn; the last row is loaded by the
+first HTTP client the daemon makes):
 
 {imports_table(imports)}
 
-numpy and ml_dtypes ({numpy:.0f} MiB) come with `tritonclient.grpc`: its package init imports
-`tritonclient.utils`, which imports both, and it runs whatever submodule is imported, the
-generated stubs (`service_pb2`, `service_pb2_grpc`, `model_config_pb2`) included. Stubs
-generated from Triton's `.proto` files at build time would not need it; the same imports with
-Triton's messages and stubs built from the protos as tritonclient compiled them:
+The RSS work took out {", ".join(sorted(gone)) or "nothing"} ({sum(gone.values()):.0f} MiB of
+imports): the Triton adapter speaks gRPC with Triton's messages generated at build time from
+tritonclient's protos (tritonclient's package init imports numpy and ml_dtypes whatever
+submodule is asked for), cryptography is imported when a keyring is configured, boto3 when the
+store is S3, and the metrics reader gives httpx no TLS context for a plain-HTTP endpoint.
 
-{imports_table(stubs)}
-
-That is {same - with_stubs:.0f} MiB less than the same imports today ({same:.0f} MiB), so the
-daemon would idle near {estimate:.0f} MiB: still above 80. The rest is libraries the daemon is
-made of: pydantic and FastAPI ({web:.0f} MiB), grpc and protobuf ({grpc:.0f}), the interpreter
-with asyncio and json ({base:.0f}). Below 80 MiB would take generated stubs (the `.proto` files
-at build time) and one of: Triton driven over its HTTP API with the httpx already loaded (no
-grpc or protobuf), or an API without pydantic and FastAPI."""
+What is left above 80 MiB is libraries the daemon is made of, and its state: the interpreter
+with asyncio and json ({base:.0f} MiB), pydantic and FastAPI ({web:.0f}), grpc and protobuf
+({grpc:.0f}), httpx ({httpx:.0f}, of which rich and pygments come only because its package init
+imports its command-line client when they are installed, as typer installs them), httpcore at
+the first request ({run_time:.0f}), the daemon's own modules ({own:.0f}): {after:.0f} MiB after
+imports; then threads, gRPC channels, the database and the watcher's state per release. Below
+80 MiB would take one of: Triton driven over its HTTP API with the httpx already loaded (no
+grpc at run time; protobuf only when a release is verified), an API without pydantic and
+FastAPI, or a smaller state per release in the watcher."""
 
 
 def verdict(runs: Sequence[dict[str, float]]) -> str:
@@ -144,7 +202,9 @@ def verdict(runs: Sequence[dict[str, float]]) -> str:
         if new is None or old is None:
             continue
         met = "met" if new < TARGETS[key] else "missed"
-        parts.append(f"{what}: **{met}** ({new:.1f}, baseline {old:.1f})")
+        was = _median(runs, "rss_rss_mib") if key == "rss_mib" else None
+        before = "" if was is None else f", before the RSS work {was:.1f}"
+        parts.append(f"{what}: **{met}** ({new:.1f}{before}, baseline {old:.1f})")
     return "Result: " + "; ".join(parts) + "."
 
 
@@ -152,15 +212,15 @@ def section(
     args: argparse.Namespace,
     summary: str,
     runs: Sequence[dict[str, float]],
-    imports: Sequence[tuple[str, float]],
-    stubs: Sequence[tuple[str, float]],
+    imports: dict[str, Sequence[tuple[str, float]]],
     shares: dict[str, float],
     at: datetime,
 ) -> str:
     flags = (
         f"--models {args.models} --releases {args.releases} --runs {args.runs} "
         f"--idle {args.idle:g} --requests {args.requests} "
-        f"--baseline-requests {args.baseline_requests} --write-readme"
+        f"--baseline-requests {args.baseline_requests} --rss-baseline {args.rss_baseline}"
+        f"{' --no-image' if args.no_image else ''} --write-readme"
     )
     loads = ", ".join(f"{run['load_1min']:.1f}" for run in runs if "load_1min" in run)
     floor = (
@@ -192,7 +252,12 @@ runs, {args.idle:g} s each; each row's share is the floor minus that row):
   {args.idle:g} s from `/proc/<pid>/stat`, then its `VmRSS`, then {args.requests} sequential
   `GET /v1/models` while the watcher keeps beating (the baseline: {args.baseline_requests}), then
   as many `GET /healthz` (the control: what any request costs then). The floor is the same
-  daemon on a store of one model: what it costs with no store to speak of.
+  daemon on a store of one model: what it costs with no store to speak of. Idle RSS only, after
+  the same wait, on the big store: the code before the RSS work (commit `{args.rss_baseline}`,
+  another `git worktree`, same venv) and this code installed with `pip install -c
+  constraints.txt .` in a venv of its own (its runtime dependencies only, as the image has
+  them); in the dev venv the test tools install libraries the daemon picks up (trio, which
+  httpcore imports when it is there, comes with selenium).
 - The machine is shared with other work: its 1-minute load average at the end of each run was
   {loads or "-"}.
 - Targets: CPU < 2 % of a core, `GET /v1/models` p99 < 50 ms, idle RSS < 80 MiB.
@@ -201,5 +266,5 @@ runs, {args.idle:g} s each; each row's share is the floor minus that row):
 
 {table(runs)}
 
-{floor}{rss_text(runs, imports, stubs, args.models * args.releases)}
+{floor}{rss_text(runs, imports, args)}
 <!-- scale:end -->"""
