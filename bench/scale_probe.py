@@ -74,7 +74,12 @@ GROUPS = [  # what the daemon imports before its own code, in its order
     ("ssl, uvicorn", ["ssl", "uvicorn"]),
     ("pydantic, pydantic-settings, yaml", ["pydantic", "pydantic_settings", "yaml"]),
     ("fastapi, starlette (and opentelemetry, which fastapi imports)", ["fastapi"]),
-    ("httpx (and rich, pygments: its package init imports its CLI)", ["httpx"]),
+    (
+        "rich, pygments (httpx's package init imports its command-line client, which needs them)",
+        [*(f"pygments.{name}" for name in ("lexers", "util"))]
+        + [f"rich.{name}" for name in ("console", "markup", "progress", "syntax", "table")],
+    ),
+    ("httpx", ["httpx"]),
     (
         "prometheus_client, psutil, watchfiles, tenacity, sqlite3",
         ["prometheus_client", "psutil", "watchfiles", "tenacity", "sqlite3"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import textwrap
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -129,6 +130,16 @@ def rss_table(runs: Sequence[dict[str, float]], args: argparse.Namespace) -> str
     return "\n".join(lines)
 
 
+def _paragraphs(*texts: str) -> str:
+    return "\n\n".join(
+        textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False) for text in texts
+    )
+
+
+def _row(imports: Sequence[tuple[str, float]], prefix: str) -> float:
+    return sum(mib for label, mib in imports if label.startswith(prefix))
+
+
 def rss_text(
     runs: Sequence[dict[str, float]],
     imports: dict[str, Sequence[tuple[str, float]]],
@@ -136,59 +147,88 @@ def rss_text(
 ) -> str:
     """What holds the RSS, what the RSS work took out, and what < 80 MiB would take, from what
     was measured."""
-    now, before = dict(imports["now"]), dict(imports["before"])
+    now, before = imports["now"], imports["before"]
     big = _median(runs, "new_rss_mib") or 0.0
+    anon = _median(runs, "new_anon_mib") or 0.0
     floor = _median(runs, "new_floor_rss_mib") or 0.0
-    was = _median(runs, "rss_rss_mib")
+    was, was_anon = _median(runs, "rss_rss_mib"), _median(runs, "rss_anon_mib")
     image = _median(runs, "image_rss_mib")
-    after = sum(now.values())
-    gone = {k: v for k, v in before.items() if k not in now and not k.startswith(("other", "st"))}
-    web = sum(v for k, v in now.items() if k.startswith(("pydantic", "fastapi")))
-    grpc = now.get("grpc", 0.0) + now.get("protobuf", 0.0)
-    httpx = next(v for k, v in now.items() if k.startswith("httpx"))
-    run_time = next(v for k, v in now.items() if k.startswith("httpcore"))
-    base = next(v for k, v in now.items() if k.startswith("interpreter"))
-    own = now["controlplane's own modules"]
-    was_text = (
-        f"{was:.0f} MiB before the RSS work, in the same runs ({was - big:.0f} MiB more)"
-        if was is not None
-        else "not measured before the RSS work"
+    after = sum(mib for _, mib in now)
+    labels = {label for label, _ in now}
+    gone = sorted(
+        label
+        for label, _ in before
+        if label not in labels and not label.startswith(("other", "standard"))
     )
-    image_text = (
-        f" Installed as the image installs it (runtime dependencies only) it idles at "
-        f"{image:.0f} MiB: the test tools' libraries it picks up in the dev venv are not there."
-        if image is not None
-        else ""
+    took = sum(mib for label, mib in before if label in gone)
+    rich = _row(now, "rich")
+    grpc = _row(now, "grpc") + _row(now, "protobuf")
+    head = f"Idle RSS on the {args.models} x {args.releases} store: **{big:.0f} MiB** now"
+    if was is not None:
+        head += (
+            f", against **{was:.0f} MiB** for the code before the RSS work in the same runs "
+            f"({big - was:+.0f} MiB; anonymous memory {anon:.0f} against {was_anon or 0:.0f})."
+        )
+    else:
+        head += "."
+    if image is not None:
+        head += (
+            f" Installed as the image installs it (its runtime dependencies only) it idles at "
+            f"{image:.0f} MiB: in the dev venv the test tools bring trio and attrs, which "
+            "httpcore imports when they are there."
+        )
+    head += (
+        f" On a store of one model it idles at {floor:.0f} MiB: the watcher's state for "
+        f"{args.models * args.releases:,} releases is the other {big - floor:.0f} MiB. VmRSS "
+        f"also counts the pages of the shared libraries the daemon maps ({big - anon:.0f} MiB "
+        "here: grpc's, libpython's, OpenSSL's, pydantic-core's...) as far as the page cache "
+        "holds them, which other work on the machine changes: only figures of the same run "
+        "compare."
+    )
+    gone_text = (
+        f"The RSS work took {', '.join(gone) or 'nothing'} out of the imports ({took:.0f} MiB): "
+        "the Triton adapter speaks gRPC with Triton's messages and service generated at build "
+        "time from tritonclient's protos (tritonclient's package init imports numpy and ml_dtypes "
+        "whatever submodule is asked for), cryptography is imported when a keyring is "
+        "configured (boto3 already was only with an S3 store), the metrics reader gives httpx no "
+        "TLS context for a plain-HTTP endpoint, and uvicorn loads no WebSocket protocol."
+    )
+    left = (
+        f"What is left is the libraries the daemon is made of, {after:.0f} MiB after imports "
+        f"(the interpreter with asyncio and json {_row(now, 'interpreter'):.0f}, pydantic and "
+        f"FastAPI {_row(now, 'pydantic') + _row(now, 'fastapi'):.0f}, grpc and protobuf "
+        f"{grpc:.0f}, the daemon's own modules {_row(now, 'controlplane'):.0f}, httpx with "
+        f"httpcore {_row(now, 'httpx') + _row(now, 'httpcore'):.0f}, rich and pygments "
+        f"{rich:.0f}), then {floor - after:.0f} MiB of run-time state on a store of one model "
+        "(threads' stacks and malloc arenas, gRPC's channels and event engine, SQLite's page "
+        f"cache, the app) and the store's {big - floor:.0f}."
+    )
+    target = image if image is not None else big
+    need, store = target - 80, big - floor
+    take = (
+        f"Below 80 MiB as the image installs it ({need:.0f} MiB less) the one change that would "
+        "get there is Triton driven over its HTTP API with the httpx already loaded: no grpc at "
+        f"run time ({grpc:.0f} MiB of imports, and its channels and threads), protobuf imported "
+        "only to verify a release's config.pbtxt. The other pieces together come short "
+        f"({store + rich:.0f} of {need:.0f} MiB): the watcher's state per release ({store:.0f} "
+        f"MiB at {args.models * args.releases:,} releases) and rich and pygments ({rich:.0f} "
+        "MiB: httpx's package init imports its command-line client whenever they are installed, "
+        "and typer requires rich). An API without pydantic and FastAPI would also do it; the "
+        "daemon is built on them."
     )
     return f"""\
-Idle RSS on the {args.models} x {args.releases} store: {big:.0f} MiB now, {was_text}.{image_text}
-On a store of one model it is {floor:.0f} MiB: the watcher's state for
-{args.models * args.releases:,} releases is {big - floor:.0f} MiB of it.
+{_paragraphs(head)}
 
 {rss_table(runs, args)}
 
-What the imports hold, now and before the RSS work (each group in a fresh process, in the
+What the imports hold, now and before the RSS work: each group in a fresh process, in the
 daemon's order; the rows after the shared libraries are the packages `controlplane serve`'s own
-modules import, each without the packages it imports in turn; the last row is loaded by the
-first HTTP client the daemon makes):
+modules import, each without the packages it imports in turn; the last row is what the daemon's
+first HTTP client loads.
 
 {imports_table(imports)}
 
-The RSS work took out {", ".join(sorted(gone)) or "nothing"} ({sum(gone.values()):.0f} MiB of
-imports): the Triton adapter speaks gRPC with Triton's messages generated at build time from
-tritonclient's protos (tritonclient's package init imports numpy and ml_dtypes whatever
-submodule is asked for), cryptography is imported when a keyring is configured, boto3 when the
-store is S3, and the metrics reader gives httpx no TLS context for a plain-HTTP endpoint.
-
-What is left above 80 MiB is libraries the daemon is made of, and its state: the interpreter
-with asyncio and json ({base:.0f} MiB), pydantic and FastAPI ({web:.0f}), grpc and protobuf
-({grpc:.0f}), httpx ({httpx:.0f}, of which rich and pygments come only because its package init
-imports its command-line client when they are installed, as typer installs them), httpcore at
-the first request ({run_time:.0f}), the daemon's own modules ({own:.0f}): {after:.0f} MiB after
-imports; then threads, gRPC channels, the database and the watcher's state per release. Below
-80 MiB would take one of: Triton driven over its HTTP API with the httpx already loaded (no
-grpc at run time; protobuf only when a release is verified), an API without pydantic and
-FastAPI, or a smaller state per release in the watcher."""
+{_paragraphs(gone_text, left, take)}"""
 
 
 def verdict(runs: Sequence[dict[str, float]]) -> str:

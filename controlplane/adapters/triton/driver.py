@@ -6,9 +6,9 @@ calls are ``grpc.aio`` ones with Triton's own messages (:mod:`.protocol`), not t
 client, whose package init imports numpy. Every call has a timeout; transient failures
 (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by tenacity, a bounded number of
 times; everything else is mapped to the project's own errors, most specific first, and never
-retried. ``load`` returns only when the model is READY in the
-repository index, or raises with Triton's reason; its timeout bounds the whole call, retries
-included, because it is what the user waits for.
+retried. ``load`` returns only when the model is READY in the repository index, or raises with
+Triton's reason; its timeout bounds the whole call, retries included, because it is what the
+user waits for.
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ class TritonDriver:
         restarted, however quickly, seen by the kernel closing the socket, with no call made.
 
         A channel of its own, carrying no call, is watched: the channel the calls use would
-        also change state when they fail. While no
-        connection is up, it connects (and retries twice a second) first."""
+        also change state when they fail. While no connection is up, it connects (and retries
+        twice a second) first."""
         if self._watch is None:
             self._watch = grpc.aio.insecure_channel(self._url, options=list(WATCH_CHANNEL))
         channel = self._watch

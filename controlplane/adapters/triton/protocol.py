@@ -51,10 +51,13 @@ def message(name: str) -> Any:
     return message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"inference.{name}"))
 
 
-ModelConfig = message("ModelConfig")
+ModelConfig = message("ModelConfig")  # config.pbtxt's schema
 ModelInstanceGroup = message("ModelInstanceGroup")
-ModelInferRequest = message("ModelInferRequest")
 ModelInferResponse = message("ModelInferResponse")
+_REQUESTS = {  # each call's request message, by the call's name
+    method.name: message_factory.GetMessageClass(method.input_type)
+    for method in POOL.FindServiceByName(SERVICE).methods
+}
 
 
 def as_dict(response: Any) -> dict[str, Any]:
@@ -103,9 +106,3 @@ def _unary(channel: grpc.aio.Channel, method: str) -> Any:
         request_serializer=lambda request: request.SerializeToString(),
         response_deserializer=output.FromString,
     )
-
-
-_REQUESTS = {
-    method.name: message_factory.GetMessageClass(method.input_type)
-    for method in POOL.FindServiceByName(SERVICE).methods
-}
