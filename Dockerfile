@@ -17,6 +17,11 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY controlplane ./controlplane
+# Triton's protocol, generated into the package from tritonclient's compiled protos (pyproject's
+# `protos` extra, at the version constraints.txt pins): the daemon speaks Triton's gRPC API
+# without tritonclient, so neither it nor numpy is in the image.
+RUN pip install --no-cache-dir --constraint constraints.txt 'tritonclient[grpc]' \
+    && python -m controlplane.adapters.triton.generate_protos
 # One wheel for the project and one for each runtime dependency, so the runtime stage installs
 # from /wheels alone, with no index and no build tools.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels --constraint constraints.txt .

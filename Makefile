@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 AWS    := $(VENV)/awscli/bin/aws
 AWSCLI_VERSION := 1.46.3
 K8S_TOOLS := $(VENV)/.k8s-tools
+PROTOS := controlplane/adapters/triton/_protos.py
 
 # pytest-xdist: two workers. Most of the suite waits on servers (Triton, daemons, moto), so two
 # side by side halve its time on 2 cores. --dist loadscope keeps a module (or class) on one
@@ -17,14 +18,20 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadscope
 
 .PHONY: install system-deps run check unit test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
-install: $(STAMP) $(AWS) $(K8S_TOOLS)
+install: $(STAMP) $(PROTOS) $(AWS) $(K8S_TOOLS)
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "controlplane needs Python >= 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[triton,test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[protos,triton,test]'
 	@touch $(STAMP)
+
+# Triton's protocol (its messages and service, from tritonclient's compiled protos), generated
+# into the package and not committed: the daemon speaks gRPC without importing tritonclient,
+# whose package init loads numpy. Again after every install, in case tritonclient changed.
+$(PROTOS): controlplane/adapters/triton/generate_protos.py $(STAMP)
+	$(BIN)/python -m controlplane.adapters.triton.generate_protos
 
 # The AWS CLI, for the README's S3 publisher recipe that the tests run. It pins a botocore of
 # its own that the project's boto3 does not accept, so it lives in a venv of its own.

@@ -19,6 +19,12 @@ default the one before the scale work) checked out with ``git worktree`` in the 
   /healthz`` as many times right after is the control: what any request costs on this machine
   at that moment (it is shared: the 1-minute load average at the end of each run is reported).
 
+Idle RSS is also measured, in each run, for the code before the RSS work (``--rss-baseline``,
+another ``git worktree``) and for this code installed in a venv of the runtime dependencies only
+(what the image installs: no test tools, which bring libraries the daemon may pick up, such as
+trio), both on the big store after the same wait; and the RSS each group of imports adds, for
+this code and the code before the RSS work (``bench/scale_probe.py imports``).
+
 The same daemon measured on a store of one model gives the floor that has nothing to do with
 the store. Once, after the runs, the code under test's floor is measured again with each of its
 background jobs turned off or slowed to once in 300 s, so that each one's share shows.
@@ -55,13 +61,15 @@ from tests.support.models import write_scale_release
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "92ab479"  # the last commit before the scale work
+RSS_BASELINE = "5836798"  # the last commit before the RSS work (Triton's protocol generated)
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
 TICK = os.sysconf("SC_CLK_TCK")
 INTRO_ROW = (
     "| `scale.py` | a 200 x 20 local store, this code against the commit before the scale work "
     "(a `git worktree`) in the same run: the watcher's full scan of the unchanged store, the "
     "daemon's CPU at a 1 s poll (and each background job's share of its floor) and its idle "
-    "RSS (and what holds it), `GET /v1/models` p50/p99 |"
+    "RSS (and what holds it, against the code before the RSS work and as the image installs "
+    "it), `GET /v1/models` p50/p99 |"
 )
 
 
@@ -95,6 +103,28 @@ def code_env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree)}
 
 
+def runtime_venv(where: Path) -> Path:
+    """A venv with this code and its runtime dependencies only, at the pinned versions, as the
+    image installs them; its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, capture_output=True)
+    python = where / "bin" / "python"
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            str(ROOT / "constraints.txt"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return python
+
+
 def probe(tree: Path, *args: str) -> Any:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "scale_probe.py"), *args],
@@ -112,11 +142,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def rss_mib(pid: int) -> float:
+def memory(pid: int) -> dict[str, float]:
+    """VmRSS, and of it the anonymous pages (RssAnon: the process's own; the rest is files
+    mapped in, shared libraries' code mostly, counted as far as the page cache holds them)."""
+    fields = {"VmRSS:": "rss_mib", "RssAnon:": "anon_mib"}
+    out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        name, *value = line.split()
+        if name in fields:
+            out[fields[name]] = int(value[0]) / 1024
+    return out
 
 
 def latencies(get: Any, path: str, count: int) -> tuple[float, float, int]:
@@ -139,6 +174,34 @@ def idle_cpu(pid: int, seconds: float) -> float:
     return 100 * (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
 
 
+def idle_rss(
+    tree: Path | None,
+    triton: RunningTriton,
+    store: Path,
+    work: Path,
+    args: argparse.Namespace,
+    python: Path | None = None,
+) -> dict[str, float]:
+    """The idle RSS of the code in ``tree`` (or installed in ``python``'s venv), after the same
+    wait as :func:`daemon_numbers` gives its own."""
+    work.mkdir(parents=True)
+    env = {"CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "1"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    daemon = start_daemon(
+        triton=triton,
+        store=store,
+        workdir=work,
+        extra_env=env,
+        python=str(python) if python else None,
+    )
+    try:
+        time.sleep(args.settle + args.idle)
+        return memory(daemon.process.pid)
+    finally:
+        daemon.stop()
+
+
 def daemon_numbers(
     tree: Path, triton: RunningTriton, store: Path, work: Path, args: argparse.Namespace
 ) -> dict[str, float]:
@@ -150,7 +213,7 @@ def daemon_numbers(
     try:
         time.sleep(args.settle)  # the first scans (every marker hashed once) are over
         pid = daemon.process.pid
-        out = {"cpu_pct": idle_cpu(pid, args.idle), "rss_mib": rss_mib(pid)}
+        out = {"cpu_pct": idle_cpu(pid, args.idle), **memory(pid)}
         p50, p99, answered = latencies(daemon.get, "/v1/models", requests)
         out |= {"p50_ms": p50, "p99_ms": p99, "answered": answered}
         p50, p99, _ = latencies(daemon.get, "/healthz", requests)
@@ -200,10 +263,19 @@ def one_run(
     stores: dict[str, Path],
     root: Path,
     args: argparse.Namespace,
+    image: Path | None,
 ) -> dict[str, float]:
     result: dict[str, float] = {}
-    order = list(trees) if run % 2 else list(trees)[::-1]
+    codes = [*trees, "image"] if image else list(trees)
+    order = codes if run % 2 else codes[::-1]
     for code in order:
+        if code in ("rss", "image"):  # idle RSS only, on the big store
+            work = root / f"run{run}-{code}"
+            tree, python = (trees["rss"], None) if code == "rss" else (None, image)
+            rss = idle_rss(tree, triton, stores["big"], work, args, python)
+            result |= {f"{code}_{key}": value for key, value in rss.items()}
+            print(f"run {run} {code}: RSS {result[f'{code}_rss_mib']:.0f} MiB", flush=True)
+            continue
         tree = trees[code]
         scan = probe(tree, "scan", str(stores["big"]), str(args.scans))
         result |= {f"{code}_{key}": float(value) for key, value in scan.items()}
@@ -238,6 +310,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-shares", action="store_true", help="skip the floor's share per background job"
     )
     parser.add_argument("--baseline", default=BASELINE, help="the commit to compare with")
+    parser.add_argument(
+        "--rss-baseline", default=RSS_BASELINE, help="the commit whose idle RSS is compared too"
+    )
+    parser.add_argument(
+        "--no-image",
+        action="store_true",
+        help="skip the idle RSS of a venv of the runtime dependencies only (pip installs it)",
+    )
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 run, 10 s idle")
     args = parser.parse_args(argv)
@@ -266,21 +346,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             root / "repository", cache_dir=cache_dir(), log_path=root / "triton.log"
         )
         try:
-            with baseline_tree(args.baseline, root / "baseline") as old:
-                trees = {"new": ROOT, "old": old}
+            with (
+                baseline_tree(args.baseline, root / "baseline") as old,
+                baseline_tree(args.rss_baseline, root / "rss-baseline") as before,
+            ):
+                trees = {"new": ROOT, "old": old, "rss": before}
                 summary = machine(triton)
                 print(f"{summary}\n", flush=True)
-                imports = probe(ROOT, "imports")
-                (root / "protos").mkdir()
-                probe(ROOT, "descriptors", str(root / "protos"))
-                stubs = probe(ROOT, "stub-imports", str(root / "protos"))
+                image = None if args.no_image else runtime_venv(root / "image-venv")
+                imports = {"now": probe(ROOT, "imports"), "before": probe(before, "imports")}
                 runs = [
-                    one_run(r, trees, triton, stores, root, args) for r in range(1, args.runs + 1)
+                    one_run(r, trees, triton, stores, root, args, image)
+                    for r in range(1, args.runs + 1)
                 ]
                 shares = {} if args.no_shares else floor_shares(triton, stores["small"], root, args)
         finally:
             triton.stop()
-    text = section(args, summary, runs, imports, stubs, shares, datetime.now(UTC))
+    text = section(args, summary, runs, imports, shares, datetime.now(UTC))
     print("\n" + text)
     if args.write_readme:
         write_section(text, begin=BEGIN, end=END, script="scale.py", row=INTRO_ROW)

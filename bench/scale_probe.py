@@ -4,9 +4,8 @@ time the release watcher's scans of a store, as the daemon runs them, and print 
 Kept to what both the code before and after the scale work accept: a watcher over the local
 store and the SQLite releases book, auto-deploy off (so the deploy service is never called).
 The first scan records every release; the ones timed after it are the steady state of a beat
-over an unchanged store. Also prints the RSS each import group adds, for the RSS table, and
-what the same imports would hold with Triton's gRPC stubs built from its protos instead of
-imported from tritonclient.grpc (whose package init imports numpy and ml_dtypes).
+over an unchanged store. Also prints the RSS each import group adds, for the RSS table: run
+with the code before the RSS work too, the same groups say what that work took out.
 """
 
 from __future__ import annotations
@@ -70,21 +69,27 @@ async def scans(store_path: Path, count: int) -> dict[str, Any]:
     }
 
 
-COMMON = [  # what the daemon imports besides Triton's client and its own code, in its order
+GROUPS = [  # what the daemon imports before its own code, in its order
     ("interpreter, asyncio, json (the probe itself)", []),
     ("typer, click (the CLI)", ["typer"]),
     ("ssl, uvicorn", ["ssl", "uvicorn"]),
     ("pydantic, pydantic-settings, yaml", ["pydantic", "pydantic_settings", "yaml"]),
-    ("fastapi, starlette", ["fastapi"]),
+    ("fastapi, starlette (and opentelemetry, which fastapi imports)", ["fastapi"]),
+    (
+        "rich, pygments (httpx's package init imports its command-line client, which needs them)",
+        [*(f"pygments.{name}" for name in ("lexers", "util"))]
+        + [f"rich.{name}" for name in ("console", "markup", "progress", "syntax", "table")],
+    ),
     ("httpx", ["httpx"]),
-]
-REST = [
     (
         "prometheus_client, psutil, watchfiles, tenacity, sqlite3",
         ["prometheus_client", "psutil", "watchfiles", "tenacity", "sqlite3"],
     ),
 ]
-PROTOS = ("model_config", "grpc_service")  # Triton's .proto files, as tritonclient compiled them
+SERVE = ("controlplane.cli.main", "controlplane.cli.serve")  # what `controlplane serve` imports
+SHOWN = 0.3  # MiB: a package adding less is counted under "other packages"
+LABELS = {"google": "protobuf", "standard library": "standard library modules"}
+RUN_TIME = "httpcore, h11 (httpx's first client; with trio and attrs where installed)"
 
 
 def _measure(groups: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
@@ -101,66 +106,67 @@ def _measure(groups: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
     return out
 
 
+def _by_package(modules: tuple[str, ...]) -> dict[str, float]:
+    """Import ``modules``; the RSS each top-level package adds, its own imports of other
+    packages left out (an import hook reads VmRSS around every first import)."""
+    import builtins
+
+    own: dict[str, float] = {}
+    nested: list[float] = []
+    original = builtins.__import__
+
+    def hooked(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        if level or name in sys.modules:
+            return original(name, globals, locals, fromlist, level)
+        start = rss_mib()
+        nested.append(0.0)
+        try:
+            return original(name, globals, locals, fromlist, level)
+        finally:
+            total, inner = rss_mib() - start, nested.pop()
+            top = name.split(".")[0]
+            key = "standard library" if top in sys.stdlib_module_names else top
+            own[key] = own.get(key, 0.0) + total - inner
+            if nested:
+                nested[-1] += total
+
+    builtins.__import__ = hooked
+    try:
+        for module in modules:
+            __import__(module)
+    finally:
+        builtins.__import__ = original
+    return own
+
+
 def imports() -> list[tuple[str, float]]:
-    """RSS added by each group of imports the daemon makes, in the order it makes them."""
-    return _measure(
-        [
-            *COMMON,
-            ("numpy (tritonclient.grpc's package init imports tritonclient.utils)", ["numpy"]),
-            ("ml_dtypes (the same)", ["ml_dtypes"]),
-            ("grpc, protobuf", ["grpc", "grpc.aio", "google.protobuf"]),
-            ("tritonclient.grpc (its stubs, client and utils)", ["tritonclient.grpc.aio"]),
-            *REST,
-            ("controlplane (settings, wiring, api)", ["controlplane.cli.serve"]),
-        ]
+    """RSS added by each group of imports the daemon makes, in the order it makes them: the
+    libraries both versions share, then what its own modules bring (per package), then what
+    its first HTTP client loads at run time."""
+    out = _measure(GROUPS)
+    packages = _by_package(SERVE)
+    shown = sorted(
+        ((name, mib) for name, mib in packages.items() if mib >= SHOWN and name != "controlplane"),
+        key=lambda item: -item[1],
     )
-
-
-def descriptors(where: Path) -> None:
-    """Triton's protos as tritonclient compiled them, written for :func:`stub_imports`."""
-    from tritonclient.grpc import model_config_pb2, service_pb2
-
-    for name, module in zip(PROTOS, (model_config_pb2, service_pb2), strict=True):
-        (where / f"{name}.desc").write_bytes(module.DESCRIPTOR.serialized_pb)
-
-
-def stub_imports(where: Path) -> list[tuple[str, float]]:
-    """The same third-party imports with Triton's messages and gRPC stubs built from its
-    protos (what stubs generated at build time would load), instead of tritonclient.grpc,
-    whose package init imports numpy and ml_dtypes whatever submodule is asked for."""
-    out = _measure([*COMMON, ("grpc, protobuf", ["grpc", "grpc.aio", "google.protobuf"]), *REST])
-    import grpc
-    from google.protobuf import descriptor_pool, message_factory
+    others = [mib for name, mib in packages.items() if mib < SHOWN and name != "controlplane"]
+    out += [(LABELS.get(name, name), mib) for name, mib in shown]
+    out.append((f"other packages, each < {SHOWN} MiB", sum(others)))
+    out.append(("controlplane's own modules", packages.get("controlplane", 0.0)))
+    import httpx
 
     before = rss_mib()
-    pool = descriptor_pool.Default()
-    for name in PROTOS:
-        pool.AddSerializedFile((where / f"{name}.desc").read_bytes())
-    service = pool.FindServiceByName("inference.GRPCInferenceService")
-    channel = grpc.aio.insecure_channel("localhost:1")
-    stubs = {
-        method.name: channel.unary_unary(
-            f"/{service.full_name}/{method.name}",
-            request_serializer=message_factory.GetMessageClass(method.input_type).SerializeToString,
-            response_deserializer=message_factory.GetMessageClass(method.output_type).FromString,
-        )
-        for method in service.methods
-        if not method.client_streaming
-    }
-    out.append((f"Triton's messages and {len(stubs)} stubs, and a channel", rss_mib() - before))
+    client = httpx.AsyncClient(verify=False)  # noqa: S501  (a plain-HTTP client, as the daemon's)
+    out.append((RUN_TIME, rss_mib() - before))
+    del client
     return out
 
 
 def main() -> None:
     if sys.argv[1] == "imports":
         print(json.dumps(imports()))
-        return
-    if sys.argv[1] == "descriptors":
-        descriptors(Path(sys.argv[2]))
-        print(json.dumps(sorted(p.name for p in Path(sys.argv[2]).iterdir())))
-        return
-    if sys.argv[1] == "stub-imports":
-        print(json.dumps(stub_imports(Path(sys.argv[2]))))
         return
     print(json.dumps(asyncio.run(scans(Path(sys.argv[2]), int(sys.argv[3])))))
 

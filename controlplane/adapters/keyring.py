@@ -1,4 +1,4 @@
-"""The keyring of publisher keys, and the one place that calls ``cryptography``.
+"""The keyring of publisher keys: which keys are trusted, read from ``store.keyring``.
 
 ``store.keyring`` names a dir of ``*.pem`` files or a list of PEM files; each key is named by
 its file's stem. A PEM holds a public key (``openssl pkey -pubout``) or an X.509 certificate,
@@ -14,7 +14,9 @@ be read then refuses the signature, naming the path, and never trusts anything b
 
 The signatures are what plain openssl writes over the bytes of ``SHA256SUMS``: Ed25519 from
 ``openssl pkeyutl -sign -rawin`` (64 raw bytes), ECDSA P-256 with SHA-256 from
-``openssl dgst -sha256 -sign`` (DER).
+``openssl dgst -sha256 -sign`` (DER). ``cryptography`` reads and checks them
+(:mod:`.publisher_keys`), imported when a keyring is built: a daemon without one never loads it
+(10 MiB of an idle daemon).
 """
 
 from __future__ import annotations
@@ -24,12 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa, x448, x25519
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from typing import TYPE_CHECKING
 
 from controlplane.domain.signatures import (
     RETIRED_DIR,
@@ -40,8 +37,10 @@ from controlplane.domain.signatures import (
     trust_of,
 )
 
+if TYPE_CHECKING:
+    from controlplane.adapters.publisher_keys import PublicKey
+
 MAX_PEM_BYTES = 64 * 1024  # a public key or a certificate is a few hundred bytes
-_PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
 class KeyringError(ValueError):
@@ -52,7 +51,7 @@ class KeyringError(ValueError):
 class _Key:
     name: str
     path: Path
-    key: _PublicKey
+    key: PublicKey
     retired: bool
     not_before: datetime | None
     not_after: datetime | None
@@ -66,16 +65,6 @@ class _Key:
             not_after=self.not_after,
         )
 
-    def verifies(self, data: bytes, signature: bytes) -> bool:
-        try:
-            if isinstance(self.key, ed25519.Ed25519PublicKey):
-                self.key.verify(signature, data)
-            else:
-                self.key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
-        except (InvalidSignature, ValueError):
-            return False
-        return True
-
 
 class Keyring:
     """Publisher keys from ``paths`` (dirs of ``*.pem`` and PEM files), read at every use."""
@@ -83,6 +72,9 @@ class Keyring:
     def __init__(self, paths: Sequence[Path], *, now: Callable[[], datetime]) -> None:
         if not paths:
             raise KeyringError("store.keyring names no dir or file")
+        from controlplane.adapters import publisher_keys  # cryptography: only with a keyring
+
+        self._keys = publisher_keys.PemKeys()
         self._paths = tuple(paths)
         self._now = now
 
@@ -105,12 +97,12 @@ class Keyring:
         except KeyringError as exc:
             raise keyring_unreadable(self.where, str(exc)) from None
         now = self._now()
-        verified = [key.name for key in keys if key.verifies(data, signature)]
+        verified = [key.name for key in keys if self._keys.verifies(key.key, data, signature)]
         return judge(
             where,
             [key.trust(now) for key in keys],
             verified,
-            malformed=not verified and _malformed(signature),
+            malformed=not verified and self._keys.malformed(signature),
         )
 
     def _load(self) -> list[_Key]:
@@ -126,7 +118,7 @@ class Keyring:
                 raise KeyringError(f"{path} does not exist")
         keys: dict[str, _Key] = {}
         for file, is_retired in files:
-            key = _read(file, is_retired)
+            key = self._read(file, is_retired)
             if key.name in keys:
                 raise KeyringError(
                     f"two keys are named {key.name!r}: {keys[key.name].path} and {file}; a key "
@@ -137,73 +129,27 @@ class Keyring:
             raise KeyringError(f"no *.pem file in {self.where}")
         return list(keys.values())
 
+    def _read(self, path: Path, retired: bool) -> _Key:
+        try:
+            with path.open("rb") as stream:
+                data = stream.read(MAX_PEM_BYTES + 1)
+        except OSError as exc:
+            raise KeyringError(f"{path}: {exc.strerror or exc}") from None
+        if len(data) > MAX_PEM_BYTES:
+            raise KeyringError(f"{path} is larger than {MAX_PEM_BYTES} bytes: no public key is")
+        if b"PRIVATE KEY-----" in data:
+            raise KeyringError(
+                f"{path} holds a private key: the keyring takes public keys only (write the "
+                "public part with `openssl pkey -in key.pem -pubout`); the private key belongs to "
+                "the publisher alone"
+            )
+        parsed = self._keys.parse(path, data)
+        name = os.path.splitext(path.name)[0]
+        return _Key(name, path, parsed.key, retired, parsed.not_before, parsed.not_after)
+
 
 def _pems(folder: Path) -> list[Path]:
     try:
         return sorted(p for p in folder.iterdir() if p.suffix == ".pem" and p.is_file())
     except OSError as exc:
         raise KeyringError(f"{folder}: {exc.strerror or exc}") from None
-
-
-def _read(path: Path, retired: bool) -> _Key:
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_PEM_BYTES + 1)
-    except OSError as exc:
-        raise KeyringError(f"{path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_PEM_BYTES:
-        raise KeyringError(f"{path} is larger than {MAX_PEM_BYTES} bytes: no public key is")
-    if b"PRIVATE KEY-----" in data:
-        raise KeyringError(
-            f"{path} holds a private key: the keyring takes public keys only (write the "
-            "public part with `openssl pkey -in key.pem -pubout`); the private key belongs to "
-            "the publisher alone"
-        )
-    not_before = not_after = None
-    key: object
-    try:
-        if b"-----BEGIN CERTIFICATE-----" in data:
-            certificate = x509.load_pem_x509_certificate(data)
-            key = certificate.public_key()
-            not_before = certificate.not_valid_before_utc
-            not_after = certificate.not_valid_after_utc
-        else:
-            key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise KeyringError(
-            f"{path} is neither a PEM public key nor a PEM certificate ({exc})"
-        ) from None
-    if isinstance(key, ec.EllipticCurvePublicKey) and not isinstance(key.curve, ec.SECP256R1):
-        raise KeyringError(
-            f"{path} holds an ECDSA key on curve {key.curve.name}; the keyring takes Ed25519 and "
-            "ECDSA P-256 (prime256v1) keys only"
-        )
-    if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
-        raise KeyringError(
-            f"{path} holds {_kind(key)} key; the keyring takes Ed25519 and ECDSA P-256 keys only"
-        )
-    return _Key(os.path.splitext(path.name)[0], path, key, retired, not_before, not_after)
-
-
-def _malformed(signature: bytes) -> bool:
-    """Neither a raw Ed25519 signature nor a DER ECDSA one."""
-    if len(signature) == 64:
-        return False
-    try:
-        decode_dss_signature(signature)
-    except ValueError:
-        return True
-    return False
-
-
-def _kind(key: object) -> str:
-    for kind, name in (
-        (rsa.RSAPublicKey, "an RSA"),
-        (dsa.DSAPublicKey, "a DSA"),
-        (ed448.Ed448PublicKey, "an Ed448"),
-        (x25519.X25519PublicKey, "an X25519"),
-        (x448.X448PublicKey, "an X448"),
-    ):
-        if isinstance(key, kind):
-            return name
-    return f"a {type(key).__name__}"

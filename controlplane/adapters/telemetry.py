@@ -19,7 +19,6 @@ verdicts, retry causes); free text such as a rollback's reason is never a label.
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 from collections.abc import Sequence
 
@@ -28,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane import __version__
 from controlplane.adapters.telemetry_figures import FiguresCollector
+from controlplane.adapters.triton.protocol import TRITONCLIENT_VERSION
 from controlplane.domain.alerts import Receipt
 from controlplane.domain.figures import Figures
 from controlplane.domain.memory import RESIDUE_KINDS, LeakTrend, ResidueReport
@@ -54,7 +54,8 @@ class PrometheusTelemetry:
         r = self.registry
         Info(
             "controlplane_build",
-            "The daemon's version, and the Python and tritonclient it runs on (always 1).",
+            "The daemon's version, its Python, and the tritonclient whose protos it speaks "
+            "(always 1).",
             registry=r,
         ).info(build_labels())
         self._operations = Counter(
@@ -254,13 +255,10 @@ class PrometheusTelemetry:
 
 
 def build_labels() -> dict[str, str]:
-    """``controlplane_build_info``'s labels: this package, Python, and tritonclient."""
-    try:
-        client = importlib.metadata.version("tritonclient")
-    except importlib.metadata.PackageNotFoundError:
-        client = "none"
+    """``controlplane_build_info``'s labels: this package, Python, and the tritonclient whose
+    compiled protos the daemon speaks Triton's API with (generated at build time)."""
     return {
         "version": __version__,
         "python": platform.python_version(),
-        "triton_client": client,
+        "triton_client": TRITONCLIENT_VERSION,
     }

@@ -111,6 +111,7 @@ def _serve(settings: Settings, lock: InstanceLock) -> None:
             # ALB 60 s): with uvicorn's 5 s default, a request sent on a connection just as the
             # daemon closed it was lost ("server disconnected without sending a response").
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            ws="none",  # the API has no WebSocket route: no websockets or wsproto to load
         )
     )
     server.run()

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controlplane import __version__
 from controlplane.adapters.fleet_peers import HttpPeers
@@ -20,7 +21,6 @@ from controlplane.adapters.keyring import Keyring
 from controlplane.adapters.persistence import SqliteRepos
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local_watch import LocalStoreEvents
-from controlplane.adapters.stores.sqs_events import SqsStoreEvents
 from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.adapters.triton.driver import TritonDriver
 from controlplane.adapters.triton.metrics import HostAndGpuMemory, TritonMetrics
@@ -47,6 +47,9 @@ from controlplane.wiring.sources import (
     build_store_events,
     build_utilization_source,
 )
+
+if TYPE_CHECKING:  # imported by the store's builder only when a queue is set: boto3 is heavy
+    from controlplane.adapters.stores.sqs_events import SqsStoreEvents
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from controlplane.adapters.triton.driver import TritonDriver
+from controlplane.adapters.triton.tensors import Array
 from controlplane.domain.errors import TritonLoadFailed, TritonUnavailable
 from controlplane.domain.smoke import parse_smoke
 from devtools.launcher import RunningTriton, free_port
@@ -42,10 +42,8 @@ def test_load_config_metadata_infer_unload(
             assert config["backend"] == "python"
             metadata = await driver.model_metadata(model_name)
             assert [i["name"] for i in metadata["inputs"]] == ["INPUT0"]
-            outputs = await driver.infer(
-                model_name, {"INPUT0": np.array([1.0, 2.0], dtype=np.float32)}
-            )
-            assert outputs["OUTPUT0"].tolist() == [3.0, 6.0]
+            outputs = await driver.infer(model_name, {"INPUT0": Array("FP32", (2,), (1.0, 2.0))})
+            assert outputs["OUTPUT0"].values == (3.0, 6.0)
             await driver.unload(model_name)
             await driver.wait_unavailable(model_name, timeout=30)
             after = {e.name: e for e in await driver.index()}

@@ -115,6 +115,7 @@ def start_daemon(
     database: Path | None = None,
     expect_exit: bool = False,
     wait_ready: bool = True,
+    python: str | None = None,
 ) -> Daemon:
     """Start `controlplane serve` against `triton` and wait until /readyz answers 200.
 
@@ -122,7 +123,8 @@ def start_daemon(
     `database` replaces `workdir/controlplane.db`. With `expect_exit`, the daemon is expected
     to refuse to start: this waits for it to exit and returns it (see `process.returncode`
     and `log()`), and raises if it becomes ready instead. `wait_ready=False` returns at once
-    (to act on the daemon while it starts up).
+    (to act on the daemon while it starts up). `python` runs it with another interpreter
+    (a venv of its own) instead of this one.
     """
     repository = repository or triton.repository
     staging = workdir / "staging"
@@ -145,7 +147,7 @@ def start_daemon(
         env["CONTROLPLANE_API__TOKEN"] = token
     env.update(extra_env or {})
     log_path = workdir / log_name
-    command = [sys.executable, "-m", "controlplane", "serve"]
+    command = [python or sys.executable, "-m", "controlplane", "serve"]
     if config is not None:
         config_path = workdir / "controlplane.yaml"
         config_path.write_text(config, encoding="utf-8")

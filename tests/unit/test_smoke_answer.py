@@ -3,17 +3,19 @@
 Triton serves an answer that lacks a declared output (model.py returned another name) or holds
 zero elements without an error: clients would get ``"outputs": []`` or ``"data": []``. The
 check is a pure function of the served config's outputs and the answer's shapes; decoding the
-answer (tritonclient's ``InferResult``) turns data that does not fit its shape into the same
+answer (Triton's ``ModelInferResponse``) turns data that does not fit its shape into the same
 refusal instead of an internal error.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import struct
+from typing import Any
+
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
 
 from controlplane.adapters.triton.preflight import decode_answer
+from controlplane.adapters.triton.protocol import ModelInferResponse
 from controlplane.domain.errors import PreflightFailed
 from controlplane.domain.smoke import check_answer
 from controlplane.domain.traffic import Tensor
@@ -71,34 +73,41 @@ def test_a_scalar_answer_is_not_empty() -> None:
     check_answer((Tensor("SCORE", "TYPE_FP32", (1,)),), {"SCORE": ()})
 
 
-def _result(*outputs: tuple[str, str, list[int], bytes]) -> InferResult:
-    """An answer as tritonclient hands it over from the gRPC response."""
-    response = service_pb2.ModelInferResponse(
+def _result(*outputs: tuple[str, str, list[int], bytes]) -> Any:
+    """An answer as Triton sends it over gRPC."""
+    return ModelInferResponse(
         model_name="m",
         outputs=[
-            service_pb2.ModelInferResponse.InferOutputTensor(name=n, datatype=t, shape=s)
+            ModelInferResponse.InferOutputTensor(name=n, datatype=t, shape=s)
             for n, t, s, _ in outputs
         ],
         raw_output_contents=[raw for *_, raw in outputs],
     )
-    return InferResult(response)
 
 
-def test_decoding_gives_every_output_as_numpy() -> None:
-    data = np.array([[1.0, 2.0]], dtype=np.float32)
+def test_decoding_gives_every_output_with_its_shape_and_values() -> None:
+    names = b"".join(struct.pack("<I", len(word)) + word for word in (b"cat", b""))
 
     outputs = decode_answer(
-        "m", _result(("OUTPUT0", "FP32", [1, 2], data.tobytes()), ("EMPTY", "FP32", [0], b""))
+        "m",
+        _result(
+            ("OUTPUT0", "FP32", [1, 2], struct.pack("<2f", 1.0, 2.5)),
+            ("EMPTY", "FP32", [0], b""),
+            ("LABEL", "BYTES", [2, 1], names),
+            ("COUNT", "INT64", [], struct.pack("<q", -3)),
+        ),
     )
 
-    assert outputs["OUTPUT0"].tolist() == [[1.0, 2.0]]
-    assert outputs["EMPTY"].shape == (0,)
+    assert (outputs["OUTPUT0"].shape, outputs["OUTPUT0"].values) == ((1, 2), (1.0, 2.5))
+    assert (outputs["EMPTY"].shape, outputs["EMPTY"].values) == ((0,), ())
+    assert (outputs["LABEL"].shape, outputs["LABEL"].values) == ((2, 1), (b"cat", b""))
+    assert (outputs["COUNT"].shape, outputs["COUNT"].values) == ((), (-3,))
 
 
 def test_data_that_does_not_fit_its_shape_is_a_preflight_failure_naming_the_output() -> None:
     # What the tester saw as "500 internal_error: ValueError('cannot reshape array of size 0
     # into shape (1,)')": an output that says shape [1] and carries no bytes.
-    fine = np.ones(1, dtype=np.float32).tobytes()
+    fine = struct.pack("<f", 1.0)
     answer = _result(("OUTPUT0", "FP32", [1], fine), ("OUTPUT1", "FP32", [1], b""))
 
     with pytest.raises(PreflightFailed) as raised:
@@ -108,6 +117,6 @@ def test_data_that_does_not_fit_its_shape_is_a_preflight_failure_naming_the_outp
     assert "answer of 'm__green' cannot be decoded: output 'OUTPUT1' is FP32 of shape [1]" in (
         message
     )
-    assert "cannot reshape array of size 0 into shape (1,)" in message
+    assert "0 bytes of data where shape [1] of FP32 (4 bytes each) takes 4" in message
     assert "make model.py return" in message
     assert raised.value.details == {"output": "OUTPUT1", "problem": "undecodable"}

@@ -1,12 +1,14 @@
 """The Triton driver: the only module that talks to Triton's gRPC API.
 
 It speaks the daemon's intents (load, unload, abandon a load, point an alias, reload on CPU,
-a checked inference, a stress load) and owns Triton's JSON for them (:mod:`.overrides`). Every
-call has a timeout; transient failures (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by
-tenacity, a bounded number of times; everything else is mapped to the project's own errors,
-most specific first, and never retried. ``load`` returns only when the model is READY in the
-repository index, or raises with Triton's reason; its timeout bounds the whole call, retries
-included, because it is what the user waits for.
+a checked inference, a stress load) and owns Triton's JSON for them (:mod:`.overrides`). The
+calls are ``grpc.aio`` ones with Triton's own messages (:mod:`.protocol`), not tritonclient's
+client, whose package init imports numpy. Every call has a timeout; transient failures
+(UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff by tenacity, a bounded number of
+times; everything else is mapped to the project's own errors, most specific first, and never
+retried. ``load`` returns only when the model is READY in the repository index, or raises with
+Triton's reason; its timeout bounds the whole call, retries included, because it is what the
+user waits for.
 """
 
 from __future__ import annotations
@@ -18,16 +20,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
     wait_exponential,
 )
-from tritonclient.grpc import aio as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from controlplane.adapters.triton import protocol
 from controlplane.adapters.triton.load import closed_loop
 from controlplane.adapters.triton.overrides import (
     alias_config,
@@ -41,7 +41,9 @@ from controlplane.adapters.triton.preflight import (
     generated_inputs,
     sample_inputs,
 )
+from controlplane.adapters.triton.protocol import TritonStub, request, status_of
 from controlplane.adapters.triton.reachability import not_live, unreachable
+from controlplane.adapters.triton.tensors import Array
 from controlplane.domain.errors import (
     ControlPlaneError,
     PreflightFailed,
@@ -61,6 +63,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 MAX_MESSAGE = 2**31 - 1  # what tritonclient allows by default
+# tritonclient's keepalive defaults (its KeepAliveOptions), kept as they were: no pings unless
+# asked for; a ping unanswered for 20 s drops the connection.
+KEEPALIVE = (
+    ("grpc.keepalive_time_ms", 2**31 - 1),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 2),
+)
 ABANDON_CALL = 1.0  # the unload asked for after a load timed out: sent, not waited on
 # gRPC waits longer and longer between reconnects to a server that went away (up to 2 min by
 # default), so a restarted Triton would be seen late; the daemon wants to know at once (a
@@ -87,7 +97,8 @@ class TritonDriver:
         poll_interval: float = 0.1,
     ) -> None:
         self._url = url
-        self._client = grpcclient.InferenceServerClient(url=url, channel_args=_channel_args())
+        self._channel = grpc.aio.insecure_channel(url, options=_channel_args())
+        self._stub = TritonStub(self._channel)
         self._watch: grpc.aio.Channel | None = None  # made by the first connection_lost()
         self._call_timeout = call_timeout
         self._load_timeout = load_timeout
@@ -105,19 +116,19 @@ class TritonDriver:
         """None when Triton answers that it is live; else why not, with the URL and what to
         check (:mod:`.reachability`)."""
         try:
-            live = await self._client.is_server_live(client_timeout=self._call_timeout)
-        except InferenceServerException as exc:
-            status, message = str(exc.status() or ""), str(exc.message() or exc)
+            answer = await self._stub.server_live(request("ServerLive"), timeout=self._call_timeout)
+        except grpc.RpcError as exc:
+            status, message = status_of(exc)
             return unreachable(self._url, status, message, timeout=self._call_timeout)
-        return None if live else not_live(self._url)
+        return None if answer.live else not_live(self._url)
 
     async def connection_lost(self) -> None:
         """Return once a connection to Triton that was up goes down: Triton stopped or
         restarted, however quickly, seen by the kernel closing the socket, with no call made.
 
-        A channel of its own, carrying no call, is watched: tritonclient keeps its channel to
-        itself, and a channel the calls use would also change state when they fail. While no
-        connection is up, it connects (and retries twice a second) first."""
+        A channel of its own, carrying no call, is watched: the channel the calls use would
+        also change state when they fail. While no connection is up, it connects (and retries
+        twice a second) first."""
         if self._watch is None:
             self._watch = grpc.aio.insecure_channel(self._url, options=list(WATCH_CHANNEL))
         channel = self._watch
@@ -143,7 +154,7 @@ class TritonDriver:
 
     async def unload(self, model: str) -> None:
         async def call() -> None:
-            await self._client.unload_model(model, client_timeout=self._call_timeout)
+            await self._stub.unload(_unload_request(model), timeout=self._call_timeout)
 
         await self._retrying(call, what=f"unload of {model!r}")
 
@@ -151,9 +162,9 @@ class TritonDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         try:  # Triton answers only once the load it waits for has ended: do not wait for it
-            await self._client.unload_model(model, client_timeout=min(ABANDON_CALL, wait))
-        except InferenceServerException as exc:
-            log.info("unload of %s after its load timed out: %s", model, exc.message())
+            await self._stub.unload(_unload_request(model), timeout=min(ABANDON_CALL, wait))
+        except grpc.RpcError as exc:
+            log.info("unload of %s after its load timed out: %s", model, status_of(exc)[1])
         while True:
             try:
                 entry = await self._entry(model)
@@ -182,12 +193,13 @@ class TritonDriver:
     # --- reading ----------------------------------------------------------------------------
 
     async def index(self) -> list[IndexEntry]:
-        # The message's own fields, not as_json: tritonclient makes JSON of it with an indent,
-        # which Python encodes in pure Python, then parses it back; that was most of the cost
-        # of a call the reconcile loop makes several times a second. An empty field is what
-        # the JSON left out.
+        # The message's own fields, not JSON of it: making JSON of it and parsing it back was
+        # most of the cost of a call the reconcile loop makes several times a second. An empty
+        # field is what the JSON left out.
         async def call() -> Any:
-            return await self._client.get_model_repository_index(client_timeout=self._call_timeout)
+            return await self._stub.repository_index(
+                request("RepositoryIndex"), timeout=self._call_timeout
+            )
 
         raw = await self._retrying(call, what="repository index")
         return [
@@ -213,11 +225,11 @@ class TritonDriver:
         """The config Triton is serving ``model`` with (after its own auto-completion)."""
 
         async def call() -> Any:
-            return await self._client.get_model_config(
-                model, as_json=True, client_timeout=self._call_timeout
+            return await self._stub.model_config(
+                request("ModelConfig", name=model), timeout=self._call_timeout
             )
 
-        raw: dict[str, Any] = await self._retrying(call, what=f"config of {model!r}")
+        raw = protocol.as_dict(await self._retrying(call, what=f"config of {model!r}"))
         config: dict[str, Any] = raw.get("config", raw)
         return config
 
@@ -225,23 +237,20 @@ class TritonDriver:
         """Inputs and outputs with their datatypes and shapes, as Triton reports them."""
 
         async def call() -> Any:
-            return await self._client.get_model_metadata(
-                model, as_json=True, client_timeout=self._call_timeout
+            return await self._stub.model_metadata(
+                request("ModelMetadata", name=model), timeout=self._call_timeout
             )
 
-        metadata: dict[str, Any] = await self._retrying(call, what=f"metadata of {model!r}")
-        return metadata
+        return protocol.as_dict(await self._retrying(call, what=f"metadata of {model!r}"))
 
     # --- inference ----------------------------------------------------------------------------
 
-    async def infer(
-        self, model: str, inputs: Mapping[str, np.ndarray[Any, Any]]
-    ) -> dict[str, np.ndarray[Any, Any]]:
-        """One inference (smoke checks): named numpy inputs in, every output out."""
-        tensors = _tensors(inputs)
+    async def infer(self, model: str, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        """One inference (smoke checks): named inputs in, every output out."""
+        message = _infer_request(model, inputs)
 
         async def call() -> Any:
-            return await self._client.infer(model, tensors, client_timeout=self._call_timeout)
+            return await self._stub.model_infer(message, timeout=self._call_timeout)
 
         result = await self._retrying(call, what=f"inference on {model!r}")
         return decode_answer(model, result)
@@ -274,17 +283,16 @@ class TritonDriver:
             inputs = sample_inputs(sample)
         else:
             inputs = generated_inputs(await self.model_config(model))
-        return await closed_loop(
-            self._client,
-            model,
-            _tensors(inputs),
-            concurrency=concurrency,
-            seconds=seconds,
-            timeout=self._call_timeout,
-        )
+        message = _infer_request(model, inputs).SerializeToString()
+        send, timeout = self._stub.model_infer_bytes, self._call_timeout
+
+        async def one_request() -> None:
+            await send(message, timeout=timeout)
+
+        return await closed_loop(one_request, concurrency=concurrency, seconds=seconds)
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._channel.close()
         if self._watch is not None:
             await self._watch.close()
 
@@ -310,7 +318,10 @@ class TritonDriver:
             left = deadline - loop.time()
             if left <= 0:
                 raise TritonTimeout(f"load of {model!r} did not end within {limit}")
-            await self._client.load_model(model, config=config_json, client_timeout=left)
+            message = request("RepositoryModelLoad", model_name=model)
+            if config_json is not None:
+                message.parameters["config"].string_param = config_json
+            await self._stub.load(message, timeout=left)
 
         try:
             await self._retrying(call, what=f"load of {model!r}", load_of=model)
@@ -341,39 +352,39 @@ class TritonDriver:
             with attempt:
                 try:
                     return await call()
-                except InferenceServerException as exc:
+                except grpc.RpcError as exc:
                     raise _translate(exc, what=what, url=self._url, load_of=load_of) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
 
 
-def _tensors(inputs: Mapping[str, np.ndarray[Any, Any]]) -> list[grpcclient.InferInput]:
-    tensors = []
+def _infer_request(model: str, inputs: Mapping[str, Array]) -> Any:
+    """``ModelInferRequest`` as tritonclient built it: every input's data raw, no requested
+    outputs (Triton answers with all of them)."""
+    message = request("ModelInfer", model_name=model)
     for name, array in inputs.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return tensors
+        message.inputs.add(name=name, datatype=array.datatype, shape=array.shape)
+        message.raw_input_contents.append(array.raw())
+    return message
+
+
+def _unload_request(model: str) -> Any:
+    message = request("RepositoryModelUnload", model_name=model)
+    message.parameters["unload_dependents"].bool_param = False  # as tritonclient asked
+    return message
 
 
 def _channel_args() -> list[tuple[str, int]]:
-    """tritonclient's own channel options (message sizes, keepalive), and quick reconnects."""
-    keepalive = grpcclient.KeepAliveOptions()
+    """tritonclient's channel options (message sizes, keepalive), and quick reconnects."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", int(keepalive.keepalive_permit_without_calls)),
-        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        *KEEPALIVE,
         *RECONNECT_BACKOFF,
     ]
 
 
-def _translate(
-    exc: InferenceServerException, *, what: str, url: str, load_of: str | None
-) -> Exception:
-    status = str(exc.status() or "")
-    message = str(exc.message() or exc)
+def _translate(exc: grpc.RpcError, *, what: str, url: str, load_of: str | None) -> Exception:
+    status, message = status_of(exc)
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return TritonTimeout(f"{what} timed out at Triton {url}: {message}")
     if status in _TRANSIENT:

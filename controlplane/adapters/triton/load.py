@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-from tritonclient.grpc import aio as grpcclient
-from tritonclient.utils import InferenceServerException
+import grpc
 
+from controlplane.adapters.triton.protocol import status_of
 from controlplane.domain.stress import Load
 
 
 async def closed_loop(
-    client: grpcclient.InferenceServerClient,
-    model: str,
-    inputs: Sequence[Any],
-    *,
-    concurrency: int,
-    seconds: float,
-    timeout: float,
+    send: Callable[[], Awaitable[None]], *, concurrency: int, seconds: float
 ) -> Load:
-    """Drive ``model`` with ``inputs`` (tritonclient ``InferInput``, read-only, shared by the
-    clients) from ``concurrency`` clients for ``seconds``."""
+    """Drive the model with ``send`` (one inference, its request built once and shared by
+    the clients, its timeout set) from ``concurrency`` clients for ``seconds``."""
     deadline = time.perf_counter() + seconds
-    tensors = list(inputs)
 
     async def one_client() -> Load:
         latencies: list[float] = []
@@ -40,11 +32,11 @@ async def closed_loop(
         while time.perf_counter() < deadline:
             started = time.perf_counter()
             try:
-                await client.infer(model, tensors, client_timeout=timeout)
-            except InferenceServerException as exc:
+                await send()
+            except grpc.RpcError as exc:
                 errors += 1
                 if first is None:
-                    first = str(exc.message() or exc).strip()
+                    first = status_of(exc)[1].strip()
                 continue
             latencies.append((time.perf_counter() - started) * 1000)
         return Load(tuple(latencies), errors, first)

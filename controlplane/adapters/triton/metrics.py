@@ -29,7 +29,10 @@ GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
 class TritonMetrics:
     def __init__(self, url: str, *, timeout: float = 2.0) -> None:
         self._url = url
-        self._client = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        # TLS only for an https endpoint: for Triton's plain-HTTP one (the default) httpx would
+        # still load the CA bundle into an SSL context that no request uses (0.8 MiB a client).
+        tls = httpx.URL(url).scheme == "https"
+        self._client = httpx.AsyncClient(timeout=timeout, trust_env=False, verify=tls)
 
     async def pending_requests(self, model: str) -> int | None:
         samples = await self._scrape(PENDING)

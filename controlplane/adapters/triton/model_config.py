@@ -1,17 +1,19 @@
 """``config.pbtxt`` read and rewritten with Triton's own schema.
 
-Parsing uses ``tritonclient.grpc.model_config_pb2`` with protobuf's text format, the same
-schema Triton applies, so a config that Triton would reject is refused before anything is
-placed. The ``name`` is rewritten to the Triton model the release is placed as.
+Parsing uses Triton's ``ModelConfig`` message (``model_config.proto`` as tritonclient compiled
+it, built into :mod:`.protocol` at build time) with protobuf's text format, the same schema
+Triton applies, so a config that Triton would reject is refused before anything is placed. The
+``name`` is rewritten to the Triton model the release is placed as.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
+from controlplane.adapters.triton.protocol import ModelConfig, ModelInstanceGroup
 from controlplane.domain.errors import InvalidModelConfig
 from controlplane.ports import ModelSummary
 
@@ -25,7 +27,7 @@ class ProtobufConfigEditor:
             text = config_path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise InvalidModelConfig(f"cannot read config.pbtxt: {exc}") from exc
-        config = model_config_pb2.ModelConfig()
+        config = ModelConfig()
         try:
             text_format.Parse(text, config)
         except text_format.ParseError as exc:
@@ -47,15 +49,14 @@ class ProtobufConfigEditor:
             decoupled=bool(config.model_transaction_policy.decoupled),
             sequence_batching=config.HasField("sequence_batching"),
             instance_kinds=tuple(
-                model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
-                for group in config.instance_group
+                ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group
             ),
             memory_hint=hint,
             instances=_instances(config),
         )
 
 
-def _instances(config: model_config_pb2.ModelConfig) -> int:
+def _instances(config: Any) -> int:
     """Model instances the config asks for: each group's count (Triton reads 0 as 1) on each
     GPU it names; a group on every GPU counts once, since the GPUs are not known here."""
     total = sum(
@@ -64,7 +65,7 @@ def _instances(config: model_config_pb2.ModelConfig) -> int:
     return max(1, total)
 
 
-def _memory_hint(config: model_config_pb2.ModelConfig) -> int | None:
+def _memory_hint(config: Any) -> int | None:
     """The release's own estimate of the memory its load needs, if it gives one."""
     if MEMORY_HINT not in config.parameters:
         return None

@@ -1,0 +1,95 @@
+"""Publisher keys in PEM, and signatures checked with them: the one place that calls
+``cryptography``.
+
+Imported by :class:`controlplane.adapters.keyring.Keyring` when it is built, so a daemon with no
+``store.keyring`` never loads ``cryptography`` (and the OpenSSL it carries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa, x448, x25519
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+from controlplane.adapters.keyring import KeyringError
+
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    key: PublicKey
+    not_before: datetime | None
+    not_after: datetime | None
+
+
+class PemKeys:
+    """Reads Ed25519 and ECDSA P-256 keys and checks signatures made with them."""
+
+    def parse(self, path: Path, data: bytes) -> ParsedKey:
+        """The key in ``data`` (a PEM public key or certificate, read from ``path``), or
+        :class:`KeyringError` naming the file and what is wrong with it."""
+        not_before = not_after = None
+        key: object
+        try:
+            if b"-----BEGIN CERTIFICATE-----" in data:
+                certificate = x509.load_pem_x509_certificate(data)
+                key = certificate.public_key()
+                not_before = certificate.not_valid_before_utc
+                not_after = certificate.not_valid_after_utc
+            else:
+                key = serialization.load_pem_public_key(data)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise KeyringError(
+                f"{path} is neither a PEM public key nor a PEM certificate ({exc})"
+            ) from None
+        if isinstance(key, ec.EllipticCurvePublicKey) and not isinstance(key.curve, ec.SECP256R1):
+            raise KeyringError(
+                f"{path} holds an ECDSA key on curve {key.curve.name}; the keyring takes Ed25519 "
+                "and ECDSA P-256 (prime256v1) keys only"
+            )
+        if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
+            raise KeyringError(
+                f"{path} holds {_kind(key)} key; the keyring takes Ed25519 and ECDSA P-256 keys "
+                "only"
+            )
+        return ParsedKey(key, not_before, not_after)
+
+    def verifies(self, key: PublicKey, data: bytes, signature: bytes) -> bool:
+        try:
+            if isinstance(key, ed25519.Ed25519PublicKey):
+                key.verify(signature, data)
+            else:
+                key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+    def malformed(self, signature: bytes) -> bool:
+        """Neither a raw Ed25519 signature nor a DER ECDSA one."""
+        if len(signature) == 64:
+            return False
+        try:
+            decode_dss_signature(signature)
+        except ValueError:
+            return True
+        return False
+
+
+def _kind(key: object) -> str:
+    for kind, name in (
+        (rsa.RSAPublicKey, "an RSA"),
+        (dsa.DSAPublicKey, "a DSA"),
+        (ed448.Ed448PublicKey, "an Ed448"),
+        (x25519.X25519PublicKey, "an X25519"),
+        (x448.X448PublicKey, "an X448"),
+    ):
+        if isinstance(key, kind):
+            return name
+    return f"a {type(key).__name__}"
