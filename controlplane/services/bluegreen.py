@@ -32,13 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.domain.errors import ControlPlaneError, ModelNotFound, TritonTimeout
+from controlplane.domain.errors import ControlPlaneError, TritonTimeout
 from controlplane.domain.operations import OperationKind
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SMOKE_NAME, SmokeSample, parse_smoke
-from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy, check_aliasable
+from controlplane.domain.traffic import Strategy, TrafficPolicy, check_aliasable
 from controlplane.domain.triton import TritonState
-from controlplane.ports import Clock, MetricsSource, Staging, Triton
+from controlplane.ports import Clock, Staging, Triton
+from controlplane.services.alias import Alias
 from controlplane.services.bluegreen_repair import BlueGreenRepairs
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch, check_headroom
 from controlplane.services.prepare import Preparer
@@ -50,16 +51,12 @@ from controlplane.services.slots import (
     SlotFreer,
     SlotSnapshot,
     serving_after,
-    unload_best_effort,
     unloaded,
 )
 from controlplane.services.stress import StressCheck
 from controlplane.services.tracker import OperationTracker
-from controlplane.timing import poll
 
 log = logging.getLogger(__name__)
-DRAIN_POLL = 0.2
-POINT_BACK = 0.8  # a re-point back after a cut: a few ms when the slot is warm
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,6 @@ class BlueGreen(BlueGreenRepairs):
         slots: SlotBook,
         freer: SlotFreer,
         load_slots: LoadSlots,
-        metrics: MetricsSource,
         memory: MemoryWatch,
         headroom: HeadroomPolicy,
         retire: RetireTimers,
@@ -98,11 +94,13 @@ class BlueGreen(BlueGreenRepairs):
         self._slots = slots
         self._freer = freer
         self._load_slots = load_slots
-        self._metrics = metrics
         self._memory = memory
         self._headroom = headroom
         self.retire_timers = retire
         self._clock = clock
+        self._alias = Alias(
+            triton=triton, staging=staging, clock=clock, unload_seconds=bounds.unload
+        )
         self._policy_for = policy_for
         self._bounds = bounds
         self._stress = stress
@@ -190,7 +188,7 @@ class BlueGreen(BlueGreenRepairs):
                 slot = await self._slots.move(model, slot, SlotState.READY, run.trigger, "loaded")
 
         try:
-            signature = await self._preflight(tracker, slot, sample)
+            signature = await self._alias.preflight(tracker, slot, sample)
             # Not on the way back: a rollback returns to a release that has served, and must
             # be quick (an automatic one has a budget of seconds, on a GPU already overloaded).
             rollback = run.operation.kind is OperationKind.ROLLBACK
@@ -204,7 +202,7 @@ class BlueGreen(BlueGreenRepairs):
                         sample=sample,
                     )
             async with tracker.step("switch"):
-                await self._switch(tracker, model, slot.name, signature, sample, back_to=active)
+                await self._alias.switch(tracker, slot.name, signature, sample, back_to=active)
         except BaseException as exc:
             await self._after_failed_switch(run, slot, exc, first=active is None)
             raise
@@ -250,24 +248,6 @@ class BlueGreen(BlueGreenRepairs):
         except ControlPlaneError:
             return {}  # the load itself will say what is wrong with Triton
 
-    async def _preflight(
-        self, tracker: OperationTracker, slot: Slot, sample: SmokeSample | None
-    ) -> Signature:
-        async with tracker.step("preflight"):
-            signature = await self._triton.signature(slot.name)
-            current = await self._alias_signature(tracker.operation.model)
-            changed = current is not None and not current.same_as(signature)
-            tracker.detail(signature_changed=changed, smoke=SMOKE_NAME if sample else "generated")
-            if changed:
-                tracker.operation_detail(
-                    {
-                        "note": "the release changes the model's inputs or outputs; the alias "
-                        "is rebuilt from the new slot"
-                    }
-                )
-            tracker.detail(outputs=await self._triton.smoke(slot.name, sample))
-        return signature
-
     async def _after_failed_load(
         self, run: Run, slot: Slot, exc: BaseException, *, first: bool
     ) -> bool:
@@ -298,7 +278,7 @@ class BlueGreen(BlueGreenRepairs):
         failed = await self._slots.move(model, slot, SlotState.FAILED, run.trigger, reason)
         await self._freer.take_down(run.tracker, failed, reason)
         if first:
-            await self.remove_alias(model)
+            await self._alias.remove(model)
         return False
 
     async def _after_failed_switch(
@@ -313,9 +293,9 @@ class BlueGreen(BlueGreenRepairs):
             return
         await self._freer.take_down(run.tracker, slot, reason)
         if first:  # a first deploy: no alias is left pointing at nothing
-            await self.remove_alias(model)
+            await self._alias.remove(model)
 
-    # --- rollback inside the retire window, unload, retire --------------------------------
+    # --- rollback inside the retire window, unload --------------------------------
 
     async def roll_back(self, run: Run, snapshot: SlotSnapshot, warm: Slot) -> None:
         """Traffic back to a warm retiring slot: one re-point, no load."""
@@ -325,7 +305,7 @@ class BlueGreen(BlueGreenRepairs):
         active = snapshot.active()
         async with tracker.step("switch"):
             signature = await self._triton.signature(warm.name)
-            await self._switch(tracker, run.model, warm.name, signature, None, back_to=active)
+            await self._alias.switch(tracker, warm.name, signature, None, back_to=active)
         async with tracker.step("record"):
             await self._record(tracker, snapshot, release, new=warm, old=active)
 
@@ -349,44 +329,8 @@ class BlueGreen(BlueGreenRepairs):
         async with tracker.step("record"):
             await self._slots.commit(model, serving=unloaded(snapshot))
 
-    async def retire(self, run: Run, slot_name: str) -> None:
-        """The retire operation's body: drain the slot, then free it."""
-        model, tracker = run.model, run.tracker
-        snapshot = await self._slots.snapshot(model, self.slot_names(model))
-        slot = next((s for s in snapshot.slots if s.name == slot_name), None)
-        if slot is None or slot.state is SlotState.ABSENT:
-            async with tracker.step("skip"):
-                tracker.detail(reason=f"slot {slot_name} is gone")
-            return
-        if slot.state is SlotState.ACTIVE:
-            async with tracker.step("skip"):
-                tracker.detail(reason=f"slot {slot_name} serves again")
-            return
-        if slot.state is SlotState.RETIRING:
-            await self._drain(tracker, slot)
-            reason = "retired"
-        else:  # left on disk after a restart, failed, or not needed: no traffic to drain
-            reason = "not needed"
-        async with tracker.step("unload"):
-            await self._freer.take_down(tracker, slot, reason)
-
     def schedule_retire(self, model: str, slot_name: str, *, now: bool = False) -> None:
-        self.retire_timers.schedule(
-            model, slot_name, lambda run: self.retire(run, slot_name), now=now
-        )
-
-    async def _drain(self, tracker: OperationTracker, slot: Slot) -> None:
-        policy = self._policy_for(tracker.operation.model)
-        async with tracker.step("drain"):
-            pending: int | None = None
-
-            async def drained() -> bool:
-                nonlocal pending
-                pending = await self._metrics.pending_requests(slot.name)
-                return not pending
-
-            await poll(self._clock, drained, every=DRAIN_POLL, timeout=policy.drain_timeout)
-            tracker.detail(slot=slot.name, pending=pending, timed_out=bool(pending))
+        self.retire_timers.schedule(model, slot_name, now=now)
 
     # --- the alias and the records --------------------------------------------------------
 
@@ -414,61 +358,6 @@ class BlueGreen(BlueGreenRepairs):
         if old is not None:
             self.schedule_retire(model, old.name)
         tracker.detail(active=release, previous=serving.previous, slot=new.name)
-
-    async def _switch(
-        self,
-        tracker: OperationTracker,
-        model: str,
-        slot_name: str,
-        signature: Signature,
-        sample: SmokeSample | None,
-        *,
-        back_to: Slot | None,
-    ) -> None:
-        """Re-point the alias at ``slot_name`` and prove it with one inference; on failure
-        (or a cut) point it back at ``back_to``."""
-        clock = self._clock
-        started = clock.monotonic()
-        try:
-            await self._triton.point_alias(model, slot_name, signature)
-            tracker.detail(repoint_ms=round((clock.monotonic() - started) * 1000, 2))
-            await self._triton.smoke(model, sample)
-        except BaseException as exc:
-            if back_to is not None:
-                code = getattr(exc, "code", "cut short")
-                log.error("re-point of %s failed (%s); pointing it back", model, code)
-                back = self.point_alias(model, back_to.name)
-                if isinstance(exc, asyncio.CancelledError):
-                    await asyncio.shield(asyncio.wait_for(back, POINT_BACK))
-                else:
-                    await back
-                tracker.detail(pointed_back_to=back_to.name)
-            raise
-        tracker.detail(target=slot_name)
-
-    async def point_alias(self, model: str, slot_name: str) -> None:
-        """The alias at ``slot_name``, forwarding what the slot serves (its dir made first:
-        Triton loads even an overridden model from its dir)."""
-        await asyncio.to_thread(self._staging.ensure_alias_dir, model)
-        signature = await self._triton.signature(slot_name)
-        await self._triton.point_alias(model, slot_name, signature)
-
-    async def remove_alias(self, model: str) -> None:
-        await unload_best_effort(self._triton, model, self._bounds.unload)
-        await asyncio.to_thread(self._staging.remove, model)
-
-    async def _alias_signature(self, model: str) -> Signature | None:
-        states = {e.name: e.state for e in await self._triton.index()}
-        if states.get(model) is not TritonState.READY:
-            return None
-        return await self._triton.signature(model)
-
-
-def require_active(snapshot: SlotSnapshot) -> Slot:
-    active = snapshot.active()
-    if active is None:
-        raise ModelNotFound(f"model {snapshot.model!r} has no active slot")
-    return active
 
 
 def _holding(slot: Slot) -> bool:

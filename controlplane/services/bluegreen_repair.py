@@ -19,6 +19,7 @@ from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
 from controlplane.ports import IndexEntry, ReleaseMarker, Staging, Triton
+from controlplane.services.alias import Alias
 from controlplane.services.retire import RetireTimers
 from controlplane.services.runner import Run
 from controlplane.services.slots import (
@@ -48,9 +49,8 @@ class _Parts(Protocol):
 
     def schedule_retire(self, model: str, slot_name: str, *, now: bool = False) -> None: ...
 
-    async def point_alias(self, model: str, slot_name: str) -> None: ...
-
-    async def remove_alias(self, model: str) -> None: ...
+    @property
+    def _alias(self) -> Alias: ...
 
 
 class BlueGreenRepairs:
@@ -105,7 +105,7 @@ class BlueGreenRepairs:
         tracker.operation_detail({"why": assessment.why, "action": assessment.action.value})
         if assessment.action is Action.REMOVE:
             async with tracker.step("remove"):
-                await self.remove_alias(model)
+                await self._alias.remove(model)
         slot = assessment.slot
         if slot is not None and assessment.action in (Action.LOAD, Action.REPOINT):
             # One load slot for the slot's load and the alias's: both take one of Triton's
@@ -117,7 +117,7 @@ class BlueGreenRepairs:
                 async with tracker.step("switch"):
                     # The alias's dir may be gone (an unload cut short after removing it,
                     # or a person): Triton loads even an overridden model from its dir.
-                    await self.point_alias(model, slot)
+                    await self._alias.point(model, slot)
                     tracker.detail(target=slot)
             async with tracker.step("record"):
                 await record_serving(self._slots, model, slot, seen.desired)
