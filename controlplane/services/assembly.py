@@ -157,6 +157,7 @@ def assemble(
         releases=releases,
         rollbacks=rollbacks,
         strategies=strategies,
+        preparer=preparer,
         memory=memory,
         clock=clock,
         policy_for=policy_for,

@@ -29,27 +29,21 @@ from controlplane.domain.errors import (
     ControlPlaneError,
     ModelNotFound,
     NoPreviousRelease,
-    ReleaseIncomplete,
     StoreUnavailable,
 )
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.operations import (
     NO_CAUSE,
     REFUSE,
-    CancelReason,
     Cause,
     Operation,
     OperationKind,
     Patience,
-    Step,
-    StepStatus,
     Trigger,
     Unchanged,
     housekeeping,
 )
 from controlplane.domain.publish import FleetBase, fleet_agrees, publishes
-from controlplane.domain.releases import ReleaseInfo
-from controlplane.domain.rollback import DegradedRelease
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
 from controlplane.ports import (
@@ -64,12 +58,13 @@ from controlplane.ports import (
 from controlplane.services.cpu_fallback import reload_on_cpu
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.memory import MemoryWatch
+from controlplane.services.prepare import Preparer, store_away
 from controlplane.services.runner import CANCEL_GRACE, Claim, OperationRunner, Run
 from controlplane.services.slots import SlotBook, SlotSnapshot
 from controlplane.services.strategy import ModelStrategy
+from controlplane.services.swaps import SwapFollowUp
 
 log = logging.getLogger(__name__)
-PEOPLE = (Trigger.API, Trigger.CLI)
 READY = TritonState.READY
 
 
@@ -86,6 +81,7 @@ class DeployService:
         releases: ReleaseBook,
         rollbacks: RollbackBook,
         strategies: Mapping[Strategy, ModelStrategy],
+        preparer: Preparer,
         memory: MemoryWatch,
         clock: Clock,
         policy_for: Callable[[str], TrafficPolicy],
@@ -102,8 +98,9 @@ class DeployService:
         self._journal = journal
         self._releases = releases
         self._rollbacks = rollbacks
+        self._after_swap = SwapFollowUp(memory=memory, rollbacks=rollbacks, clock=clock)
         self._strategies = strategies
-        self._memory = memory
+        self._preparer = preparer
         self._clock = clock
         self._policy_for = policy_for
         self._require_checksums = require_checksums
@@ -284,7 +281,9 @@ class DeployService:
         patient: bool,
     ) -> Operation:
         """Resolve ``release`` (a refusal here is no operation), then serve it from the store."""
-        resolved, info = await self._resolve(snapshot.model, release, patient=patient)
+        resolved, info = await self._preparer.resolve(
+            snapshot.model, release, self._releases, self._clock, patient=patient
+        )
         strategy = self.strategy(snapshot.model)
 
         async def body(run: Run) -> None:
@@ -339,11 +338,9 @@ class DeployService:
             )
         return previous
 
-    async def cancel(self, operation_id: str, reason: CancelReason) -> Operation:
-        """Cut a running operation short for ``reason`` (its own clean-up runs)."""
-        return await self._runner.cancel(operation_id, reason)
-
     async def wait(self, operation_id: str) -> Operation:
+        """The operation once it has ended (the client's :meth:`~.operations.OperationClient.
+        wait` says how it ended, and cuts it past a budget)."""
         return await self._runner.wait(operation_id)
 
     async def get_operation(self, operation_id: str) -> Operation:
@@ -353,9 +350,6 @@ class DeployService:
         if model is not None:
             validate_model_name(model)
         return await self._journal.recent(model, limit)
-
-    def holder(self, model: str) -> str | None:
-        return self._runner.holder(model)
 
     # --- the fleet ----------------------------------------------------------------------
 
@@ -372,7 +366,7 @@ class DeployService:
         except StoreUnavailable as exc:
             if patient:
                 raise
-            raise _store_away(self._store.uri, exc) from exc
+            raise store_away(self._store.uri, exc) from exc
 
     async def _held(self, base: FleetBase | None, model: str, release: str) -> bool:
         """A member holds back from ``release``: deploying it again is a new decision."""
@@ -385,37 +379,6 @@ class DeployService:
             await self.fleet.publish_result(run, base, release)
 
     # --- pieces -----------------------------------------------------------------------
-
-    async def _resolve(
-        self, model: str, release: str, *, patient: bool
-    ) -> tuple[Step, ReleaseInfo]:
-        """The release exists and is complete; else a refusal, and no operation.
-
-        A store that does not answer is tried again by the store's own retry policy: for a
-        few seconds, then a refusal that says to retry; ``patient``, for as long as a fetch
-        would be (``store.retry_seconds``), since the caller waits for the operation anyway."""
-        started = self._clock.now()
-        try:
-            info = await asyncio.to_thread(self._store.describe, model, release, patient=patient)
-        except StoreUnavailable as exc:
-            if patient:
-                raise
-            raise _store_away(self._store.uri, exc) from exc
-        await self._releases.record([info], self._clock.now())
-        if not info.complete and self._require_checksums:
-            raise ReleaseIncomplete(
-                f"release {release!r} of model {model!r} has no SHA256SUMS yet; the "
-                "publisher writes it last, so the release is still being published (or "
-                "set store.require_checksums: false to deploy releases without one)"
-            )
-        step = Step(
-            name="resolve",
-            status=StepStatus.SUCCEEDED,
-            started_at=started,
-            finished_at=self._clock.now(),
-            detail={"store": self._store.uri, "complete": info.complete},
-        )
-        return step, info
 
     async def _unchanged(self, snapshot: SlotSnapshot, release: str) -> Unchanged | None:
         """``release`` serves already, from the same revision the store holds, and Triton
@@ -442,38 +405,3 @@ class DeployService:
             f"{model} serves {release} already (same revision in the store); nothing to do. "
             "Deploy with force to load it again",
         )
-
-    async def _after_swap(self, operation: Operation) -> None:
-        """After a deploy or rollback succeeded, still holding the model: sample Triton's
-        memory, and update the latches of the releases a person chose or rejected."""
-        if operation.kind in (OperationKind.DEPLOY, OperationKind.ROLLBACK):
-            await self._memory.after_swap(operation)
-        if operation.trigger not in PEOPLE or operation.release is None:
-            return
-        # A person or CI chose this release: it is no longer latched degraded.
-        if await self._rollbacks.unlatch(operation.model, operation.release):
-            log.info("%s %s is no longer degraded", operation.model, operation.release)
-        rejected = operation.from_release
-        if operation.kind is OperationKind.ROLLBACK and rejected and rejected != operation.release:
-            await self._rollbacks.latch(
-                DegradedRelease(
-                    operation.model,
-                    rejected,
-                    self._clock.now(),
-                    f"rolled back from by {operation.trigger.value} (operation {operation.id})",
-                )
-            )
-            log.info(
-                "%s %s is latched degraded: a person rolled back from it", operation.model, rejected
-            )
-
-
-def _store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:
-    """The refusal of a request that does not wait, when the store did not answer a check
-    made before its operation is recorded (within the scans' few seconds)."""
-    return StoreUnavailable(
-        f"the store {where} is away, nothing was started: {exc.message}. Retry in a few "
-        "seconds; asked with wait, a deploy rides out an S3 outage of up to "
-        "store.retry_seconds",
-        details=exc.details,
-    )

@@ -256,7 +256,7 @@ class FleetSync:
         if target == serving:
             self._failures.succeeded(model)
             return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
-        if model in self._follows or self._deploy.holder(model) is not None:
+        if model in self._follows or self._client.holder(model) is not None:
             return state(MemberState.CONVERGING)
         if await self._held(model, target, wanted):
             return state(MemberState.HELD, error=f"{target} was rolled back on this member")

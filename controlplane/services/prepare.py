@@ -55,14 +55,23 @@ from typing import TypeVar
 
 from controlplane.domain.checksums import MANIFEST_NAME, decode_manifest, select_files
 from controlplane.domain.disk import room_for
-from controlplane.domain.errors import ControlPlaneError, ReleaseChanged, ReleaseIncomplete
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    ReleaseChanged,
+    ReleaseIncomplete,
+    StoreUnavailable,
+)
+from controlplane.domain.operations import Step, StepStatus
+from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.signatures import missing
 from controlplane.ports import (
+    Clock,
     FetchedRelease,
     MarkerFiles,
     ModelConfigEditor,
     ModelStore,
     ModelSummary,
+    ReleaseBook,
     ReleaseMarker,
     SignatureVerifier,
     Staging,
@@ -169,6 +178,38 @@ class Preparer:
     require_checksums: bool = True
     max_release_bytes: int | None = None  # store.max_release_bytes; None: unbounded
     signatures: SignaturePolicy | None = None  # None: no keyring, no signature required
+
+    async def resolve(
+        self, model: str, release: str, book: ReleaseBook, clock: Clock, *, patient: bool
+    ) -> tuple[Step, ReleaseInfo]:
+        """The ``resolve`` check, made before an operation is recorded: the release exists and
+        is complete; else a refusal, and no operation.
+
+        A store that does not answer is tried again by the store's own retry policy: for a
+        few seconds, then a refusal that says to retry; ``patient``, for as long as a fetch
+        would be (``store.retry_seconds``), since the caller waits for the operation anyway."""
+        started = clock.now()
+        try:
+            info = await asyncio.to_thread(self.store.describe, model, release, patient=patient)
+        except StoreUnavailable as exc:
+            if patient:
+                raise
+            raise store_away(self.store.uri, exc) from exc
+        await book.record([info], clock.now())
+        if not info.complete and self.require_checksums:
+            raise ReleaseIncomplete(
+                f"release {release!r} of model {model!r} has no SHA256SUMS yet; the "
+                "publisher writes it last, so the release is still being published (or "
+                "set store.require_checksums: false to deploy releases without one)"
+            )
+        step = Step(
+            name="resolve",
+            status=StepStatus.SUCCEEDED,
+            started_at=started,
+            finished_at=clock.now(),
+            detail={"store": self.store.uri, "complete": info.complete},
+        )
+        return step, info
 
     async def prepare(
         self,
@@ -298,3 +339,14 @@ async def _signer(
     if policy.verifier is None:
         return None  # no keyring (so none is required): nothing to check it with
     return await asyncio.to_thread(policy.verifier.verify, files.manifest, files.signature, where)
+
+
+def store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:
+    """The refusal of a request that does not wait, when the store did not answer a check
+    made before its operation is recorded (within the scans' few seconds)."""
+    return StoreUnavailable(
+        f"the store {where} is away, nothing was started: {exc.message}. Retry in a few "
+        "seconds; asked with wait, a deploy rides out an S3 outage of up to "
+        "store.retry_seconds",
+        details=exc.details,
+    )

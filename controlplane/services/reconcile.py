@@ -32,7 +32,6 @@ from controlplane.domain.drift import Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.operations import (
     REFUSE,
-    CancelReason,
     Cause,
     Operation,
     OperationKind,
@@ -41,7 +40,6 @@ from controlplane.domain.operations import (
 from controlplane.domain.triton import TritonState, index_by_name
 from controlplane.ports import (
     Clock,
-    ModelRecord,
     OperationLog,
     ServingRepo,
     Staging,
@@ -50,6 +48,7 @@ from controlplane.ports import (
 )
 from controlplane.services.deploy import DeployService
 from controlplane.services.operations import Ended, OperationClient
+from controlplane.services.restart import StartupReport, recover
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import SlotBook, record_serving
 from controlplane.services.telemetry import NO_TELEMETRY
@@ -81,28 +80,6 @@ class PassReport:
     @property
     def not_serving(self) -> dict[str, str]:
         return {m: a.why for m, a in self.assessments.items() if not a.serving}
-
-
-@dataclass
-class StartupReport:
-    interrupted: list[str] = field(default_factory=list)
-    recorded: list[str] = field(default_factory=list)  # had written their record: succeeded
-    staging_removed: list[str] = field(default_factory=list)
-
-
-def _was_recorded(operation: Operation, record: ModelRecord | None) -> bool:
-    """Whether ``operation`` (found running at start-up) had committed the change it was
-    for: a deploy or rollback whose release the model's record names as serving, written
-    after the operation began. The record and its slots are one transaction, so this is
-    what serves; only the operation's own last write was lost."""
-    return (
-        operation.kind in (OperationKind.DEPLOY, OperationKind.ROLLBACK)
-        and record is not None
-        and operation.release is not None
-        and operation.release != operation.from_release
-        and record.active_release == operation.release
-        and record.updated_at >= operation.created_at
-    )
 
 
 class Reconciler:
@@ -170,33 +147,10 @@ class Reconciler:
     # --- start-up ---------------------------------------------------------------------------
 
     async def startup(self) -> StartupReport:
-        """Before any pass: what a daemon that died left behind."""
-        report = StartupReport()
-        records = {record.name: record for record in await self._serving.all()}
-        for operation in await self._journal.unfinished():
-            if _was_recorded(operation, records.get(operation.model)):
-                self._journal.save(operation.recorded_before_stop(self._clock.now()))
-                report.recorded.append(operation.id)
-                continue
-            self._journal.save(operation.interrupt(self._clock.now(), CancelReason.CRASH))
-            report.interrupted.append(operation.id)
-        report.staging_removed = await asyncio.to_thread(self._staging.clean_all)
-        if report.recorded:
-            log.warning(
-                "start-up: %d operation(s) had written their record when the daemon stopped, "
-                "and are marked succeeded: %s",
-                len(report.recorded),
-                ", ".join(report.recorded),
-            )
-        if report.interrupted or report.staging_removed:
-            log.warning(
-                "start-up: %d operation(s) were interrupted by the last stop (%s); "
-                "%d staging leftover(s) removed",
-                len(report.interrupted),
-                ", ".join(report.interrupted) or "-",
-                len(report.staging_removed),
-            )
-        return report
+        """Before any pass: what a daemon that died left behind (:mod:`.restart`)."""
+        return await recover(
+            journal=self._journal, serving=self._serving, staging=self._staging, clock=self._clock
+        )
 
     # --- the loop ---------------------------------------------------------------------------
 

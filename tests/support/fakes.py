@@ -448,7 +448,7 @@ def status_service(service: DeployService, parts: Parts, **given: Any) -> Status
         "store": parts.store,
         "triton": parts.triton,
         "clock": parts.clock,
-        "holder": service.holder,
+        "holder": parts.client.holder,
     }
     return StatusService(**{**arguments, **given})
 

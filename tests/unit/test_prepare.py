@@ -218,7 +218,7 @@ def test_a_cancelled_deploy_stops_its_fetch_before_staging_is_cleaned(tmp_path: 
             await until(store.started.is_set, "the fetch started")
 
             # A rollback's budget ran out: the daemon goes on, so everything is put back.
-            cancelled = await service.cancel(running.id, CancelReason.BUDGET)
+            cancelled = await parts.runner.cancel(running.id, CancelReason.BUDGET)
 
             assert store.stopped.is_set()  # the fetch thread had ended when cancel returned
             assert store.staging_existed_at_stop  # and staging was cleaned only after that

@@ -435,7 +435,7 @@ def test_a_reload_cut_short_is_reloaded_from_disk_once_triton_is_idle(tmp_path: 
             running = await started(service, MODEL, "r2")
             async with asyncio.timeout(DEADLINE):
                 await blocked.entered.wait()
-            cut = await service.cancel(running.id, CancelReason.BUDGET)
+            cut = await parts.runner.cancel(running.id, CancelReason.BUDGET)
             assert cut.error is not None
             assert cut.error.code == "budget_exceeded"
             assert marker_release(parts) == "r1"  # the placement went back at once
