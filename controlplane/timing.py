@@ -195,6 +195,27 @@ class Wake:
         return Woke.BEAT if first < 0 else Woke.WATCHED
 
 
+class PokeGap:
+    """Passes that answer pokes (wakes from other members, which need no token) start at least
+    ``gap`` s apart, however many pokes come; a poke is never lost: one that comes during a
+    pass, or during the wait, is answered by the next pass, which starts after it."""
+
+    def __init__(self, gap: float, clock: Clock) -> None:
+        self.gap = gap
+        self.poked = False
+        self._clock = clock
+        self._last = -math.inf  # clock time of the last pass that answered a poke
+
+    async def spaced(self) -> None:
+        """Call just before a pass: wait out the gap if that pass answers a poke."""
+        if not self.poked:
+            return
+        if (left := self._last + self.gap - self._clock.monotonic()) > 0:
+            await self._clock.sleep(left)
+        self.poked = False  # pokes from now on come after the read this pass makes
+        self._last = self._clock.monotonic()
+
+
 # --- bounded waits ----------------------------------------------------------------------------
 
 

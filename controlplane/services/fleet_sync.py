@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +48,7 @@ from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
 from controlplane.services.operations import Begin, Ended, OperationClient
-from controlplane.timing import Backoff, RetryBook, Wake, Woke
+from controlplane.timing import Backoff, PokeGap, RetryBook, Wake, Woke
 
 log = logging.getLogger(__name__)
 RETRY = Backoff(first=2.0, limit=300.0)
@@ -76,27 +75,6 @@ class SyncReport:
     desired: dict[str, DesiredModel] = field(default_factory=dict)
     states: dict[str, MemberModel] = field(default_factory=dict)
     started: dict[str, str] = field(default_factory=dict)  # model -> what it went for
-
-
-class PokeGap:
-    """Passes that answer pokes (wakes from other members, which need no token) start at least
-    ``gap`` s apart, however many pokes come; a poke is never lost: one that comes during a
-    pass, or during the wait, is answered by the next pass, which starts after it."""
-
-    def __init__(self, gap: float, clock: Clock) -> None:
-        self.gap = gap
-        self.poked = False
-        self._clock = clock
-        self._last = -math.inf  # clock time of the last pass that answered a poke
-
-    async def spaced(self) -> None:
-        """Call just before a pass: wait out the gap if that pass answers a poke."""
-        if not self.poked:
-            return
-        if (left := self._last + self.gap - self._clock.monotonic()) > 0:
-            await self._clock.sleep(left)
-        self.poked = False  # pokes from now on come after the read this pass makes
-        self._last = self._clock.monotonic()
 
 
 class FleetSync:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from controlplane.services.fleet_sync import PokeGap
-from controlplane.timing import Wake, Woke
+from controlplane.timing import PokeGap, Wake, Woke
 from tests.support.fake_clock import FakeClock
 
 GAP = 0.2
