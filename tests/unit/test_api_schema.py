@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controlplane.api.app import create_app  # also defines the API's own error classes
 from controlplane.api.errors import STATUS_BY_CODE
-from controlplane.api.schemas import MODEL_NAME_PATTERN, NAME_PATTERN
+from controlplane.api.schemas.names import MODEL_NAME_PATTERN, NAME_PATTERN
 from controlplane.domain import errors as domain_errors
 from controlplane.domain.errors import ControlPlaneError, InvalidName
 from controlplane.domain.names import MAX_NAME_LENGTH, validate_model_name, validate_release_name
