@@ -1,7 +1,7 @@
 """The OpenAPI document promises exactly the statuses and error codes the API answers.
 
 The table below is the maintained list of what each route can answer. A route that starts
-answering a new code must say so in its ``responses`` (``api/app.py``) and here; the statuses
+answering a new code must say so in its ``responses`` (``api/routes/``) and here; the statuses
 always come from ``STATUS_BY_CODE``. The API fuzzer (tests/integration/test_api_fuzz.py) checks
 the other direction: that every answer the real daemon gives is one documented here.
 """
