@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from controlplane.api.errors import statuses_for
-from controlplane.api.schemas import ErrorBody, OperationEnvelope, UnchangedAnswer
+from controlplane.api.schemas.envelopes import ErrorBody, OperationEnvelope, UnchangedAnswer
 
 ERROR_CODES_KEY = "x-error-codes"
 

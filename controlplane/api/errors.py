@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Send
@@ -133,9 +134,10 @@ async def send_error(
 
 def _allowed_methods(request: Request) -> str:
     """Every method the request's path has (RFC 9110's Allow). Starlette names only those of
-    the first route that matched the path, so ``GET`` and ``POST /v1/alerts`` need this."""
+    the first route that matched the path, so ``GET`` and ``POST /v1/alerts`` need this. The
+    app's routes are a tree (each included router one node): walked flat, every route seen."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in iter_route_contexts(request.app.router.routes):
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods.update(getattr(route, "methods", None) or ())

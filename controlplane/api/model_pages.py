@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.api.schemas import as_of_json, ignored_json, model_json, overload_json
+from controlplane.api.schemas.model import as_of_json, ignored_json, model_json, overload_json
 from controlplane.services.status import ModelPage, ModelView
 
 KEPT = 5000  # models whose JSON is kept (least recently answered dropped first)

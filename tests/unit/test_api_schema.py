@@ -1,7 +1,7 @@
 """The OpenAPI document promises exactly the statuses and error codes the API answers.
 
 The table below is the maintained list of what each route can answer. A route that starts
-answering a new code must say so in its ``responses`` (``api/app.py``) and here; the statuses
+answering a new code must say so in its ``responses`` (``api/routes/``) and here; the statuses
 always come from ``STATUS_BY_CODE``. The API fuzzer (tests/integration/test_api_fuzz.py) checks
 the other direction: that every answer the real daemon gives is one documented here.
 """
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controlplane.api.app import create_app  # also defines the API's own error classes
 from controlplane.api.errors import STATUS_BY_CODE
-from controlplane.api.schemas import MODEL_NAME_PATTERN, NAME_PATTERN
+from controlplane.api.schemas.names import MODEL_NAME_PATTERN, NAME_PATTERN
 from controlplane.domain import errors as domain_errors
 from controlplane.domain.errors import ControlPlaneError, InvalidName
 from controlplane.domain.names import MAX_NAME_LENGTH, validate_model_name, validate_release_name

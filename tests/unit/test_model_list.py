@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from controlplane.api.model_pages import ModelPages
-from controlplane.api.schemas import as_of_json, ignored_json, model_json, overload_json
+from controlplane.api.schemas.model import as_of_json, ignored_json, model_json, overload_json
 from controlplane.domain.evaluator import Evaluation, Verdict
 from controlplane.domain.operations import Trigger
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord, cooldown_until

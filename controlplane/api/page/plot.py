@@ -32,9 +32,6 @@ def gpu_plot(history: GpuHistory, rollbacks: Sequence[RollbackRecord], model: st
         offset = (at - history.since).total_seconds() / span
         return LEFT + min(max(offset, 0.0), 1.0) * INNER_W
 
-    def y(ratio: float) -> float:
-        return TOP + (1.0 - min(max(ratio, 0.0), 1.0)) * INNER_H
-
     marks = [r for r in rollbacks if history.since <= r.at <= history.until]
     samples = sum(1 for p in history.points if p.value is not None)
     label = (
@@ -42,65 +39,81 @@ def gpu_plot(history: GpuHistory, rollbacks: Sequence[RollbackRecord], model: st
         + (f", threshold {percent(history.threshold)}" if history.threshold is not None else "")
         + f", {len(marks)} rollback(s)"
     )
-    parts = [
-        f'<svg class="gpu-plot" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
-        f'height="{HEIGHT}" data-samples="{samples}" data-rollbacks="{len(marks)}" '
-        f'aria-label="{esc(label)}">',
-        f"<title>{esc(label)}</title>",
-        f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{INNER_W}" height="{INNER_H}" '
-        'fill="#fafafa" stroke="#bbb"/>',
-        *_axes(history, y),
+    return "".join(
+        [
+            f'<svg class="gpu-plot" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
+            f'height="{HEIGHT}" data-samples="{samples}" data-rollbacks="{len(marks)}" '
+            f'aria-label="{esc(label)}">',
+            f"<title>{esc(label)}</title>",
+            f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{INNER_W}" height="{INNER_H}" '
+            'fill="#fafafa" stroke="#bbb"/>',
+            *_axes(history, _y),
+            *_threshold(history.threshold),
+            *(_samples(run, x) for run in _runs(history.points)),
+            *(_rollback_mark(record, x(record.at)) for record in marks),
+            *([] if history.sampled else _no_samples(history.note)),
+            "</svg>",
+        ]
+    )
+
+
+def _y(ratio: float) -> float:
+    return TOP + (1.0 - min(max(ratio, 0.0), 1.0)) * INNER_H
+
+
+def _threshold(threshold: float | None) -> list[str]:
+    """The threshold as a dashed line across the plot, labelled at its right end."""
+    if threshold is None:
+        return []
+    level = _y(threshold)
+    return [
+        f'<line class="threshold" x1="{LEFT}" y1="{level:.1f}" x2="{LEFT + INNER_W}" '
+        f'y2="{level:.1f}" stroke="#c62828" stroke-width="1.5" stroke-dasharray="6 4"/>',
+        f'<text x="{LEFT + INNER_W - 4}" y="{level - 4:.1f}" text-anchor="end" '
+        f'font-size="10" fill="#c62828">threshold {esc(percent(threshold))}</text>',
     ]
-    if history.threshold is not None:
-        level = y(history.threshold)
-        parts.append(
-            f'<line class="threshold" x1="{LEFT}" y1="{level:.1f}" x2="{LEFT + INNER_W}" '
-            f'y2="{level:.1f}" stroke="#c62828" stroke-width="1.5" stroke-dasharray="6 4"/>'
+
+
+def _samples(run: list[tuple[datetime, float]], x: Callable[[datetime], float]) -> str:
+    """One run of samples: a line, or a dot when the run is a single sample."""
+    if len(run) == 1:
+        (at, value) = run[0]
+        return (
+            f'<circle class="sample" cx="{x(at):.1f}" cy="{_y(value):.1f}" r="2" fill="#1565c0"/>'
         )
-        parts.append(
-            f'<text x="{LEFT + INNER_W - 4}" y="{level - 4:.1f}" text-anchor="end" '
-            f'font-size="10" fill="#c62828">threshold {esc(percent(history.threshold))}</text>'
-        )
-    for run in _runs(history.points):
-        if len(run) == 1:
-            (at, value) = run[0]
-            parts.append(
-                f'<circle class="sample" cx="{x(at):.1f}" cy="{y(value):.1f}" r="2" '
-                'fill="#1565c0"/>'
-            )
-            continue
-        path = " ".join(f"{x(at):.1f},{y(value):.1f}" for at, value in run)
-        parts.append(
-            f'<polyline class="samples" points="{path}" fill="none" stroke="#1565c0" '
-            'stroke-width="1.5"/>'
-        )
-    for record in marks:
-        where = x(record.at)
-        title = (
-            f"rollback at {record.at:%H:%M:%S} UTC: {record.from_release or '-'} -> "
-            f"{record.to_release or '-'} ({record.outcome.value}; {record.trigger.value}: "
-            f"{record.reason})"
-        )
-        parts.append(
-            f'<g class="rollback-mark" data-at="{esc(record.at.isoformat())}">'
-            f"<title>{esc(title)}</title>"
-            f'<line x1="{where:.1f}" y1="{TOP}" x2="{where:.1f}" y2="{TOP + INNER_H}" '
-            'stroke="#ef6c00" stroke-width="2"/>'
-            f'<text {_beside(where)} y="{TOP + INNER_H - 4}" font-size="10" fill="#ef6c00">'
-            "rollback</text></g>"
-        )
-    if not history.sampled:
-        middle = TOP + INNER_H / 2
-        parts.append(
-            f'<text class="no-samples" x="{LEFT + INNER_W / 2}" y="{middle:.1f}" '
-            f'text-anchor="middle" font-size="14" fill="#555">{NO_SAMPLES}</text>'
-        )
-        parts.append(
-            f'<text x="{LEFT + INNER_W / 2}" y="{middle + 16:.1f}" text-anchor="middle" '
-            f'font-size="10" fill="#777">{esc(history.note)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+    path = " ".join(f"{x(at):.1f},{_y(value):.1f}" for at, value in run)
+    return (
+        f'<polyline class="samples" points="{path}" fill="none" stroke="#1565c0" '
+        'stroke-width="1.5"/>'
+    )
+
+
+def _rollback_mark(record: RollbackRecord, where: float) -> str:
+    """A rollback: a vertical line at its time, labelled, with what it did as its title."""
+    title = (
+        f"rollback at {record.at:%H:%M:%S} UTC: {record.from_release or '-'} -> "
+        f"{record.to_release or '-'} ({record.outcome.value}; {record.trigger.value}: "
+        f"{record.reason})"
+    )
+    return (
+        f'<g class="rollback-mark" data-at="{esc(record.at.isoformat())}">'
+        f"<title>{esc(title)}</title>"
+        f'<line x1="{where:.1f}" y1="{TOP}" x2="{where:.1f}" y2="{TOP + INNER_H}" '
+        'stroke="#ef6c00" stroke-width="2"/>'
+        f'<text {_beside(where)} y="{TOP + INNER_H - 4}" font-size="10" fill="#ef6c00">'
+        "rollback</text></g>"
+    )
+
+
+def _no_samples(note: str) -> list[str]:
+    """Said in the middle of a plot without a single sample, with why."""
+    middle = TOP + INNER_H / 2
+    return [
+        f'<text class="no-samples" x="{LEFT + INNER_W / 2}" y="{middle:.1f}" '
+        f'text-anchor="middle" font-size="14" fill="#555">{NO_SAMPLES}</text>',
+        f'<text x="{LEFT + INNER_W / 2}" y="{middle + 16:.1f}" text-anchor="middle" '
+        f'font-size="10" fill="#777">{esc(note)}</text>',
+    ]
 
 
 def _axes(history: GpuHistory, y: Callable[[float], float]) -> list[str]:

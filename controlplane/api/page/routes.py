@@ -13,12 +13,12 @@ import base64
 import hashlib
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
 from controlplane import __version__
+from controlplane.api.deps import Reader
 from controlplane.api.page.render import CONTENT_PATH, SCRIPT_PATH, STYLE, content, page
-from controlplane.wiring import Container
 
 SCRIPT = resources.files("controlplane.api.page").joinpath("refresh.js").read_text("utf-8")
 _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
@@ -34,23 +34,18 @@ HEADERS = {
 }
 
 
-def _container(request: Request) -> Container:
-    found: Container = request.app.state.container
-    return found
-
-
 def install_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
-    async def status_page(request: Request) -> HTMLResponse:
-        overview = await _container(request).overview.overview()
+    async def status_page(c: Reader) -> HTMLResponse:
+        overview = await c.overview.overview()
         return HTMLResponse(
             page(overview, version=__version__),
             headers={**HEADERS, "Content-Security-Policy": POLICY},
         )
 
     @app.get(f"/{CONTENT_PATH}", include_in_schema=False, response_class=HTMLResponse)
-    async def status_content(request: Request) -> HTMLResponse:
-        overview = await _container(request).overview.overview()
+    async def status_content(c: Reader) -> HTMLResponse:
+        overview = await c.overview.overview()
         return HTMLResponse(content(overview), headers=HEADERS)
 
     @app.get(f"/{SCRIPT_PATH}", include_in_schema=False)
