@@ -219,7 +219,9 @@ class OperationRunner:
     ) -> Operation:
         """Record the operation (with the checks already made) and run ``body`` in a task.
 
-        The lock taken by :meth:`claim` passes to the task, which releases it at its end."""
+        The record is on disk before this returns: whoever is told the operation's id (a 202
+        answer) finds it after a crash. The lock taken by :meth:`claim` passes to the task,
+        which releases it at its end."""
         try:
             tracker = OperationTracker(
                 Operation(
@@ -240,6 +242,7 @@ class OperationRunner:
             )
             for step in done_steps:
                 tracker.done_step(step)
+            await self._journal.flush()
         except BaseException:
             self._locks.release(model, operation_id)
             raise
