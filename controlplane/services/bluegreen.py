@@ -42,7 +42,7 @@ from controlplane.ports import Clock, Staging, Triton
 from controlplane.services.alias import Alias
 from controlplane.services.bluegreen_repair import BlueGreenRepairs
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch, check_headroom
-from controlplane.services.prepare import Preparer
+from controlplane.services.prepare import PreparedRelease, Preparer
 from controlplane.services.retire import RetireTimers
 from controlplane.services.runner import Run
 from controlplane.services.slots import (
@@ -128,41 +128,79 @@ class BlueGreen(BlueGreenRepairs):
         self, run: Run, snapshot: SlotSnapshot, *, revision: str | None, force: bool
     ) -> None:
         tracker = run.tracker
-        model, release = run.model, run.operation.release
+        release = run.operation.release
         assert release is not None
         active = snapshot.active()
         index = await self._index()
         target = self._choose_target(snapshot, active, index)
         prepared = await self._preparer.prepare(
-            tracker, model, release, target=target.name, revision=revision
+            tracker, run.model, release, target=target.name, revision=revision
         )
+        sample = await self._check(tracker, prepared, target)
+        target = await self._free(tracker, snapshot, index, target, active, release)
+        await check_headroom(tracker, self._headroom, prepared, force=force)
+        slot = await self._place_and_load(run, prepared, target, first=active is None)
+        try:
+            signature = await self._alias.preflight(tracker, slot, sample)
+            await self._stress_test(run, slot, active, sample)
+            async with tracker.step("switch"):
+                await self._alias.switch(tracker, slot.name, signature, sample, back_to=active)
+        except BaseException as exc:
+            await self._after_failed_switch(run, slot, exc, first=active is None)
+            raise
+        async with tracker.step("record"):
+            await self._record(tracker, snapshot, release, new=slot, old=active)
+
+    async def _check(
+        self, tracker: OperationTracker, prepared: PreparedRelease, target: Slot
+    ) -> SmokeSample | None:
+        """The ``check`` step: an alias can front the model; the smoke sample it ships."""
         async with tracker.step("check"):
+            summary = prepared.summary
             check_aliasable(
-                model,
-                decoupled=prepared.summary.decoupled,
-                sequence_batching=prepared.summary.sequence_batching,
+                tracker.operation.model,
+                decoupled=summary.decoupled,
+                sequence_batching=summary.sequence_batching,
             )
             sample = await _smoke_sample(prepared.path)
             tracker.detail(slot=target.name, smoke=SMOKE_NAME if sample else "generated")
-        # At most one release stays warm beside the one that serves: with a spare slot (after
-        # a load that never ended) a third slot could otherwise be loaded while two others are.
+        return sample
+
+    async def _free(
+        self,
+        tracker: OperationTracker,
+        snapshot: SlotSnapshot,
+        index: dict[str, TritonState],
+        target: Slot,
+        active: Slot | None,
+        release: str,
+    ) -> Slot:
+        """The ``free`` step, when needed: the target emptied, and at most one release left
+        warm beside the one that serves (with a spare slot, after a load that never ended, a
+        third could otherwise be loaded while two others are)."""
         keep = {target.name, active.name if active else ""}
         extras = [
             s
             for s in self.owned(snapshot)
             if s.name not in keep and _holding(s) and not _busy(index, s.name)
         ]
-        if not target.state.idle or extras:
-            async with tracker.step("free"):
-                if not target.state.idle:
-                    tracker.detail(slot=target.name, release=target.release)
-                    target = await self._freer.take_down(tracker, target, f"room for {release}")
-                if extras:
-                    tracker.detail(also={s.name: s.release for s in extras})
-                for extra in extras:
-                    await self._freer.take_down(tracker, extra, f"room for {release}")
-        await check_headroom(tracker, self._headroom, prepared, force=force)
+        if target.state.idle and not extras:
+            return target
+        async with tracker.step("free"):
+            if not target.state.idle:
+                tracker.detail(slot=target.name, release=target.release)
+                target = await self._freer.take_down(tracker, target, f"room for {release}")
+            if extras:
+                tracker.detail(also={s.name: s.release for s in extras})
+            for extra in extras:
+                await self._freer.take_down(tracker, extra, f"room for {release}")
+        return target
 
+    async def _place_and_load(
+        self, run: Run, prepared: PreparedRelease, target: Slot, *, first: bool
+    ) -> Slot:
+        """The ``place`` and ``load`` steps, in a load slot; the slot READY."""
+        tracker, model, release = run.tracker, run.model, run.operation.release or ""
         async with self._load_slots.hold(tracker):
             async with tracker.step("place"):
                 await asyncio.to_thread(self._staging.ensure_alias_dir, model)
@@ -177,7 +215,7 @@ class BlueGreen(BlueGreenRepairs):
                     async with self._memory.loading(slot.name):
                         await self._triton.load(slot.name)
                 except BaseException as exc:
-                    held = await self._after_failed_load(run, slot, exc, first=active is None)
+                    held = await self._after_failed_load(run, slot, exc, first=first)
                     if held and isinstance(exc, TritonTimeout):
                         raise TritonTimeout(
                             f"{exc.message}; Triton still holds {slot.name} LOADING, so the next "
@@ -185,30 +223,26 @@ class BlueGreen(BlueGreenRepairs):
                             details={"slot_held_by_triton": slot.name},
                         ) from exc
                     raise
-                slot = await self._slots.move(model, slot, SlotState.READY, run.trigger, "loaded")
+                return await self._slots.move(model, slot, SlotState.READY, run.trigger, "loaded")
 
-        try:
-            signature = await self._alias.preflight(tracker, slot, sample)
-            # Not on the way back: a rollback returns to a release that has served, and must
-            # be quick (an automatic one has a budget of seconds, on a GPU already overloaded).
-            rollback = run.operation.kind is OperationKind.ROLLBACK
-            if self._stress is not None and self._stress.enabled(model) and not rollback:
-                async with tracker.step("stress"):
-                    await self._stress.run(
-                        tracker,
-                        model,
-                        new=slot.name,
-                        active=active.name if active else None,
-                        sample=sample,
-                    )
-            async with tracker.step("switch"):
-                await self._alias.switch(tracker, slot.name, signature, sample, back_to=active)
-        except BaseException as exc:
-            await self._after_failed_switch(run, slot, exc, first=active is None)
-            raise
-
-        async with tracker.step("record"):
-            await self._record(tracker, snapshot, release, new=slot, old=active)
+    async def _stress_test(
+        self, run: Run, slot: Slot, active: Slot | None, sample: SmokeSample | None
+    ) -> None:
+        """The ``stress`` step, when the model asks for it. Not on the way back: a rollback
+        returns to a release that has served, and must be quick (an automatic one has a budget
+        of seconds, on a GPU already overloaded)."""
+        if self._stress is None or not self._stress.enabled(run.model):
+            return
+        if run.operation.kind is OperationKind.ROLLBACK:
+            return
+        async with run.tracker.step("stress"):
+            await self._stress.run(
+                run.tracker,
+                run.model,
+                new=slot.name,
+                active=active.name if active else None,
+                sample=sample,
+            )
 
     def _choose_target(
         self, snapshot: SlotSnapshot, active: Slot | None, index: dict[str, TritonState]

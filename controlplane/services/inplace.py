@@ -135,7 +135,6 @@ class Inplace:
             tracker, model, release, target=model, revision=revision
         )
         await check_headroom(tracker, self._headroom, prepared, force=force)
-
         slot = snapshot.slot(model)
         replacing = slot.state.loaded
         async with self._load_slots.hold(tracker):
@@ -144,66 +143,88 @@ class Inplace:
                     self._staging.place, prepared.path, model, owner=model
                 )
                 tracker.detail(replaced=placed.placement.replaced is not None)
-
             async with tracker.step("load"):
-                if replacing:
-                    slot = await self._slots.move(
-                        model, slot, SlotState.UPDATING, run.trigger, f"reloading as {release}"
-                    )
-                else:
-                    slot = await self._slots.stage_and_load(model, slot, run.trigger, release)
-                placed.loading = True
-                try:
-                    async with self._memory.loading(model):
-                        await self._triton.load(model)
-                except asyncio.CancelledError:
-                    if not run.stopping:
-                        await asyncio.shield(self._put_back(run, placed, slot.state, "cut short"))
-                    raise
-                except Exception as raised:
-                    exc = (
-                        raised
-                        if isinstance(raised, ControlPlaneError)
-                        else ControlPlaneError(f"unexpected error during the load: {raised!r}")
-                    )
-                    if isinstance(exc, TritonTimeout):
-                        await self._put_back(run, placed, slot.state, exc.code)
-                    elif replacing:
-                        await self._restore(placed)
-                        # Triton keeps the loaded version when a reload fails.
-                        await self._slots.move(
-                            model, slot, SlotState.ACTIVE, run.trigger, f"reload failed: {exc.code}"
-                        )
-                    else:
-                        await self._restore(placed)
-                        failed = await self._slots.move(
-                            model, slot, SlotState.FAILED, run.trigger, exc.message[:500]
-                        )
-                        await unload_best_effort(self._triton, model, self._unload_timeout)
-                        await self._slots.move(
-                            model, failed, SlotState.ABSENT, run.trigger, exc.code
-                        )
-                    if exc is raised:
-                        raise
-                    raise exc from raised
-                placed.loading = False
-
+                slot = await self._load(run, placed, slot, release, replacing=replacing)
         async with tracker.step("record"):
-            serving = serving_after(snapshot, release)
-            if replacing:
-                done = self._slots.moved(
-                    slot, SlotState.ACTIVE, run.trigger, f"serving {release}", release=release
-                )
-            else:
-                ready = self._slots.moved(
-                    slot, SlotState.READY, run.trigger, "loaded", release=release
-                )
-                done = self._slots.moved(ready, SlotState.ACTIVE, run.trigger, f"serving {release}")
-            await self._slots.commit(model, done, serving=serving)
-            placement, placed.placement = placed.placement, None
-            if placement is not None:
-                await asyncio.to_thread(self._staging.discard, placement)
-            tracker.detail(active=release, previous=serving.previous)
+            await self._record(run, snapshot, placed, slot, release, replacing=replacing)
+
+    async def _load(
+        self, run: Run, placed: _Placed, slot: Slot, release: str, *, replacing: bool
+    ) -> Slot:
+        """Triton loads the placed files; on a failure, what was there is put back."""
+        model = run.model
+        if replacing:
+            slot = await self._slots.move(
+                model, slot, SlotState.UPDATING, run.trigger, f"reloading as {release}"
+            )
+        else:
+            slot = await self._slots.stage_and_load(model, slot, run.trigger, release)
+        placed.loading = True
+        try:
+            async with self._memory.loading(model):
+                await self._triton.load(model)
+        except asyncio.CancelledError:
+            if not run.stopping:
+                await asyncio.shield(self._put_back(run, placed, slot.state, "cut short"))
+            raise
+        except Exception as raised:
+            exc = (
+                raised
+                if isinstance(raised, ControlPlaneError)
+                else ControlPlaneError(f"unexpected error during the load: {raised!r}")
+            )
+            await self._after_failed_load(run, placed, slot, exc, replacing=replacing)
+            if exc is raised:
+                raise
+            raise exc from raised
+        placed.loading = False
+        return slot
+
+    async def _after_failed_load(
+        self, run: Run, placed: _Placed, slot: Slot, exc: ControlPlaneError, *, replacing: bool
+    ) -> None:
+        model = run.model
+        if isinstance(exc, TritonTimeout):
+            await self._put_back(run, placed, slot.state, exc.code)
+        elif replacing:
+            await self._restore(placed)
+            # Triton keeps the loaded version when a reload fails.
+            await self._slots.move(
+                model, slot, SlotState.ACTIVE, run.trigger, f"reload failed: {exc.code}"
+            )
+        else:
+            await self._restore(placed)
+            failed = await self._slots.move(
+                model, slot, SlotState.FAILED, run.trigger, exc.message[:500]
+            )
+            await unload_best_effort(self._triton, model, self._unload_timeout)
+            await self._slots.move(model, failed, SlotState.ABSENT, run.trigger, exc.code)
+
+    async def _record(
+        self,
+        run: Run,
+        snapshot: SlotSnapshot,
+        placed: _Placed,
+        slot: Slot,
+        release: str,
+        *,
+        replacing: bool,
+    ) -> None:
+        """What serves and the slot, in one transaction; the replaced dir is deleted after."""
+        trigger = run.trigger
+        serving = serving_after(snapshot, release)
+        if replacing:
+            done = self._slots.moved(
+                slot, SlotState.ACTIVE, trigger, f"serving {release}", release=release
+            )
+        else:
+            ready = self._slots.moved(slot, SlotState.READY, trigger, "loaded", release=release)
+            done = self._slots.moved(ready, SlotState.ACTIVE, trigger, f"serving {release}")
+        await self._slots.commit(run.model, done, serving=serving)
+        placement, placed.placement = placed.placement, None
+        if placement is not None:
+            await asyncio.to_thread(self._staging.discard, placement)
+        run.tracker.detail(active=release, previous=serving.previous)
 
     async def _restore(self, placed: _Placed) -> None:
         placement, placed.placement = placed.placement, None

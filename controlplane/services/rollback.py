@@ -25,7 +25,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -180,65 +180,32 @@ class AutoRollback:
         self, model: str, active: str, *, trigger: Trigger, reason: str
     ) -> RollbackRecord:
         started = self._clock.now()
-        budget = self._budgets
-        fallback = await self.fallback(model)
-        warm = fallback is not None and await self._deploy.is_warm(model, fallback)
-        fallback_budget = budget.fallback if warm else budget.cold_fallback
-        chain = (fallback_budget if fallback is not None else 0.0) + budget.cpu
-        deadline = self._clock.monotonic() + chain
         await self._book.latch(DegradedRelease(model, active, started, reason))
         log.warning("rolling back %s from %s: %s", model, active, reason, extra={"model": model})
-        detail: dict[str, Any] = {}
-        operations: list[str] = []
+        steps = _Steps()
+        fallback = await self.fallback(model)
+        cause = Cause(reason=reason)
+        deadline = self._clock.monotonic() + self._budgets.cpu
         outcome, target = RollbackOutcome.FAILED, None
-
-        def note(step: str, attempt: Outcome) -> None:
-            if attempt.operation is not None:
-                operations.append(attempt.operation.id)
-            detail[step] = "succeeded" if attempt.succeeded else _said(attempt)
-
         if fallback is None:
-            detail["fallback"] = "none: no configured or previous good release"
+            steps.detail["fallback"] = "none: no configured or previous good release"
         else:
-            detail["fallback_budget"] = {
-                "kind": "warm" if warm else "cold",
-                "seconds": fallback_budget,
-                "why": (
-                    f"{fallback}'s slot is still loaded: a re-point"
-                    if warm
-                    else f"{fallback} must be loaded (rollback.cold_fallback_budget_seconds)"
-                ),
-            }
-            attempt = await self._attempt(
-                partial(
-                    self._deploy.rollback,
-                    model,
-                    to=fallback,
-                    trigger=trigger,
-                    cause=Cause(reason=reason),
-                ),
-                fallback_budget,
-                f"the fallback {fallback}",
-            )
-            note("fallback", attempt)
-            if attempt.succeeded:
+            fallback_budget = await self._fallback_budget(model, fallback, steps)
+            deadline += fallback_budget
+            begin = partial(self._deploy.rollback, model, to=fallback, trigger=trigger, cause=cause)
+            attempt = await self._attempt(begin, fallback_budget, f"the fallback {fallback}")
+            if steps.note("fallback", attempt):
                 outcome, target = RollbackOutcome.FALLBACK, fallback
         if not outcome.acted:
-            cpu_budget = min(budget.cpu, seconds_left(self._clock, deadline))
-            attempt = await self._attempt(
-                partial(
-                    self._deploy.serve_on_cpu, model, trigger=trigger, cause=Cause(reason=reason)
-                ),
-                cpu_budget,
-                "the CPU-only reload",
-            )
-            note("cpu", attempt)
-            if attempt.succeeded:
+            cpu_budget = min(self._budgets.cpu, seconds_left(self._clock, deadline))
+            on_cpu = partial(self._deploy.serve_on_cpu, model, trigger=trigger, cause=cause)
+            attempt = await self._attempt(on_cpu, cpu_budget, "the CPU-only reload")
+            if steps.note("cpu", attempt):
                 outcome, target = RollbackOutcome.CPU, active
         elapsed = (self._clock.now() - started).total_seconds()
-        detail["seconds"] = round(elapsed, 3)
+        steps.detail["seconds"] = round(elapsed, 3)
         if outcome is RollbackOutcome.FALLBACK and target is not None and trigger in AUTOMATIC:
-            detail["fleet"] = await self._move_fleet(model, active, target, trigger, reason)
+            steps.detail["fleet"] = await self._move_fleet(model, active, target, trigger, reason)
         done = RollbackRecord(
             id=uuid.uuid4().hex[:16],
             model=model,
@@ -248,34 +215,29 @@ class AutoRollback:
             from_release=active,
             to_release=target,
             outcome=outcome,
-            operation_ids=tuple(operations),
-            detail=detail,
+            operation_ids=tuple(steps.operations),
+            detail=steps.detail,
         )
         await self._book.save(done)
         self._telemetry.rollback_recorded(done)
-        if outcome is RollbackOutcome.FAILED:
-            log.error(
-                "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload (%s) both "
-                "failed; %s %s still serves. Act by hand: "
-                "controlplane rollback %s --to <release>",
-                model,
-                detail.get("fallback"),
-                detail.get("cpu"),
-                model,
-                active,
-                model,
-                extra={"model": model},
-            )
-        else:
-            log.warning(
-                "rolled back %s: %s now serves (%s) in %.2f s",
-                model,
-                f"{target} on CPU" if outcome is RollbackOutcome.CPU else target,
-                outcome.value,
-                elapsed,
-                extra={"model": model},
-            )
+        _say(done, elapsed)
         return done
+
+    async def _fallback_budget(self, model: str, fallback: str, steps: _Steps) -> float:
+        """A warm fallback (its slot still loaded) is a re-point: the short budget; a cold one
+        must be loaded, which no real GPU model does in 3 s: the cold budget. Recorded."""
+        warm = await self._deploy.is_warm(model, fallback)
+        budget = self._budgets.fallback if warm else self._budgets.cold_fallback
+        steps.detail["fallback_budget"] = {
+            "kind": "warm" if warm else "cold",
+            "seconds": budget,
+            "why": (
+                f"{fallback}'s slot is still loaded: a re-point"
+                if warm
+                else f"{fallback} must be loaded (rollback.cold_fallback_budget_seconds)"
+            ),
+        }
+        return budget
 
     async def _move_fleet(
         self, model: str, active: str, target: str, trigger: Trigger, reason: str
@@ -327,3 +289,44 @@ def _said(attempt: Outcome) -> str:
 def _own_previous(record: ModelRecord) -> str | None:
     """A lone daemon's "previous": the release that served before here."""
     return record.previous_release
+
+
+@dataclass
+class _Steps:
+    """What the chain records as it goes: each step's result, and the operations it ran."""
+
+    detail: dict[str, Any] = field(default_factory=dict)
+    operations: list[str] = field(default_factory=list)
+
+    def note(self, step: str, attempt: Outcome) -> bool:
+        """Record ``attempt`` as ``step``; whether it succeeded."""
+        if attempt.operation is not None:
+            self.operations.append(attempt.operation.id)
+        self.detail[step] = "succeeded" if attempt.succeeded else _said(attempt)
+        return attempt.succeeded
+
+
+def _say(done: RollbackRecord, elapsed: float) -> None:
+    model, detail = done.model, done.detail
+    if done.outcome is RollbackOutcome.FAILED:
+        log.error(
+            "ROLLBACK FAILED for %s: the fallback (%s) and the CPU-only reload (%s) both "
+            "failed; %s %s still serves. Act by hand: "
+            "controlplane rollback %s --to <release>",
+            model,
+            detail.get("fallback"),
+            detail.get("cpu"),
+            model,
+            done.from_release,
+            model,
+            extra={"model": model},
+        )
+        return
+    log.warning(
+        "rolled back %s: %s now serves (%s) in %.2f s",
+        model,
+        f"{done.to_release} on CPU" if done.outcome is RollbackOutcome.CPU else done.to_release,
+        done.outcome.value,
+        elapsed,
+        extra={"model": model},
+    )
