@@ -1,34 +1,26 @@
 """The local-directory model store: ``<root>/<model>/<release>/`` on a filesystem.
 
-Fetching copies the files of a listing (what the service chose, with the sizes it checked
-against free disk) one by one into the staging dir: each into a temp file beside its target,
-hashed while written, never past its listed size, holding at most one chunk in memory, then
-renamed into place. A file whose digest differs from ``SHA256SUMS`` is copied again, as the
-S3 store fetches it again (an NFS mount or a failing disk can return bad bytes once), and
-judged by :func:`~controlplane.domain.transfer.judge_fetches`. A file's version is its
-device, inode, size and mtime (:func:`file_version`): a copy insists on the listed one, and
-the content cache keeps the versions its entries were verified against; for a version it has
-not seen, :meth:`LocalStore.confirm` reads the file and says whether it holds the entry's
-bytes. Symlinks and special files are refused rather than followed: a release is plain files
-and dirs, nothing that could point outside it.
+What the store holds is read here: its models, their releases (each release's revision from its
+``SHA256SUMS``, hashed only when the marker changed: :mod:`.markers`), the markers' bytes and a
+release's files with their versions. Copying a release into staging, and reading a file to
+vouch for its bytes (:meth:`LocalStore.confirm`), are :mod:`.local_copy`'s. Symlinks and
+special files are refused rather than followed: a release is plain files and dirs, nothing
+that could point outside it.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import os
 import stat
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
 
 from controlplane.adapters.release_tree import regular_files
+from controlplane.adapters.stores.local_copy import copy_release, file_version, holds
 from controlplane.adapters.stores.markers import MarkerRevisions, read_at_most
-from controlplane.adapters.stores.retries import report_refetch, unstable
 from controlplane.domain.checksums import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -40,10 +32,8 @@ from controlplane.domain.checksums import (
 )
 from controlplane.domain.errors import (
     ControlPlaneError,
-    Interrupted,
     InvalidName,
     ModelNotFound,
-    ReleaseChanged,
     ReleaseNotFound,
     StoreUnavailable,
     UnsafeRelease,
@@ -57,7 +47,6 @@ from controlplane.domain.ignored import (
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.signatures import MAX_SIGNATURE_BYTES
-from controlplane.domain.transfer import Verdict, judge_fetches
 from controlplane.ports import (
     FetchedRelease,
     FetchProgress,
@@ -67,10 +56,10 @@ from controlplane.ports import (
     Telemetry,
 )
 
-CHUNK = 1024 * 1024
-
 
 class LocalStore:
+    """A :class:`~controlplane.ports.ModelStore` over a directory (``file://`` URI)."""
+
     def __init__(
         self,
         root: Path,
@@ -196,17 +185,9 @@ class LocalStore:
             return False
         try:
             path = self._source(listing.model, listing.release) / safe_relpath(rel)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except (ControlPlaneError, OSError):
             return False  # the fetch tells what is wrong
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or file_version(info) != stored.version:
-                return False  # changed since it was listed: fetch it, and let the fetch judge
-            digest = _hash_fd(fd, cancel or threading.Event(), f"{listing.model}/{rel}")
-            return digest == sha256 and file_version(os.fstat(fd)) == stored.version
-        finally:
-            os.close(fd)
+        return holds(path, stored.version, sha256, cancel, f"{listing.model}/{rel}")
 
     def fetch(
         self,
@@ -218,47 +199,15 @@ class LocalStore:
         progress: Callable[[FetchProgress], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> FetchedRelease:
-        source = self._source(listing.model, listing.release)
-        stop = cancel or threading.Event()
-        plan = sorted(listing.files.items())
-        total = sum(stored.size for _, stored in plan)
-        files: dict[str, FileDigest] = {rel: have[rel] for rel, _ in plan if have and rel in have}
-        done_bytes = sum(digest.size for digest in files.values())
-        fetched_bytes = 0
-        refetched = 0
-        for rel, stored in plan:
-            if rel in files:
-                continue
-            if stop.is_set():
-                raise Interrupted(f"the fetch of {listing.model}/{listing.release} was cancelled")
-            expected = manifest.get(rel) if manifest is not None else None
-            copy = _FileCopy(
-                source / safe_relpath(rel),
-                dest / safe_relpath(rel),
-                size=stored.size,
-                version=stored.version,
-                what=f"{listing.model}/{listing.release}/{rel}",
-                stop=stop,
-            )
-            digest = copy.run(expected, self._telemetry)
-            files[rel] = digest
-            done_bytes += digest.size
-            fetched_bytes += copy.copied
-            refetched += copy.fetches - 1
-            if progress is not None:
-                progress(FetchProgress(len(files), len(plan), done_bytes, total))
-        fetched_manifest = None
-        if MANIFEST_NAME in listing.files:
-            fetched_manifest = decode_manifest(
-                (dest / MANIFEST_NAME).read_bytes(), f"{listing.model}/{listing.release}"
-            )
-        return FetchedRelease(
-            manifest=fetched_manifest,
-            files=files,
-            bytes_total=total,
-            bytes_fetched=fetched_bytes,
-            refetched=refetched,
-            retries=refetched,
+        return copy_release(
+            self._source(listing.model, listing.release),
+            listing,
+            dest,
+            manifest=manifest,
+            have=have,
+            progress=progress,
+            cancel=cancel,
+            telemetry=self._telemetry,
         )
 
     def _source(self, model: str, release: str) -> Path:
@@ -306,23 +255,6 @@ def _read_plain(path: Path, bound: int, where: str) -> bytes | None:
         return read_at_most(stream, bound)
 
 
-def file_version(info: os.stat_result) -> str:
-    """A directory store's version of a file: its device, inode, size and mtime. Not ctime:
-    hardlinking the file into a new release dir (``cp -al``) changes it, not the bytes."""
-    return f"file:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-
-
-def _hash_fd(fd: int, stop: threading.Event, what: str) -> str:
-    sha = hashlib.sha256()
-    offset = 0
-    while chunk := os.pread(fd, CHUNK, offset):
-        if stop.is_set():
-            raise Interrupted(f"reading {what} was cancelled")
-        sha.update(chunk)
-        offset += len(chunk)
-    return sha.hexdigest()
-
-
 def missing_store(root: Path) -> StoreUnavailable:
     """A store dir that is not there: a typo in store.uri, or a share not mounted (yet), is
     neither an empty store nor a model that is not in it. Transient: a share can come back."""
@@ -353,106 +285,3 @@ def _is_model_name(name: str) -> bool:
     except InvalidName:
         return False
     return True
-
-
-class _FileCopy:
-    """One file copied into a temp file beside its target, again while its digest calls for
-    it; renamed into place when done, deleted when not."""
-
-    def __init__(
-        self,
-        source: Path,
-        target: Path,
-        *,
-        size: int,
-        version: str | None,
-        what: str,
-        stop: threading.Event,
-    ):
-        self._source = source
-        self._target = target
-        self._size = size
-        self._version = version
-        self._what = what
-        self._stop = stop
-        self.fetches = 0
-        self.copied = 0  # bytes read from the store, every copy counted
-
-    def run(self, expected: str | None, telemetry: Telemetry | None) -> FileDigest:
-        self._target.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(
-            prefix=f".{self._target.name}.", suffix=".part", dir=self._target.parent
-        )
-        tmp = Path(name)
-        digests: list[str] = []
-        try:
-            with os.fdopen(fd, "wb") as out:
-                while True:
-                    digest = self._copy(out)
-                    digests.append(digest.sha256)
-                    verdict = judge_fetches(expected, digests)
-                    if verdict is Verdict.UNSTABLE:
-                        raise unstable(self._what, digests, expected or "")
-                    if verdict is not Verdict.FETCH_AGAIN:
-                        break  # MATCH, or STORE_DIFFERS: verification will name the file
-                    report_refetch(
-                        telemetry,
-                        self._what,
-                        fetches=len(digests),
-                        got=digest.sha256,
-                        expected=expected or "",
-                    )
-            os.replace(tmp, self._target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return digest
-
-    def _copy(self, out: BinaryIO) -> FileDigest:
-        """One copy of the source over ``out``, at most its listed size, hashed as written."""
-        out.seek(0)
-        out.truncate()
-        self.fetches += 1
-        sha = hashlib.sha256()
-        copied = 0
-        try:
-            fd = os.open(self._source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            raise ReleaseChanged(
-                f"{self._what} disappeared from the store during the fetch; it will be "
-                "fetched again"
-            ) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafeRelease(f"{self._what} became a symlink; ship plain files") from None
-            raise
-        with os.fdopen(fd, "rb") as reader:
-            if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
-                raise UnsafeRelease(f"{self._what} is not a regular file")
-            # One byte past the listed size tells a file that grew since it was listed.
-            while chunk := reader.read(min(CHUNK, self._size - copied + 1)):
-                if self._stop.is_set():
-                    raise Interrupted(f"the copy of {self._what} was cancelled")
-                copied += len(chunk)
-                self.copied += len(chunk)
-                if copied > self._size:
-                    raise ReleaseChanged(
-                        f"{self._what} grew past its listed {self._size} bytes during the "
-                        "fetch; it will be fetched again"
-                    )
-                sha.update(chunk)
-                out.write(chunk)
-            if copied != self._size:
-                raise ReleaseChanged(
-                    f"{self._what} shrank from {self._size} to {copied} bytes during the "
-                    "fetch; it will be fetched again"
-                )
-            if self._version is not None and file_version(os.fstat(reader.fileno())) != (
-                self._version
-            ):
-                raise ReleaseChanged(
-                    f"{self._what} was changed or replaced since it was listed (same size); "
-                    "it will be fetched again"
-                )
-        out.flush()
-        return FileDigest(size=copied, sha256=sha.hexdigest())

@@ -61,9 +61,9 @@ class Retrier:
         self.budget = budget
         self.budget_name = budget_name  # what the budget is called in messages
         self.backoff_max = backoff_max
-        self._first_backoff = first_backoff
+        self.first_backoff = first_backoff
         self._telemetry = telemetry
-        self._clock = clock
+        self.clock = clock
 
     def call(
         self,
@@ -75,92 +75,20 @@ class Retrier:
     ) -> T:
         """``fn()``, tried again while it raises :class:`StoreUnavailable` and the budget
         lasts; then :class:`StoreUnavailable` saying how long it tried and the last cause."""
-        first_failure: float | None = None
-        tries = 0
-        jitter = tenacity.wait_random_exponential(
-            multiplier=self._first_backoff, max=self.backoff_max
-        )
-
-        def elapsed() -> float:
-            return 0.0 if first_failure is None else self._clock() - first_failure
-
-        def failed(state: tenacity.RetryCallState) -> None:
-            nonlocal first_failure
-            if first_failure is None:
-                first_failure = self._clock()
-
-        def wait(state: tenacity.RetryCallState) -> float:
-            return max(0.0, min(jitter(state), self.budget - elapsed()))
-
-        def stop(state: tenacity.RetryCallState) -> bool:
-            return elapsed() >= self.budget
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            error = _error_of(state)
-            cause = retry_cause(error.details.get("cause"))
-            pause = state.upcoming_sleep
-            log.warning(
-                "%s: attempt %d failed (%s: %s); trying again in %.1f s, giving up in %.0f s",
-                what,
-                state.attempt_number,
-                cause.value,
-                error.message,
-                pause,
-                max(0.0, self.budget - elapsed()),
-                extra={
-                    "key": what,
-                    "attempt": state.attempt_number,
-                    "cause": cause.value,
-                    "retry_in_seconds": round(pause, 3),
-                    "gives_up_in_seconds": round(max(0.0, self.budget - elapsed()), 3),
-                },
-            )
-            self._count(cause, on_retry)
-
-        def attempt() -> T:
-            nonlocal tries
-            if abort.is_set():
-                raise Aborted
-            tries += 1
-            return fn()
-
-        def sleep(seconds: float) -> None:
-            if abort.wait(seconds):  # an abort cuts the backoff short
-                raise Aborted
-
+        attempts = _Attempts(self, what=what, abort=abort, on_retry=on_retry)
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(StoreUnavailable),
-            after=failed,
-            wait=wait,
-            stop=stop,
-            before_sleep=before_sleep,
-            sleep=sleep,
+            after=attempts.failed,
+            wait=attempts.wait,
+            stop=attempts.stop,
+            before_sleep=attempts.before_sleep,
+            sleep=attempts.sleep,
             reraise=True,
         )
         try:
-            return retrying(attempt)
+            return retrying(lambda: attempts.attempt(fn))
         except StoreUnavailable as exc:
-            cause = retry_cause(exc.details.get("cause"))
-            log.warning(
-                "%s: giving up after %d attempt(s) over %.1f s; last error (%s): %s",
-                what,
-                tries,
-                elapsed(),
-                cause.value,
-                exc.message,
-                extra={"key": what, "attempt": tries, "cause": cause.value},
-            )
-            raise StoreUnavailable(
-                f"gave up on {what} after {tries} attempt(s) over {elapsed():.1f} s "
-                f"({self.budget_name} is {self.budget:g} s); last error ({cause.value}): "
-                f"{exc.message}",
-                details={
-                    "key": what,
-                    "attempts": tries,
-                    "seconds": round(elapsed(), 3),
-                    "cause": cause.value,
-                },
-            ) from exc
+            raise attempts.given_up(exc) from exc
 
     def refetching(
         self,
@@ -200,13 +128,111 @@ class Retrier:
             else f"the {parts} of its {of} parts whose fetches disagree",
             extra={"key": what, "parts": parts, "cause": RetryCause.CORRUPT.value},
         )
-        self._count(RetryCause.CORRUPT, on_retry)
+        self.count(RetryCause.CORRUPT, on_retry)
 
-    def _count(self, cause: RetryCause, on_retry: Callable[[], None] | None) -> None:
+    def count(self, cause: RetryCause, on_retry: Callable[[], None] | None) -> None:
+        """One retry for ``cause``: in the metric, and to ``on_retry``."""
         if self._telemetry is not None:
             self._telemetry.store_retried(cause)
         if on_retry is not None:
             on_retry()
+
+
+class _Attempts:
+    """The tries of one :meth:`Retrier.call`: when the first failed, how many were made, the
+    wait before the next (jittered, never past the budget), and what each retry says."""
+
+    def __init__(
+        self,
+        retrier: Retrier,
+        *,
+        what: str,
+        abort: threading.Event,
+        on_retry: Callable[[], None] | None,
+    ) -> None:
+        self._retrier = retrier
+        self._what = what
+        self._abort = abort
+        self._on_retry = on_retry
+        self._first_failure: float | None = None
+        self.tries = 0
+        self._jitter = tenacity.wait_random_exponential(
+            multiplier=retrier.first_backoff, max=retrier.backoff_max
+        )
+
+    def elapsed(self) -> float:
+        """Seconds since the first failure (0 before it): what the budget counts."""
+        if self._first_failure is None:
+            return 0.0
+        return self._retrier.clock() - self._first_failure
+
+    def attempt(self, fn: Callable[[], T]) -> T:
+        if self._abort.is_set():
+            raise Aborted
+        self.tries += 1
+        return fn()
+
+    def failed(self, state: tenacity.RetryCallState) -> None:
+        if self._first_failure is None:
+            self._first_failure = self._retrier.clock()
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        return max(0.0, min(self._jitter(state), self._retrier.budget - self.elapsed()))
+
+    def stop(self, state: tenacity.RetryCallState) -> bool:
+        return self.elapsed() >= self._retrier.budget
+
+    def sleep(self, seconds: float) -> None:
+        if self._abort.wait(seconds):  # an abort cuts the backoff short
+            raise Aborted
+
+    def before_sleep(self, state: tenacity.RetryCallState) -> None:
+        """Log the failed try and the wait before the next one, and count the retry."""
+        error = _error_of(state)
+        cause = retry_cause(error.details.get("cause"))
+        pause = state.upcoming_sleep
+        budget = self._retrier.budget
+        log.warning(
+            "%s: attempt %d failed (%s: %s); trying again in %.1f s, giving up in %.0f s",
+            self._what,
+            state.attempt_number,
+            cause.value,
+            error.message,
+            pause,
+            max(0.0, budget - self.elapsed()),
+            extra={
+                "key": self._what,
+                "attempt": state.attempt_number,
+                "cause": cause.value,
+                "retry_in_seconds": round(pause, 3),
+                "gives_up_in_seconds": round(max(0.0, budget - self.elapsed()), 3),
+            },
+        )
+        self._retrier.count(cause, self._on_retry)
+
+    def given_up(self, exc: StoreUnavailable) -> StoreUnavailable:
+        """Log that the budget ran out on ``exc``; the error that says so."""
+        cause = retry_cause(exc.details.get("cause"))
+        log.warning(
+            "%s: giving up after %d attempt(s) over %.1f s; last error (%s): %s",
+            self._what,
+            self.tries,
+            self.elapsed(),
+            cause.value,
+            exc.message,
+            extra={"key": self._what, "attempt": self.tries, "cause": cause.value},
+        )
+        return StoreUnavailable(
+            f"gave up on {self._what} after {self.tries} attempt(s) over {self.elapsed():.1f} s "
+            f"({self._retrier.budget_name} is {self._retrier.budget:g} s); last error "
+            f"({cause.value}): {exc.message}",
+            details={
+                "key": self._what,
+                "attempts": self.tries,
+                "seconds": round(self.elapsed(), 3),
+                "cause": cause.value,
+            },
+        )
 
 
 def report_refetch(

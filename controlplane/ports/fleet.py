@@ -1,0 +1,73 @@
+"""The fleet's seams: its desired state and heartbeats in the shared store, and waking peers.
+
+The store's conditional writes are the only coordination (:meth:`DesiredStates.swap`); a wake
+carries nothing, so a member that missed one converges at its next poll all the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from controlplane.domain.fleet import DesiredModel, MemberBeat
+
+
+class DesiredStates(Protocol):
+    """The fleet's desired state and its members' heartbeats, in the store the fleet shares
+    (under ``_controlplane/``). Blocking: services call it from worker threads.
+
+    Errors: :class:`StoreUnavailable` (retry later), :class:`StoreError` (refused, or a record
+    that is not readable), :class:`DesiredStateConflict` from :meth:`swap`."""
+
+    @property
+    def where(self) -> str:
+        """Where the records are, for messages (``s3://bucket/prefix/_controlplane``)."""
+        ...
+
+    def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
+        """The model's record; None when the fleet has none. A store that does not answer is
+        tried again for a few seconds; ``patient``, for as long as a fetch is (as for
+        :meth:`ModelStore.describe`)."""
+        ...
+
+    def read_all(self) -> dict[str, DesiredModel]:
+        """Every model's record, by model. A record that cannot be read is left out (and
+        logged): a model the fleet cannot read is not acted on."""
+        ...
+
+    def unreadable(self) -> dict[str, str]:
+        """The records the last :meth:`read_all` left out (where each is, and why): shown to
+        operators, since no member acts on a model whose record cannot be read."""
+        ...
+
+    def swap(self, desired: DesiredModel) -> None:
+        """Write ``desired`` if the stored record is still generation
+        ``desired.generation - 1`` (absent, for generation 1); else
+        :class:`DesiredStateConflict`, naming the record that won."""
+        ...
+
+    def beat(self, beat: MemberBeat) -> None:
+        """Write this member's heartbeat (replacing its last one)."""
+        ...
+
+    def beats(self) -> dict[str, MemberBeat]:
+        """Every member's last heartbeat, alive or not, by member."""
+        ...
+
+    def beat_of(self, member: str) -> MemberBeat | None:
+        """One member's last heartbeat; None when it has none (or not one that can be read)."""
+        ...
+
+    def forget(self, member: str) -> None:
+        """Delete a member's heartbeat (it left the fleet for good)."""
+        ...
+
+
+class FleetPeers(Protocol):
+    """The other members' APIs, to wake them after this member changed the desired state. A
+    wake carries nothing: a woken member reads the store, as at its next poll."""
+
+    async def wake(self, urls: Sequence[str]) -> dict[str, str | None]:
+        """Wake each member at ``urls`` (at once, each bounded by a short timeout); by URL,
+        None when it answered, else why not."""
+        ...
