@@ -57,6 +57,7 @@ from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped]
 from bench.report import run_main
 from bench.s3_report import Params, machine, section, table, verdict, write_readme
 from controlplane.adapters.stores.s3 import S3Store
+from controlplane.domain.checksums import decode_manifest
 
 BUCKET, PREFIX, MODEL, RELEASE = "bench", "models", "bench", "r1"
 REGION = "us-east-1"
@@ -261,7 +262,8 @@ def child(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.child == "store":
         store = S3Store(f"s3://{BUCKET}/{PREFIX}", client=client, **knobs)
-        manifest = store.read_manifest(MODEL, RELEASE)
+        marker = store.read_marker_files(MODEL, RELEASE).manifest
+        manifest = decode_manifest(marker, RELEASE) if marker is not None else None
         listing = store.list_files(MODEL, RELEASE)
         total = store.fetch(listing, dest, manifest=manifest).bytes_total
     else:

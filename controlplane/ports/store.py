@@ -107,10 +107,6 @@ class ModelStore(Protocol):
         waits for the operation anyway) tries as long as a fetch does (``retry_seconds``)."""
         ...
 
-    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
-        """The parsed ``SHA256SUMS``, or None when the release has none (yet)."""
-        ...
-
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         """The bytes of ``SHA256SUMS`` (at most its bound: a larger one is
         :class:`UnsafeRelease`) and of ``SHA256SUMS.sig`` (at most one byte past its bound, so

@@ -26,7 +26,7 @@ def _place(store: Path, model: str, release: str, repository: Path) -> None:
     shutil.copytree(store / model / release, repository / model)
 
 
-def test_load_config_metadata_infer_unload(
+def test_load_config_signature_infer_unload(
     triton: RunningTriton, store: Path, model_name: str
 ) -> None:
     write_scale_release(store, model_name, "r1", k=3.0)
@@ -40,8 +40,8 @@ def test_load_config_metadata_infer_unload(
             assert states[model_name] == "READY"
             config = await driver.model_config(model_name)
             assert config["backend"] == "python"
-            metadata = await driver.model_metadata(model_name)
-            assert [i["name"] for i in metadata["inputs"]] == ["INPUT0"]
+            signature = await driver.signature(model_name)
+            assert [t.name for t in signature.inputs] == ["INPUT0"]
             outputs = await driver.infer(model_name, {"INPUT0": Array("FP32", (2,), (1.0, 2.0))})
             assert outputs["OUTPUT0"].values == (3.0, 6.0)
             await driver.unload(model_name)

@@ -38,6 +38,7 @@ from controlplane.domain.transfer import RetryCause
 from controlplane.ports import FetchedRelease, FetchProgress
 from controlplane.services.telemetry import NoTelemetry
 from tests.support.fault_proxy import FaultKind, FaultProxy, SeenRequest
+from tests.support.manifests import manifest_of
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 from tests.support.s3 import (
@@ -55,7 +56,7 @@ StoreFactory = Callable[..., S3Store]
 
 def fetch(store: S3Store, model: str, release: str, dest: Path, **kwargs: Any) -> FetchedRelease:
     """Read the manifest, list the release, fetch the listing: what the prepare step does."""
-    manifest = store.read_manifest(model, release)
+    manifest = manifest_of(store, model, release)
     return store.fetch(store.list_files(model, release), dest, manifest=manifest, **kwargs)
 
 
@@ -220,8 +221,8 @@ def test_describe_and_read_manifest(direct: Any, bucket: str, make_store: StoreF
     assert store.describe("m", "v2") == ReleaseInfo("m", "v2", False, None)
     with pytest.raises(ReleaseNotFound, match="'v3'"):
         store.describe("m", "v3")
-    assert store.read_manifest("m", "v1") == {rel: sha(data) for rel, data in files.items()}
-    assert store.read_manifest("m", "v2") is None
+    assert manifest_of(store, "m", "v1") == {rel: sha(data) for rel, data in files.items()}
+    assert manifest_of(store, "m", "v2") is None
 
 
 def test_a_manifest_that_is_not_utf8_is_an_invalid_release(
@@ -233,12 +234,10 @@ def test_a_manifest_that_is_not_utf8_is_an_invalid_release(
     direct.put_object(Bucket=bucket, Key=key, Body=latin1)
 
     with pytest.raises(UnsafeRelease) as caught:
-        make_store().read_manifest("m", "v1")
+        manifest_of(make_store(), "m", "v1")
 
-    assert caught.value.code == "invalid_release"
-    assert f"{MANIFEST_NAME} of s3://{bucket}/{key} is not UTF-8 text (byte 0xe9" in str(
-        caught.value
-    )
+    assert caught.value.code == "invalid_release"  # as a deploy reads it: the bytes, parsed
+    assert f"{MANIFEST_NAME} of m/v1 is not UTF-8 text (byte 0xe9" in str(caught.value)
 
 
 # --- fetching -----------------------------------------------------------------------------
@@ -679,7 +678,7 @@ def test_a_cancelled_fetch_ends_its_threads_promptly_and_leaves_no_temp_files(
     upload_release(direct, bucket, PREFIX, "m", "v1", {"big.bin": os.urandom(2 * 1024 * 1024)})
     proxy.latency = 0.5  # 32 parts over 4 threads: about 4 s if left alone
     store = make_store(multipart_threshold=256 * 1024, part_size=64 * 1024, max_concurrency=4)
-    manifest = store.read_manifest("m", "v1")
+    manifest = manifest_of(store, "m", "v1")
     listing = store.list_files("m", "v1")
     cancel = threading.Event()
     outcome: list[BaseException] = []
@@ -813,7 +812,7 @@ def test_a_missing_bucket_is_a_store_error_naming_it(proxy: FaultProxy, dest: Pa
         for call in (
             lambda: store.list_releases("m"),
             lambda: store.describe("m", "v1"),
-            lambda: store.read_manifest("m", "v1"),
+            lambda: manifest_of(store, "m", "v1"),
             lambda: store.list_files("m", "v1"),
         ):
             with pytest.raises(StoreError, match="no-such-bucket-here"):

@@ -32,6 +32,7 @@ from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import FetchedRelease, FetchProgress
 from controlplane.services.telemetry import NoTelemetry
+from tests.support.manifests import manifest_of
 
 CONFIG = b'name: "m"\nbackend: "python"\n'
 MODEL_PY = b"class TritonPythonModel:\n    pass\n"
@@ -62,7 +63,7 @@ def release_files(extra: bytes = b"") -> dict[str, bytes]:
 
 def fetch(store: LocalStore, model: str, release: str, dest: Path, **kwargs: Any) -> FetchedRelease:
     """Read the manifest, list the release, fetch the listing: what the prepare step does."""
-    manifest = store.read_manifest(model, release)
+    manifest = manifest_of(store, model, release)
     return store.fetch(store.list_files(model, release), dest, manifest=manifest, **kwargs)
 
 
@@ -216,8 +217,8 @@ def test_describe(store_root: Path) -> None:
     store = LocalStore(store_root)
     assert store.describe("m", "r1").complete is True
     assert store.describe("m", "r2") == ReleaseInfo("m", "r2", False)
-    assert store.read_manifest("m", "r2") is None
-    manifest = store.read_manifest("m", "r1")
+    assert manifest_of(store, "m", "r2") is None
+    manifest = manifest_of(store, "m", "r1")
     assert manifest is not None
     assert set(manifest) == {"config.pbtxt"}
 
@@ -382,7 +383,7 @@ def test_fetch_writes_only_the_files_of_its_listing(store_root: Path, tmp_path: 
     root = write_release(store_root, "m", "r1", release_files())
     (root / "1" / "stray.bin").write_bytes(b"not in SHA256SUMS")
     store = LocalStore(store_root)
-    manifest = store.read_manifest("m", "r1")
+    manifest = manifest_of(store, "m", "r1")
     assert manifest is not None
     listing = store.list_files("m", "r1").only({*manifest, MANIFEST_NAME})
     dest = tmp_path / "dest"
@@ -400,7 +401,7 @@ def test_a_file_that_changes_size_after_the_listing_is_release_changed(
 ) -> None:
     root = write_release(store_root, "m", "r1", release_files())
     store = LocalStore(store_root)
-    manifest = store.read_manifest("m", "r1")
+    manifest = manifest_of(store, "m", "r1")
     listing = store.list_files("m", "r1")
     weights = root / "1" / "data" / "weights.bin"
     if change:
@@ -437,7 +438,7 @@ def test_a_manifest_that_is_not_utf8_is_an_invalid_release(store_root: Path) -> 
     (root / MANIFEST_NAME).write_bytes(b"\xff\xfe" + (root / MANIFEST_NAME).read_bytes())
 
     with pytest.raises(UnsafeRelease, match=r"SHA256SUMS of m/r1 is not UTF-8.*0xff at offset 0"):
-        LocalStore(store_root).read_manifest("m", "r1")
+        manifest_of(LocalStore(store_root), "m", "r1")
 
 
 def test_a_cancelled_fetch_stops_and_leaves_no_temp_file(store_root: Path, tmp_path: Path) -> None:
@@ -491,4 +492,4 @@ def test_a_huge_manifest_is_neither_read_nor_held_in_memory(store_root: Path) ->
     assert info.complete
     assert info.revision is not None
     with pytest.raises(UnsafeRelease, match=r"SHA256SUMS of m/r1 is 21474836480 bytes, more than"):
-        store.read_manifest("m", "r1")
+        manifest_of(store, "m", "r1")

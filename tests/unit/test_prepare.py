@@ -164,9 +164,6 @@ class StallingStore:
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         return self._inner.describe(model, release, patient=patient)
 
-    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
-        return self._inner.read_manifest(model, release)
-
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         return self._inner.read_marker_files(model, release)
 

@@ -58,9 +58,6 @@ class FullDiskStore:
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         raise OSError(28, "No space left on device")
 
-    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
-        raise OSError(28, "No space left on device")
-
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         raise OSError(28, "No space left on device")
 

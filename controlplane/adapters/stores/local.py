@@ -26,7 +26,6 @@ from controlplane.domain.checksums import (
     MAX_MANIFEST_BYTES,
     SIGNATURE_NAME,
     FileDigest,
-    decode_manifest,
     manifest_too_large,
     safe_relpath,
 )
@@ -139,19 +138,6 @@ class LocalStore:
                 f"release {release!r} of model {model!r} is not in the store {self.uri}"
             )
         return self._markers.info(model, release, os.fspath(path / MANIFEST_NAME))
-
-    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
-        path = self._release_dir(model, release) / MANIFEST_NAME
-        if path.is_symlink():
-            raise UnsafeRelease(f"{MANIFEST_NAME} of {model}/{release} is a symlink")
-        try:
-            with path.open("rb") as stream:
-                data = read_at_most(stream, MAX_MANIFEST_BYTES)  # never more, whatever its size
-        except (FileNotFoundError, IsADirectoryError):
-            return None
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise manifest_too_large(path.stat().st_size, f"{model}/{release}")
-        return decode_manifest(data, f"{model}/{release}")
 
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         where = f"{model}/{release}"

@@ -119,9 +119,6 @@ class S3Store:
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         return s3_listing.describe(self._bucket, model, release, patient=patient)
 
-    def read_manifest(self, model: str, release: str) -> dict[str, str] | None:
-        return s3_listing.read_manifest(self._bucket, model, release)
-
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         return s3_listing.read_marker_files(self._bucket, model, release)
 

@@ -20,7 +20,6 @@ from controlplane.domain.checksums import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     SIGNATURE_NAME,
-    decode_manifest,
     manifest_too_large,
     safe_relpath,
 )
@@ -111,12 +110,6 @@ def describe(bucket: S3Bucket, model: str, release: str, *, patient: bool) -> Re
             f"release {release!r} of model {model!r} is not in the store {bucket.uri}"
         )
     return ReleaseInfo(model, release, False, None)
-
-
-def read_manifest(bucket: S3Bucket, model: str, release: str) -> dict[str, str] | None:
-    key = bucket.release_base(model, release) + MANIFEST_NAME
-    data = bucket.get_small(key, MAX_MANIFEST_BYTES, too_large=manifest_too_large)
-    return None if data is None else decode_manifest(data, bucket.url(key))
 
 
 def read_marker_files(bucket: S3Bucket, model: str, release: str) -> MarkerFiles:

@@ -233,16 +233,6 @@ class TritonDriver:
         config: dict[str, Any] = raw.get("config", raw)
         return config
 
-    async def model_metadata(self, model: str) -> dict[str, Any]:
-        """Inputs and outputs with their datatypes and shapes, as Triton reports them."""
-
-        async def call() -> Any:
-            return await self._stub.model_metadata(
-                request("ModelMetadata", name=model), timeout=self._call_timeout
-            )
-
-        return protocol.as_dict(await self._retrying(call, what=f"metadata of {model!r}"))
-
     # --- inference ----------------------------------------------------------------------------
 
     async def infer(self, model: str, inputs: Mapping[str, Array]) -> dict[str, Array]:

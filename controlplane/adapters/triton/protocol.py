@@ -88,7 +88,6 @@ class TritonStub:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.server_live = _unary(channel, "ServerLive")
         self.model_config = _unary(channel, "ModelConfig")
-        self.model_metadata = _unary(channel, "ModelMetadata")
         self.model_infer = _unary(channel, "ModelInfer")
         self.repository_index = _unary(channel, "RepositoryIndex")
         self.load = _unary(channel, "RepositoryModelLoad")
