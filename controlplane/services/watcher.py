@@ -56,23 +56,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 from controlplane.domain.errors import (
     ControlPlaneError,
     InvalidName,
     ModelNotFound,
-    OperationInProgress,
 )
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import (
-    Cause,
     Operation,
-    OperationKind,
-    OperationStatus,
-    Trigger,
-    Unchanged,
 )
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.ports import (
@@ -83,6 +76,7 @@ from controlplane.ports import (
     RollbackBook,
     ServingRepo,
 )
+from controlplane.services.auto_deploy import AutoDeploy
 from controlplane.services.catalog import StoreCatalog, kept
 from controlplane.services.deploy import DeployService
 from controlplane.services.ignored_log import IgnoredNamesLog
@@ -92,7 +86,6 @@ from controlplane.timing import Wake
 
 log = logging.getLogger(__name__)
 FULL_SCAN_SECONDS = 300.0
-RESUME_LOOKBACK = 200  # a model's operations read for what became of its newest release
 
 
 @dataclass(frozen=True)
@@ -144,23 +137,21 @@ class ReleaseWatcher:
         self._full_scan_every = full_scan_every
         self._next_full: float | None = None  # monotonic time of the next full scan
         self._store = store
-        self._deploy = deploy
-        self._client = client
         self._releases = releases
-        self._serving = serving
-        self._rollbacks = rollbacks
         self._clock = clock
-        self._tasks = tasks
         self._auto_deploy = auto_deploy
         self._interval = interval
-        self._retry: set[tuple[str, str, str | None]] = set()
-        self._require_signature = require_signature
-        # Newest releases held back for want of a signature (each logged once): deployed once
-        # their SHA256SUMS.sig appears, forgotten once a newer release is the newest.
-        self._unsigned: set[tuple[str, str, str | None]] = set()
-        self._looked: set[str] = set()  # auto-deploy models looked at since the start
         self._ignored_log = IgnoredNamesLog()
         self.wake = wake or Wake(clock)  # set by the store's events, or to scan at once
+        self._auto = AutoDeploy(
+            deploy=deploy,
+            client=client,
+            serving=serving,
+            rollbacks=rollbacks,
+            tasks=tasks,
+            require_signature=require_signature,
+            wake=self.wake.set,
+        )
 
     async def run(self, after: asyncio.Event | None = None) -> None:
         """Scan forever, every interval or when woken; cancelled on shutdown. A scan that fails
@@ -247,7 +238,7 @@ class ReleaseWatcher:
             return _Plan(None, top=True)
         # Listed every beat: models whose auto-deploy waits for a retry, or for the signature
         # of a release held unsigned (a SHA256SUMS.sig uploaded after SHA256SUMS).
-        retrying = {model for model, _release, _revision in self._retry | self._unsigned}
+        retrying = self._auto.waiting()
         named = {model for model in changes.models if _is_model_name(model)}
         return _Plan(named | retrying | self.catalog.failing(), top=changes.others)
 
@@ -277,7 +268,7 @@ class ReleaseWatcher:
         result: ScanResult,
     ) -> None:
         last = self.catalog.get(model)
-        if last is not None and last.releases == tuple(releases) and not self._retrying(model):
+        if last is not None and last.releases == tuple(releases) and not self._auto.retrying(model):
             # As recorded at the last scan: nothing to do (but what it left out may differ).
             self.catalog.listed(model, releases, ignored)
             return
@@ -296,155 +287,8 @@ class ReleaseWatcher:
                 extra={"model": model, "release": info.name},
             )
         result.new.extend(new)
-        if not self._auto_deploy(model):
-            return
-        complete = [r for r in releases if r.complete]
-        if not complete:
-            return
-        newest = max(complete, key=lambda r: natural_key(r.name))
-        key = (model, newest.name, newest.revision)
-        fresh = newest in new or key in self._retry or key in self._unsigned
-        if not fresh and not await self._cut_short(model, newest.name):
-            return
-        record = await self._serving.get(model)
-        known = {r.name for r in recorded if r.complete}
-        if record and record.active_release == newest.name and newest.name not in known:
-            return  # already serving it; first sight of it is no reason to load it again
-        latched = {d.release: d for d in await self._rollbacks.latched(model)}
-        if newest.name in latched:
-            log.warning(
-                "not auto-deploying %s %s: it was rolled back from (%s); deploy it by hand to "
-                "clear that",
-                model,
-                newest.name,
-                latched[newest.name].reason,
-                extra={"model": model, "release": newest.name},
-            )
-            return
-        if self._held_unsigned(newest, key):
-            return
-        if self._client.holder(model) is not None:
-            self._when_free(model, key)
-            return
-        self._retry.discard(key)
-        fleet = self._deploy.fleet
-        if fleet is not None:  # one member goes first; the others follow the desired state
-            claim = await fleet.claim(model, newest.name, newest.revision)
-            if not claim.won:
-                log.info(
-                    "not auto-deploying %s %s here: %s",
-                    model,
-                    newest.name,
-                    claim.why,
-                    extra={"model": model, "release": newest.name},
-                )
-                if claim.look_again:
-                    self._retry.add(key)
-                return
-        try:
-            operation = await self._client.start(
-                partial(
-                    self._deploy.deploy,
-                    model,
-                    newest.name,
-                    trigger=Trigger.WATCHER,
-                    cause=Cause(reason=f"{newest.name} is the newest complete release"),
-                ),
-                patience=self._deploy.behind_housekeeping(model),
-            )
-        except OperationInProgress:
-            self._when_free(model, key)  # taken since the look above
-            return
-        except ControlPlaneError as exc:
-            if exc.retryable:
-                self._retry.add(key)
-            log.warning("auto-deploy of %s %s refused: %s", model, newest.name, exc)
-            return
-        if isinstance(operation, Unchanged):
-            return
-        result.deploys.append(operation)
-        self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
-
-    async def _cut_short(self, model: str, release: str) -> bool:
-        """At this daemon's first look at ``model`` since it started: was the auto-deploy of
-        its newest complete release cut short when the daemon stopped (killed, restarted)? It
-        was if that release's last operation is a deploy left interrupted, or if no operation
-        names it and it is newer than what serves (seen, and the daemon died before the deploy
-        began). One that failed, was rolled back from or serves is left alone, as before."""
-        if model in self._looked:
-            return False
-        self._looked.add(model)
-        record = await self._serving.get(model)
-        active = record.active_release if record else None
-        if active == release:
-            return False
-        for operation in await self._deploy.list_operations(model, RESUME_LOOKBACK):
-            if release in (operation.release, operation.from_release):
-                cut = (
-                    operation.kind is OperationKind.DEPLOY
-                    and operation.status is OperationStatus.INTERRUPTED
-                )
-                break
-        else:
-            cut = active is None or natural_key(release) > natural_key(active)
-        if cut:
-            log.info(
-                "resuming the auto-deploy of %s %s, cut short when the daemon stopped",
-                model,
-                release,
-                extra={"model": model, "release": release},
-            )
-        return cut
-
-    def _held_unsigned(self, newest: ReleaseInfo, key: tuple[str, str, str | None]) -> bool:
-        """Whether the newest release is held back: a signature is required and it has none.
-        No older release is deployed instead; a deploy by hand says ``signature_missing``."""
-        model = newest.model
-        self._unsigned = {held for held in self._unsigned if held[0] != model or held == key}
-        if newest.signed or not self._require_signature(model):
-            self._unsigned.discard(key)
-            return False
-        if key not in self._unsigned:
-            self._unsigned.add(key)
-            log.warning(
-                "not auto-deploying %s %s: it has no SHA256SUMS.sig and a signature is required "
-                "(store.require_signature); upload the signature and it is deployed then",
-                model,
-                newest.name,
-                extra={"model": model, "release": newest.name},
-            )
-        return True
-
-    def _when_free(self, model: str, key: tuple[str, str, str | None]) -> None:
-        """The model is busy: try the auto-deploy again as soon as that operation has ended."""
-        self._retry.add(key)
-        self._tasks.spawn(f"watch-busy-{model}", self._scan_after(model))
-
-    async def _scan_after(self, model: str) -> None:
-        """Scan again once the operation holding ``model`` has ended: a release heard while
-        the model was busy (retiring its old slot, say) is deployed then, not a poll later
-        (which with notifications may be minutes)."""
-        await self._client.until_free(model)
-        self.wake.set()
-
-    def _retrying(self, model: str) -> bool:
-        """An auto-deploy of ``model`` waits to be tried again at this scan."""
-        return any(key[0] == model for key in self._retry)
-
-    async def _follow(self, operation: Operation, key: tuple[str, str, str | None]) -> None:
-        outcome = await self._client.wait(operation.id)
-        if outcome.succeeded:
-            return
-        code = outcome.code or ""
-        if outcome.retryable:
-            self._retry.add(key)
-            log.warning(
-                "auto-deploy of %s %s failed (%s); retrying at the next scan", *key[:2], code
-            )
-            return
-        log.error("auto-deploy of %s %s failed (%s); waiting for a new release", *key[:2], code)
-        if self._deploy.fleet is not None:  # the release stops here: no other member tries it
-            await self._deploy.fleet.claim_failed(key[0], key[1], outcome.error)
+        if self._auto_deploy(model):
+            await self._auto.consider(model, releases, new, recorded, result.deploys)
 
 
 def _is_model_name(name: str) -> bool:
