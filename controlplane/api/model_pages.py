@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.api.schemas.model import as_of_json, ignored_json, model_json, overload_json
-from controlplane.services.status import ModelPage, ModelView
+from controlplane.services.views import ModelPage, ModelView
 
 KEPT = 5000  # models whose JSON is kept (least recently answered dropped first)
 _SPLIT_AT = "overload"

@@ -161,7 +161,6 @@ def assemble(
         memory=memory,
         clock=clock,
         policy_for=policy_for,
-        require_checksums=limits.require_checksums,
         unload_seconds=limits.unload_seconds,
         fleet=fleet,
     )

@@ -85,7 +85,6 @@ class DeployService:
         memory: MemoryWatch,
         clock: Clock,
         policy_for: Callable[[str], TrafficPolicy],
-        require_checksums: bool = True,
         unload_seconds: float = 120.0,
         fleet: FleetLedger | None = None,
     ) -> None:
@@ -103,7 +102,6 @@ class DeployService:
         self._preparer = preparer
         self._clock = clock
         self._policy_for = policy_for
-        self._require_checksums = require_checksums
         self.fleet = fleet
 
     def strategy(self, model: str) -> ModelStrategy:

@@ -31,7 +31,8 @@ from controlplane.domain.rollback import RollbackRecord
 from controlplane.ports import Clock, OperationLog, RollbackBook
 from controlplane.services.fleet import FleetService, FleetSnapshot
 from controlplane.services.overload import HISTORY_SECONDS, GpuPoint, OverloadView, OverloadWatcher
-from controlplane.services.status import ModelView, StatusService
+from controlplane.services.status import StatusService
+from controlplane.services.views import ModelView
 
 log = logging.getLogger(__name__)
 MAX_MODELS = 50  # models on one page; the rest are counted, and listed by GET /v1/models

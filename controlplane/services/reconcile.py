@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -40,7 +41,10 @@ from controlplane.domain.operations import (
 from controlplane.domain.triton import TritonState, index_by_name
 from controlplane.ports import (
     Clock,
+    IndexEntry,
+    ModelRecord,
     OperationLog,
+    ReleaseMarker,
     ServingRepo,
     Staging,
     Telemetry,
@@ -248,42 +252,52 @@ class Reconciler:
         ready = {n for n, entry in index.items() if entry.state is TritonState.READY}
         self._ready_seen = ready & managed
         for record in records:
-            model = record.name
-            repairing = self._repairs.get(model)
-            if self._runner.holder(model) is not None or (repairing and not repairing.done()):
-                report.busy.append(model)
-                if repairing and self.last is not None and model in self.last.assessments:
-                    # Still what the last look found: a model under repair is not serving
-                    # until a pass after the repair (woken by its end) says so.
-                    report.assessments[model] = self.last.assessments[model]
-                continue
-            strategy = self._deploy.strategy(model)
-            snapshot = self._slots.snapshot_of(model, record, strategy.slot_names(model))
-            try:
-                seen = await strategy.observe(snapshot, index, placed)
-            except ControlPlaneError as exc:
-                report.failed[model] = str(exc)
-                continue
-            assessment = assess(seen)
-            report.assessments[model] = assessment
-            if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
-                if assessment.unrecorded and assessment.slot is not None:
-                    await record_serving(self._slots, model, assessment.slot, seen.desired)
-                self._retry.succeeded(model)
-                continue
-            if (left := self._retry.left(model)) > 0:  # it failed lately: do not hammer it
-                report.deferred[model] = left
-                continue
-            task = asyncio.create_task(
-                self._repair(seen, assessment, report), name=f"repair-{model}"
-            )
-            self._repairs[model] = task
-            task.add_done_callback(partial(self._forget_repair, model))
-            repairs.append(task)
+            repair = await self._look_at(record, index, placed, report)
+            if repair is not None:
+                repairs.append(repair)
         self.last = report
         if wait and repairs:
             await asyncio.gather(*repairs)
         return report
+
+    async def _look_at(
+        self,
+        record: ModelRecord,
+        index: Mapping[str, IndexEntry],
+        placed: Mapping[str, ReleaseMarker],
+        report: PassReport,
+    ) -> asyncio.Task[None] | None:
+        """One model: busy, as it should be, deferred, or a repair started (its task)."""
+        model = record.name
+        repairing = self._repairs.get(model)
+        if self._runner.holder(model) is not None or (repairing and not repairing.done()):
+            report.busy.append(model)
+            if repairing and self.last is not None and model in self.last.assessments:
+                # Still what the last look found: a model under repair is not serving
+                # until a pass after the repair (woken by its end) says so.
+                report.assessments[model] = self.last.assessments[model]
+            return None
+        strategy = self._deploy.strategy(model)
+        snapshot = self._slots.snapshot_of(model, record, strategy.slot_names(model))
+        try:
+            seen = await strategy.observe(snapshot, index, placed)
+        except ControlPlaneError as exc:
+            report.failed[model] = str(exc)
+            return None
+        assessment = assess(seen)
+        report.assessments[model] = assessment
+        if assessment.action in (Action.NONE, Action.WAIT) and not assessment.retire:
+            if assessment.unrecorded and assessment.slot is not None:
+                await record_serving(self._slots, model, assessment.slot, seen.desired)
+            self._retry.succeeded(model)
+            return None
+        if (left := self._retry.left(model)) > 0:  # it failed lately: do not hammer it
+            report.deferred[model] = left
+            return None
+        task = asyncio.create_task(self._repair(seen, assessment, report), name=f"repair-{model}")
+        self._repairs[model] = task
+        task.add_done_callback(partial(self._forget_repair, model))
+        return task
 
     def _forget_repair(self, model: str, done: asyncio.Task[None]) -> None:
         if self._repairs.get(model) is done:

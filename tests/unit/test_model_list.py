@@ -18,7 +18,8 @@ from controlplane.domain.rollback import RollbackOutcome, RollbackRecord, cooldo
 from controlplane.services.catalog import StoreCatalog
 from controlplane.services.deploy import DeployService
 from controlplane.services.overload import OverloadView
-from controlplane.services.status import INDEX_REUSE_SECONDS, ModelPage, StatusService
+from controlplane.services.status import INDEX_REUSE_SECONDS, StatusService
+from controlplane.services.views import ModelPage
 from controlplane.services.watcher import ReleaseWatcher
 from tests.support.fakes import Parts, deploy_service, release_watcher, started, status_service
 from tests.support.models import write_scale_release

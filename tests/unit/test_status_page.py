@@ -32,7 +32,7 @@ from controlplane.services.overview import (
     ModelOverview,
     Overview,
 )
-from controlplane.services.status import ModelView
+from controlplane.services.views import ModelView
 from tests.support.fakes import START
 
 NOW = START + timedelta(minutes=10)

@@ -18,7 +18,7 @@ from controlplane.domain.rollback import RollbackRecord
 from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
 from controlplane.services.rollback import RollbackResult
-from controlplane.services.status import AsOf, ModelView
+from controlplane.services.views import AsOf, ModelView
 
 ROLES = {"ACTIVE": "active", "RETIRING": "retiring", "READY": "standby"}
 
