@@ -43,7 +43,7 @@ def build_store_events(
     """What tells the release watcher which models changed: a local store's inotify, an S3
     bucket's notifications through the SQS queue the settings name; None: polling only."""
     if isinstance(store, LocalStore):
-        return LocalStoreEvents(settings.store.local_path, wake)
+        return LocalStoreEvents(settings.store.local_path, wake, clock=clock)
     queue = settings.store.notifications.sqs_queue_url
     if queue is None:
         return None  # every beat lists the whole store

@@ -37,7 +37,8 @@ from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
 from controlplane.domain.ignored import ignored_model
 from controlplane.domain.names import validate_model_name
-from controlplane.ports import StoreChanges
+from controlplane.ports import Clock, StoreChanges
+from controlplane.timing import SystemClock
 
 log = logging.getLogger(__name__)
 APPEAR_POLL = 2.0  # s between looks for a store dir that does not exist (yet)
@@ -63,7 +64,9 @@ class LocalStoreEvents:
         appear_poll: float = APPEAR_POLL,
         settled_ms: int = SETTLED_MS,
         filesystem: Callable[[Path], str | None] = filesystem_of,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock: Clock = clock or SystemClock()
         self._root = root
         self._wake = wake
         self._appear_poll = appear_poll
@@ -108,7 +111,7 @@ class LocalStoreEvents:
                 # so a watch that keeps ending at once cannot spin.
                 self._lose(WatchState.WAITING)
                 self._wake()
-                await asyncio.sleep(self._appear_poll)
+                await self._clock.sleep(self._appear_poll)
         finally:
             self._lose(WatchState.WAITING)  # stopped or failed: nothing is watched any more
 
@@ -148,7 +151,7 @@ class LocalStoreEvents:
             self._appear_poll,
         )
         while True:  # a dir has no event to wait for before it exists: look again
-            await asyncio.sleep(self._appear_poll)
+            await self._clock.sleep(self._appear_poll)
             if await asyncio.to_thread(self._root.is_dir):
                 break
         log.info("store %s is there now; watching it for new releases", self._root)

@@ -13,7 +13,6 @@ user waits for.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -57,7 +56,8 @@ from controlplane.domain.smoke import SmokeSample, check_answer
 from controlplane.domain.stress import Load
 from controlplane.domain.traffic import Signature
 from controlplane.domain.triton import TritonState
-from controlplane.ports import IndexEntry
+from controlplane.ports import Clock, IndexEntry
+from controlplane.timing import SystemClock, poll
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,6 +95,7 @@ class TritonDriver:
         load_timeout: float = 300.0,
         attempts: int = 3,
         poll_interval: float = 0.1,
+        clock: Clock | None = None,
     ) -> None:
         self._url = url
         self._channel = grpc.aio.insecure_channel(url, options=_channel_args())
@@ -104,6 +105,7 @@ class TritonDriver:
         self._load_timeout = load_timeout
         self._attempts = attempts
         self._poll_interval = poll_interval
+        self._clock: Clock = clock or SystemClock()
 
     @property
     def url(self) -> str:
@@ -159,36 +161,35 @@ class TritonDriver:
         await self._retrying(call, what=f"unload of {model!r}")
 
     async def abandon(self, model: str, wait: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
+        started = self._clock.monotonic()
         try:  # Triton answers only once the load it waits for has ended: do not wait for it
             await self._stub.unload(_unload_request(model), timeout=min(ABANDON_CALL, wait))
         except grpc.RpcError as exc:
             log.info("unload of %s after its load timed out: %s", model, status_of(exc)[1])
-        while True:
-            try:
-                entry = await self._entry(model)
-            except ControlPlaneError as exc:
-                log.warning("cannot read Triton's index after abandoning %s: %s", model, exc)
-                return False
-            if entry is None or entry.state is not TritonState.LOADING:
-                return True
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(self._poll_interval)
+
+        async def left_loading() -> bool:
+            entry = await self._entry(model)
+            return entry is None or entry.state is not TritonState.LOADING
+
+        left = max(0.0, wait - (self._clock.monotonic() - started))
+        try:
+            return await poll(self._clock, left_loading, every=self._poll_interval, timeout=left)
+        except ControlPlaneError as exc:
+            log.warning("cannot read Triton's index after abandoning %s: %s", model, exc)
+            return False
 
     async def wait_unavailable(self, model: str, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
+        last: list[TritonState] = []
+
+        async def gone() -> bool:
             entry = await self._entry(model)
-            if entry is None or entry.state is TritonState.UNAVAILABLE:
-                return
-            if loop.time() >= deadline:
-                raise TritonTimeout(
-                    f"{model!r} was still {entry.state} {timeout:.0f} s after its unload"
-                )
-            await asyncio.sleep(self._poll_interval)
+            if entry is not None:
+                last[:] = [entry.state]
+            return entry is None or entry.state is TritonState.UNAVAILABLE
+
+        if not await poll(self._clock, gone, every=self._poll_interval, timeout=timeout):
+            state = last[0] if last else "held"
+            raise TritonTimeout(f"{model!r} was still {state} {timeout:.0f} s after its unload")
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -300,12 +301,11 @@ class TritonDriver:
         """One load (from files, or with a config override), bounded as a whole by the load
         timeout: an unreachable Triton is retried within it; a load that timed out is not
         (Triton may still be loading, and a second request would only queue behind it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._load_timeout
+        deadline = self._clock.monotonic() + self._load_timeout
         limit = f"{self._load_timeout:g} s (triton.load_timeout_seconds)"
 
         async def call() -> None:
-            left = deadline - loop.time()
+            left = deadline - self._clock.monotonic()
             if left <= 0:
                 raise TritonTimeout(f"load of {model!r} did not end within {limit}")
             message = request("RepositoryModelLoad", model_name=model)
@@ -316,7 +316,7 @@ class TritonDriver:
         try:
             await self._retrying(call, what=f"load of {model!r}", load_of=model)
         except TritonTimeout as exc:
-            if loop.time() < deadline:
+            if self._clock.monotonic() < deadline:
                 raise
             raise TritonTimeout(f"load of {model!r} did not end within {limit}") from exc
         entry = await self._entry(model)
