@@ -344,7 +344,8 @@ async def _signer(
 def store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:
     """The refusal of a request that does not wait, when the store did not answer a check
     made before its operation is recorded (within the scans' few seconds)."""
-    said = exc.message if where in exc.message else f"the store {where} is away: {exc.message}"
+    named = exc.message.startswith(f"the store {where}")  # it says so itself
+    said = exc.message if named else f"the store {where} is away: {exc.message}"
     return StoreUnavailable(
         f"{said}; nothing was started. Retry in a few seconds; asked with wait, a deploy "
         "rides out an S3 outage of up to store.retry_seconds",
