@@ -153,7 +153,11 @@ class Reconciler:
     async def startup(self) -> StartupReport:
         """Before any pass: what a daemon that died left behind (:mod:`.restart`)."""
         return await recover(
-            journal=self._journal, serving=self._serving, staging=self._staging, clock=self._clock
+            journal=self._journal,
+            serving=self._serving,
+            staging=self._staging,
+            clock=self._clock,
+            fleet=self._deploy.fleet is not None,
         )
 
     # --- the loop ---------------------------------------------------------------------------
