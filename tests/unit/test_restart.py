@@ -17,7 +17,7 @@ from controlplane.domain.operations import OperationStatus
 from controlplane.services.restart import recover
 from tests.support.fakes import FakeTriton, deploy_service
 from tests.support.service_views import publish
-from tests.unit.test_reconcile_service import MODEL, deploy_and_wait
+from tests.unit.test_reconcile_service import deploy_and_wait
 
 
 def test_a_deploy_killed_before_it_published_is_interrupted_in_a_fleet_only(
