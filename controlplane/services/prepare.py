@@ -72,6 +72,7 @@ from controlplane.ports import (
     ModelStore,
     ModelSummary,
     ReleaseBook,
+    ReleaseListing,
     ReleaseMarker,
     SignatureVerifier,
     Staging,
@@ -113,8 +114,7 @@ async def prepare_release(
             tracker, store=store, policy=signatures, model=model, release=release
         )
     async with tracker.step("fetch"):
-        op_dir = await asyncio.to_thread(staging.create, op.id)
-        dest = staging.release_dir(op_dir)
+        dest = staging.release_dir(await asyncio.to_thread(staging.create, op.id))
         if checked is None:
             checked = CheckedManifest(await _manifest_bytes(store, model, release), None)
         manifest = None
@@ -122,30 +122,8 @@ async def prepare_release(
             manifest = decode_manifest(checked.manifest, f"{model}/{release}")
         if manifest is None and require_checksums:
             raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS before the fetch")
-        listing = await asyncio.to_thread(store.list_files, model, release)
-        plan = listing.only(select_files(manifest, listing.sizes))
-        # Cancellable: an entry this process has not hashed yet is hashed before it is linked.
-        cached = await _stoppable(
-            partial(staging.link_cached, dest, manifest, plan, confirm=partial(store.confirm, plan))
-        )
-        have = cached.linked
-        free = await asyncio.to_thread(staging.free_bytes)
-        room = room_for(plan.sizes, have, free=free, max_release_bytes=max_release_bytes)
-        tracker.detail(**room.detail())
-        room.check()
-        fetched = await _stoppable(
-            partial(
-                store.fetch, plan, dest, manifest=manifest, have=have, progress=tracker.progress
-            )
-        )
-        tracker.detail(
-            files=len(fetched.files),
-            bytes=fetched.bytes_total,
-            bytes_fetched=fetched.bytes_fetched,
-            files_cached=len(have),
-            files_cache_refused=len(cached.refused),
-            refetched=fetched.refetched,
-            retries=fetched.retries,
+        fetched, plan = await _fetch(
+            tracker, store, staging, dest, model, release, manifest, max_release_bytes
         )
 
     async with tracker.step("verify"):
@@ -166,6 +144,44 @@ async def prepare_release(
         await asyncio.to_thread(staging.finalize, dest, marker)
         tracker.detail(backend=summary.backend, checksums=fetched.manifest is not None)
     return PreparedRelease(path=dest, summary=summary, size_bytes=fetched.bytes_total)
+
+
+async def _fetch(
+    tracker: OperationTracker,
+    store: ModelStore,
+    staging: Staging,
+    dest: Path,
+    model: str,
+    release: str,
+    manifest: dict[str, str] | None,
+    max_release_bytes: int | None,
+) -> tuple[FetchedRelease, ReleaseListing]:
+    """The ``fetch`` step's work: the files the manifest lists, what the cache holds linked,
+    the rest fetched once the room for it is checked; the figures in the step's detail."""
+    listing = await asyncio.to_thread(store.list_files, model, release)
+    plan = listing.only(select_files(manifest, listing.sizes))
+    # Cancellable: an entry this process has not hashed yet is hashed before it is linked.
+    cached = await _stoppable(
+        partial(staging.link_cached, dest, manifest, plan, confirm=partial(store.confirm, plan))
+    )
+    have = cached.linked
+    free = await asyncio.to_thread(staging.free_bytes)
+    room = room_for(plan.sizes, have, free=free, max_release_bytes=max_release_bytes)
+    tracker.detail(**room.detail())
+    room.check()
+    fetched = await _stoppable(
+        partial(store.fetch, plan, dest, manifest=manifest, have=have, progress=tracker.progress)
+    )
+    tracker.detail(
+        files=len(fetched.files),
+        bytes=fetched.bytes_total,
+        bytes_fetched=fetched.bytes_fetched,
+        files_cached=len(have),
+        files_cache_refused=len(cached.refused),
+        refetched=fetched.refetched,
+        retries=fetched.retries,
+    )
+    return fetched, plan
 
 
 @dataclass(frozen=True)
