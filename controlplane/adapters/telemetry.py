@@ -58,6 +58,15 @@ class PrometheusTelemetry:
             "(always 1).",
             registry=r,
         ).info(build_labels())
+        self._declare_operations(r)
+        self._declare_rollbacks(r)
+        self._declare_memory(r)
+        self._declare_jobs_and_store(r)
+        self._figures = FiguresCollector()
+        r.register(self._figures)
+
+    def _declare_operations(self, r: CollectorRegistry) -> None:
+        """Operations, their steps, and the bytes they downloaded."""
         self._operations = Counter(
             "controlplane_operations",
             "Operations finished, by model, kind, outcome (succeeded, failed, interrupted) and "
@@ -85,6 +94,9 @@ class PrometheusTelemetry:
             "Bytes downloaded from the store (bytes found in the content cache not counted).",
             registry=r,
         )
+
+    def _declare_rollbacks(self, r: CollectorRegistry) -> None:
+        """Rollbacks, and the alerts and verdicts that start them."""
         self._rollbacks = Counter(
             "controlplane_rollbacks",
             "Rollbacks by model, trigger, outcome (fallback, cpu, failed) and reason "
@@ -115,6 +127,14 @@ class PrometheusTelemetry:
             "GPU utilisation the overload watcher last sampled, in [0, 1] (NaN when unknown).",
             registry=r,
         )
+        for receipt in Receipt:
+            self._alerts.labels(receipt=receipt.value)
+        for verdict in VERDICTS:
+            self._verdict.labels(verdict=verdict).set(0)
+        self._utilization.set(float("nan"))
+
+    def _declare_memory(self, r: CollectorRegistry) -> None:
+        """What unloads leave behind, and how Triton's memory grows."""
         self._residue = Counter(
             "controlplane_residue_findings",
             "Residue found after unloads, by kind (open_files, shm, processes, gpu_memory).",
@@ -135,6 +155,11 @@ class PrometheusTelemetry:
             ["kind"],
             registry=r,
         )
+        for kind in RESIDUE_KINDS:
+            self._residue.labels(kind=kind)
+
+    def _declare_jobs_and_store(self, r: CollectorRegistry) -> None:
+        """Repairs, restarted jobs, store retries, refused signatures."""
         self._repairs = Counter(
             "controlplane_repairs",
             "Repairs the reconcile loop started, by action (load, repoint, redeploy, remove): "
@@ -170,15 +195,6 @@ class PrometheusTelemetry:
         )
         for code in SIGNATURE_CODES:
             self._signature_refusals.labels(code=code)
-        for kind in RESIDUE_KINDS:
-            self._residue.labels(kind=kind)
-        for receipt in Receipt:
-            self._alerts.labels(receipt=receipt.value)
-        for verdict in VERDICTS:
-            self._verdict.labels(verdict=verdict).set(0)
-        self._utilization.set(float("nan"))
-        self._figures = FiguresCollector()
-        r.register(self._figures)
 
     # --- Telemetry ----------------------------------------------------------------------
 

@@ -118,24 +118,8 @@ def _inplace(seen: Observed) -> Assessment:
 def _blue_green(seen: Observed) -> Assessment:
     model = seen.model
     records = {s.name: s for s in seen.slots}
-    holders = [name for name, release in seen.on_disk.items() if release == seen.desired]
-    # The slot the records say is active comes first, then any other holding the release.
-    holders.sort(
-        key=lambda name: (
-            records.get(name) is None or records[name].state is not SlotState.ACTIVE,
-            name,
-        )
-    )
-    serving = holders[0] if holders and seen.desired is not None else None
-    retire = tuple(
-        sorted(
-            name
-            for name in set(seen.on_disk) | {s.name for s in seen.slots if _holds(s)}
-            if name != serving
-            and not _warm(records.get(name), seen.triton.get(name))
-            and not seen.triton.get(name, UNAVAILABLE).busy
-        )
-    )
+    serving = _serving_slot(seen, records)
+    retire = _to_retire(seen, records, serving)
     if seen.desired is None:
         if seen.alias_on_disk:  # a first deploy that never finished left the alias's dir
             return Assessment(
@@ -186,6 +170,35 @@ def _blue_green(seen: Observed) -> Assessment:
         retire=retire,
         serving=True,
         unrecorded=record is None or record.state is not SlotState.ACTIVE,
+    )
+
+
+def _serving_slot(seen: Observed, records: dict[str, Slot]) -> str | None:
+    """The slot whose dir holds the desired release: the one the records say is active
+    first, then any other holding it."""
+    if seen.desired is None:
+        return None
+    holders = [name for name, release in seen.on_disk.items() if release == seen.desired]
+    holders.sort(
+        key=lambda name: (
+            records.get(name) is None or records[name].state is not SlotState.ACTIVE,
+            name,
+        )
+    )
+    return holders[0] if holders else None
+
+
+def _to_retire(seen: Observed, records: dict[str, Slot], serving: str | None) -> tuple[str, ...]:
+    """Slots on disk or in the records that neither serve nor are kept warm, and that Triton
+    is not busy with."""
+    return tuple(
+        sorted(
+            name
+            for name in set(seen.on_disk) | {s.name for s in seen.slots if _holds(s)}
+            if name != serving
+            and not _warm(records.get(name), seen.triton.get(name))
+            and not seen.triton.get(name, UNAVAILABLE).busy
+        )
     )
 
 

@@ -97,55 +97,27 @@ def assemble(
     )
     client = OperationClient(runner=runner, clock=clock)
     slots = SlotBook(serving, clock)
-    freer = SlotFreer(
-        book=slots,
-        triton=triton,
-        staging=staging,
-        memory=memory,
-        unload_seconds=limits.unload_seconds,
-    )
-    load_slots = LoadSlots(limits.concurrent_loads)
-    preparer = Preparer(
-        store=store,
-        staging=staging,
-        editor=editor,
-        require_checksums=limits.require_checksums,
-        max_release_bytes=limits.max_release_bytes,
-        signatures=signatures,
-    )
-    bluegreen = BlueGreen(
-        preparer=preparer,
+    shared = _Shared(
+        preparer=Preparer(
+            store=store,
+            staging=staging,
+            editor=editor,
+            require_checksums=limits.require_checksums,
+            max_release_bytes=limits.max_release_bytes,
+            signatures=signatures,
+        ),
         staging=staging,
         triton=triton,
         slots=slots,
-        freer=freer,
-        load_slots=load_slots,
+        load_slots=LoadSlots(limits.concurrent_loads),
         memory=memory,
         headroom=headroom,
-        retire=RetireTimers(
-            client=client,
-            slots=slots,
-            freer=freer,
-            metrics=metrics,
-            clock=clock,
-            tasks=timers,
-            policy_for=policy_for,
-        ),
+        limits=limits,
         clock=clock,
         policy_for=policy_for,
-        bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
-        stress=stress,
     )
-    inplace = Inplace(
-        preparer=preparer,
-        staging=staging,
-        triton=triton,
-        slots=slots,
-        load_slots=load_slots,
-        memory=memory,
-        headroom=headroom,
-        unload_timeout=limits.unload_seconds,
-    )
+    bluegreen = _blue_green(shared, client, metrics=metrics, timers=timers, stress=stress)
+    inplace = _inplace(shared)
     strategies: dict[Strategy, ModelStrategy] = {s.kind: s for s in (bluegreen, inplace)}
     deploy = DeployService(
         store=store,
@@ -157,7 +129,7 @@ def assemble(
         releases=releases,
         rollbacks=rollbacks,
         strategies=strategies,
-        preparer=preparer,
+        preparer=shared.preparer,
         memory=memory,
         clock=clock,
         policy_for=policy_for,
@@ -176,4 +148,77 @@ def assemble(
         clock=clock,
         telemetry=telemetry,
     )
-    return Pipelines(runner, client, slots, load_slots, bluegreen, inplace, deploy, reconciler)
+    return Pipelines(
+        runner, client, slots, shared.load_slots, bluegreen, inplace, deploy, reconciler
+    )
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What both strategies are built from."""
+
+    preparer: Preparer
+    staging: Staging
+    triton: Triton
+    slots: SlotBook
+    load_slots: LoadSlots
+    memory: MemoryWatch
+    headroom: HeadroomPolicy
+    limits: Limits
+    clock: Clock
+    policy_for: Callable[[str], TrafficPolicy]
+
+
+def _blue_green(
+    shared: _Shared,
+    client: OperationClient,
+    *,
+    metrics: MetricsSource,
+    timers: TaskOwner,
+    stress: StressCheck | None,
+) -> BlueGreen:
+    limits = shared.limits
+    freer = SlotFreer(
+        book=shared.slots,
+        triton=shared.triton,
+        staging=shared.staging,
+        memory=shared.memory,
+        unload_seconds=limits.unload_seconds,
+    )
+    retire = RetireTimers(
+        client=client,
+        slots=shared.slots,
+        freer=freer,
+        metrics=metrics,
+        clock=shared.clock,
+        tasks=timers,
+        policy_for=shared.policy_for,
+    )
+    return BlueGreen(
+        preparer=shared.preparer,
+        staging=shared.staging,
+        triton=shared.triton,
+        slots=shared.slots,
+        freer=freer,
+        load_slots=shared.load_slots,
+        memory=shared.memory,
+        headroom=shared.headroom,
+        retire=retire,
+        clock=shared.clock,
+        policy_for=shared.policy_for,
+        bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
+        stress=stress,
+    )
+
+
+def _inplace(shared: _Shared) -> Inplace:
+    return Inplace(
+        preparer=shared.preparer,
+        staging=shared.staging,
+        triton=shared.triton,
+        slots=shared.slots,
+        load_slots=shared.load_slots,
+        memory=shared.memory,
+        headroom=shared.headroom,
+        unload_timeout=shared.limits.unload_seconds,
+    )

@@ -82,18 +82,45 @@ class AutoDeploy:
         """Deploy ``model``'s newest complete release if it is new (or its auto-deploy waits
         for a retry, a signature, or was cut short by a stop); each operation started is
         appended to ``started``."""
+        newest = await self._candidate(model, releases, new, recorded)
+        if newest is None:
+            return
+        key = (model, newest.name, newest.revision)
+        if self._held_unsigned(newest, key):
+            return
+        if self._client.holder(model) is not None:
+            self._when_free(model, key)
+            return
+        self._retry.discard(key)
+        if not await self._our_turn(model, newest, key):
+            return
+        operation = await self._start(model, newest, key)
+        if operation is None:
+            return
+        started.append(operation)
+        self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+
+    async def _candidate(
+        self,
+        model: str,
+        releases: list[ReleaseInfo],
+        new: list[ReleaseInfo],
+        recorded: list[ReleaseInfo],
+    ) -> ReleaseInfo | None:
+        """The newest complete release, if it is due: new, waiting for a retry or a signature,
+        or cut short by a stop; not already serving; not latched by a rollback."""
         complete = [r for r in releases if r.complete]
         if not complete:
-            return
+            return None
         newest = max(complete, key=lambda r: natural_key(r.name))
         key = (model, newest.name, newest.revision)
         fresh = newest in new or key in self._retry or key in self._unsigned
         if not fresh and not await self._cut_short(model, newest.name):
-            return
+            return None
         record = await self._serving.get(model)
         known = {r.name for r in recorded if r.complete}
         if record and record.active_release == newest.name and newest.name not in known:
-            return  # already serving it; first sight of it is no reason to load it again
+            return None  # already serving it; first sight of it is no reason to load it again
         latched = {d.release: d for d in await self._rollbacks.latched(model)}
         if newest.name in latched:
             log.warning(
@@ -104,27 +131,30 @@ class AutoDeploy:
                 latched[newest.name].reason,
                 extra={"model": model, "release": newest.name},
             )
-            return
-        if self._held_unsigned(newest, key):
-            return
-        if self._client.holder(model) is not None:
-            self._when_free(model, key)
-            return
-        self._retry.discard(key)
+            return None
+        return newest
+
+    async def _our_turn(self, model: str, newest: ReleaseInfo, key: Key) -> bool:
+        """In a fleet one member goes first and the others follow the desired state: whether
+        this member is the one."""
         fleet = self._deploy.fleet
-        if fleet is not None:  # one member goes first; the others follow the desired state
-            claim = await fleet.claim(model, newest.name, newest.revision)
-            if not claim.won:
-                log.info(
-                    "not auto-deploying %s %s here: %s",
-                    model,
-                    newest.name,
-                    claim.why,
-                    extra={"model": model, "release": newest.name},
-                )
-                if claim.look_again:
-                    self._retry.add(key)
-                return
+        if fleet is None:
+            return True
+        claim = await fleet.claim(model, newest.name, newest.revision)
+        if claim.won:
+            return True
+        log.info(
+            "not auto-deploying %s %s here: %s",
+            model,
+            newest.name,
+            claim.why,
+            extra={"model": model, "release": newest.name},
+        )
+        if claim.look_again:
+            self._retry.add(key)
+        return False
+
+    async def _start(self, model: str, newest: ReleaseInfo, key: Key) -> Operation | None:
         try:
             operation = await self._client.start(
                 partial(
@@ -138,16 +168,13 @@ class AutoDeploy:
             )
         except OperationInProgress:
             self._when_free(model, key)  # taken since the look above
-            return
+            return None
         except ControlPlaneError as exc:
             if exc.retryable:
                 self._retry.add(key)
             log.warning("auto-deploy of %s %s refused: %s", model, newest.name, exc)
-            return
-        if isinstance(operation, Unchanged):
-            return
-        started.append(operation)
-        self._tasks.spawn(f"watch-{operation.id}", self._follow(operation, key))
+            return None
+        return None if isinstance(operation, Unchanged) else operation
 
     async def _cut_short(self, model: str, release: str) -> bool:
         """At this daemon's first look at ``model`` since it started: was the auto-deploy of
@@ -180,7 +207,7 @@ class AutoDeploy:
             )
         return cut
 
-    def _held_unsigned(self, newest: ReleaseInfo, key: tuple[str, str, str | None]) -> bool:
+    def _held_unsigned(self, newest: ReleaseInfo, key: Key) -> bool:
         """Whether the newest release is held back: a signature is required and it has none.
         No older release is deployed instead; a deploy by hand says ``signature_missing``."""
         model = newest.model
@@ -199,7 +226,7 @@ class AutoDeploy:
             )
         return True
 
-    def _when_free(self, model: str, key: tuple[str, str, str | None]) -> None:
+    def _when_free(self, model: str, key: Key) -> None:
         """The model is busy: try the auto-deploy again as soon as that operation has ended."""
         self._retry.add(key)
         self._tasks.spawn(f"watch-busy-{model}", self._scan_after(model))
@@ -211,7 +238,7 @@ class AutoDeploy:
         await self._client.until_free(model)
         self._wake()
 
-    async def _follow(self, operation: Operation, key: tuple[str, str, str | None]) -> None:
+    async def _follow(self, operation: Operation, key: Key) -> None:
         outcome = await self._client.wait(operation.id)
         if outcome.succeeded:
             return

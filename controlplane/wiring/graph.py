@@ -21,6 +21,7 @@ from controlplane.services.fleet_sync import FleetSync
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
+from controlplane.services.rollback import AutoRollback
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
 from controlplane.settings import Settings
@@ -48,22 +49,7 @@ def build(settings: Settings) -> Container:
     )
     ready = asyncio.Event()
     supervisor = _jobs(base, ops.reconciler, watching, overload, sync, ready)
-    status = StatusService(
-        serving=base.repos.serving,
-        journal=base.repos.operations,
-        rollbacks=base.repos.rollbacks,
-        store=base.store,
-        triton=base.triton,
-        clock=base.clock,
-        holder=ops.client.holder,
-        traffic=settings.traffic,
-        overload=overload.latest if overload is not None else None,
-        fallback=chain.fallback_of,
-        previous_of=ledger.previous_of if ledger is not None else None,
-        cooldown_until=chain.cooldown_after,
-        drift=ops.reconciler.drift_of,
-        catalog=watching.catalog,
-    )
+    status = _status(base, ops, chain, ledger, overload, watching)
     closers: list[TritonMetrics | UtilizationSource] = list(base.readers.values())
     if utilization is not None and utilization not in closers:
         closers.append(utilization)  # a Prometheus query has its own client
@@ -94,33 +80,82 @@ def build(settings: Settings) -> Container:
         memory=memory.watch,
         supervisor=supervisor,
         readers=closers,
-        overview=OverviewService(
-            status=status,
-            journal=base.repos.operations,
-            rollbacks=base.repos.rollbacks,
-            clock=base.clock,
-            overload=overload,
-            fleet=fleet_view,
-            source=settings.rollback.source,
-            notifications=watching.notifications,
-        ),
-        figures=FigureReader(
-            serving=base.repos.serving,
-            rollbacks=base.repos.rollbacks,
-            triton=base.triton,
-            clock=base.clock,
-            last_pass=ops.reconciler.last_pass,
-            jobs=supervisor.health,
-            notifications=watching.notifications,
-            fleet=(
-                FleetSources(sync, fleet_view, every=settings.fleet.heartbeat_seconds)
-                if sync is not None and fleet_view is not None
-                else None
-            ),
-        ),
+        overview=_overview(base, status, overload, fleet_view, watching),
+        figures=_figures(base, ops, supervisor, watching, sync, fleet_view),
         fleet=sync,
         fleet_view=fleet_view,
         notifications=watching.notifications,
+    )
+
+
+def _status(
+    base: parts.Base,
+    ops: Pipelines,
+    chain: AutoRollback,
+    ledger: FleetLedger | None,
+    overload: OverloadWatcher | None,
+    watching: parts.Watching,
+) -> StatusService:
+    return StatusService(
+        serving=base.repos.serving,
+        journal=base.repos.operations,
+        rollbacks=base.repos.rollbacks,
+        store=base.store,
+        triton=base.triton,
+        clock=base.clock,
+        holder=ops.client.holder,
+        traffic=base.settings.traffic,
+        overload=overload.latest if overload is not None else None,
+        fallback=chain.fallback_of,
+        previous_of=ledger.previous_of if ledger is not None else None,
+        cooldown_until=chain.cooldown_after,
+        drift=ops.reconciler.drift_of,
+        catalog=watching.catalog,
+    )
+
+
+def _overview(
+    base: parts.Base,
+    status: StatusService,
+    overload: OverloadWatcher | None,
+    fleet_view: FleetService | None,
+    watching: parts.Watching,
+) -> OverviewService:
+    settings = base.settings
+    return OverviewService(
+        status=status,
+        journal=base.repos.operations,
+        rollbacks=base.repos.rollbacks,
+        clock=base.clock,
+        overload=overload,
+        fleet=fleet_view,
+        source=settings.rollback.source,
+        notifications=watching.notifications,
+    )
+
+
+def _figures(
+    base: parts.Base,
+    ops: Pipelines,
+    supervisor: Supervisor,
+    watching: parts.Watching,
+    sync: FleetSync | None,
+    fleet_view: FleetService | None,
+) -> FigureReader:
+    settings = base.settings
+    return FigureReader(
+        serving=base.repos.serving,
+        rollbacks=base.repos.rollbacks,
+        triton=base.triton,
+        clock=base.clock,
+        last_pass=ops.reconciler.last_pass,
+        jobs=supervisor.health,
+        notifications=watching.notifications,
+        fleet=(
+            FleetSources(sync, fleet_view, every=settings.fleet.heartbeat_seconds)
+            if sync is not None and fleet_view is not None
+            else None
+        ),
     )
 
 
