@@ -21,6 +21,16 @@ CLIENT_HEADER = "X-Controlplane-Client"
 API_VERSION = "v1"  # the paths this client calls: /v1/...
 
 
+def api_path(*parts: str, **query: str | int | None) -> str:
+    """A path of the API from fixed parts and names given by a user: each name is one segment
+    (quoted, so '/' or '..' cannot reach another path) and the query is encoded."""
+    from urllib.parse import quote, urlencode
+
+    path = "/" + "/".join(quote(part, safe="") for part in parts)
+    given = {key: value for key, value in query.items() if value is not None}
+    return f"{path}?{urlencode(given)}" if given else path
+
+
 class ApiError(Exception):
     """The daemon answered with an error body."""
 

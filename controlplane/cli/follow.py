@@ -12,7 +12,7 @@ import shlex
 import time
 from typing import Any
 
-from controlplane.cli.client import ApiError, Client
+from controlplane.cli.client import ApiError, Client, api_path
 from controlplane.cli.options import DEFAULT_URL
 from controlplane.cli.output import EXIT_FAILED, EXIT_GAVE_UP, Out
 
@@ -76,7 +76,8 @@ def fetch(out: Out, client: Client, operation_id: str) -> dict[str, Any]:
 
     def get() -> dict[str, Any]:
         try:
-            found: dict[str, Any] = client.get(f"/v1/operations/{operation_id}")["operation"]
+            answer = client.get(api_path("v1", "operations", operation_id))
+            found: dict[str, Any] = answer["operation"]
             return found
         except ApiError as exc:
             if exc.code != "operation_not_found":

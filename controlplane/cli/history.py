@@ -12,9 +12,16 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.client import Client
+from controlplane.cli.client import Client, api_path
 from controlplane.cli.follow import step_line
-from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption
+from controlplane.cli.options import (
+    DEFAULT_URL,
+    ModelArgument,
+    ModelFilterOption,
+    OutputOption,
+    TokenOption,
+    UrlOption,
+)
 from controlplane.cli.output import Format, Out, columns
 
 LimitOption = Annotated[
@@ -27,7 +34,7 @@ def operations(
         str | None,
         typer.Argument(metavar="OPERATION", help="One operation, with its steps."),
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Only this model's.")] = None,
+    model: ModelFilterOption = None,
     limit: LimitOption = 20,
     output: OutputOption = Format.TABLE,
     url: UrlOption = DEFAULT_URL,
@@ -36,11 +43,10 @@ def operations(
     """Recent operations, newest first; or one OPERATION with its steps and timings."""
     out, client = Out(output), Client(url, token)
     if operation_id is not None:
-        data = out.call(lambda: client.get(f"/v1/operations/{operation_id}"))
+        data = out.call(lambda: client.get(api_path("v1", "operations", operation_id)))
         out.show(data, operation_lines(data["operation"]))
         return
-    query = f"?limit={limit}" + (f"&model={model}" if model else "")
-    data = out.call(lambda: client.get(f"/v1/operations{query}"))
+    data = out.call(lambda: client.get(api_path("v1", "operations", limit=limit, model=model)))
     found = data.get("operations", [])
     rows = [
         (
@@ -60,7 +66,7 @@ def operations(
 
 
 def history(
-    model: str,
+    model: ModelArgument,
     limit: LimitOption = 20,
     output: OutputOption = Format.TABLE,
     url: UrlOption = DEFAULT_URL,
@@ -68,7 +74,7 @@ def history(
 ) -> None:
     """MODEL's operations, newest first: what changed, who started it and why."""
     out, client = Out(output), Client(url, token)
-    data = out.call(lambda: client.get(f"/v1/operations?model={model}&limit={limit}"))
+    data = out.call(lambda: client.get(api_path("v1", "operations", model=model, limit=limit)))
     found = data.get("operations", [])
     rows = [
         (

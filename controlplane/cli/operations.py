@@ -15,14 +15,16 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.client import Client
+from controlplane.cli.client import Client, api_path
 from controlplane.cli.fleet import follow_fleet
 from controlplane.cli.follow import fetch, follow, say_how_to_follow
 from controlplane.cli.options import (
     DEFAULT_URL,
     FleetOption,
+    ModelArgument,
     OutputOption,
     ReasonOption,
+    ReleaseArgument,
     TimeoutOption,
     TokenOption,
     UrlOption,
@@ -32,8 +34,8 @@ from controlplane.cli.output import EXIT_USAGE, Format, Out
 
 
 def deploy(
-    model: str,
-    release: str,
+    model: ModelArgument,
+    release: ReleaseArgument,
     wait: WaitOption = False,
     timeout: TimeoutOption = 900.0,
     fleet: FleetOption = False,
@@ -53,11 +55,11 @@ def deploy(
     if force:
         body["force"] = True
     start = Start(Out(output), Client(url, token), wait, timeout, fleet, reason)
-    start.run(f"/v1/models/{model}/deploy", body)
+    start.run(api_path("v1", "models", model, "deploy"), body)
 
 
 def rollback(
-    model: str,
+    model: ModelArgument,
     to: Annotated[str, typer.Option("--to", help="Release to go back to.")] = "previous",
     wait: WaitOption = False,
     timeout: TimeoutOption = 900.0,
@@ -69,11 +71,11 @@ def rollback(
 ) -> None:
     """Serve the previous release of MODEL again (or the one given with --to)."""
     start = Start(Out(output), Client(url, token), wait, timeout, fleet, reason)
-    start.run(f"/v1/models/{model}/rollback", {"to": to})
+    start.run(api_path("v1", "models", model, "rollback"), {"to": to})
 
 
 def unload(
-    model: str,
+    model: ModelArgument,
     wait: WaitOption = False,
     timeout: TimeoutOption = 300.0,
     fleet: FleetOption = False,
@@ -84,7 +86,7 @@ def unload(
 ) -> None:
     """Unload MODEL from Triton and remove it from the repository, on every member."""
     start = Start(Out(output), Client(url, token), wait, timeout, fleet, reason)
-    start.run(f"/v1/models/{model}/unload", {})
+    start.run(api_path("v1", "models", model, "unload"), {})
 
 
 def wait(

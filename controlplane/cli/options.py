@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
 from controlplane.cli.output import Format
+from controlplane.domain.errors import InvalidName
+from controlplane.domain.names import validate_model_name, validate_release_name
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -22,6 +25,33 @@ def _api_url(value: str) -> str:
         )
     return value
 
+
+def model_name(value: str | None) -> str | None:
+    """A model name checked by the daemon's own rule before it goes into a path: the HTTP
+    client resolves '..' and '/' in a path, so 'x/../m' would act on model m."""
+    return None if value is None else _named(validate_model_name, value)
+
+
+def _release_name(value: str) -> str:
+    return _named(validate_release_name, value)
+
+
+def _named(validate: Callable[[object], str], value: str) -> str:
+    try:
+        return validate(value)
+    except InvalidName as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+ModelArgument = Annotated[
+    str, typer.Argument(metavar="MODEL", help="The model's name.", callback=model_name)
+]
+ReleaseArgument = Annotated[
+    str, typer.Argument(metavar="RELEASE", help="The release's name.", callback=_release_name)
+]
+ModelFilterOption = Annotated[
+    str | None, typer.Option("--model", help="Only this model's.", callback=model_name)
+]
 
 UrlOption = Annotated[
     str,

@@ -13,15 +13,18 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.client import Client
-from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption
+from controlplane.cli.client import Client, api_path
+from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption, model_name
 from controlplane.cli.output import Format, Out
 from controlplane.cli.watch import Look, watch
 from controlplane.domain.notifications import unreachable_line
 
 
 def status(
-    model: Annotated[str | None, typer.Argument(help="One model; all when omitted.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Argument(metavar="MODEL", help="One model; all when omitted.", callback=model_name),
+    ] = None,
     watching: Annotated[
         bool,
         typer.Option(
@@ -42,7 +45,7 @@ def status(
     out, client = Out(output), Client(url, token)
 
     def look() -> Look:
-        data = client.get(f"/v1/models/{model}" if model else "/v1/models")
+        data = client.get(api_path("v1", "models", model) if model else "/v1/models")
         health = client.get("/healthz")
         return Look(data, status_lines(data, model), problems(health, model))
 

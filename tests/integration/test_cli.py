@@ -230,6 +230,30 @@ def test_every_command_prints_the_apis_data_as_one_document(
     ]
 
 
+@pytest.mark.parametrize("spelled", ["zz/../{m}", "{m}/..", "./{m}", "{m}%2F..", "{m}/"])
+def test_a_model_name_that_spells_a_path_is_refused_and_no_other_model_changes(
+    daemon: Daemon, store: Path, model_name: str, triton: RunningTriton, spelled: str
+) -> None:
+    """Found from outside: the HTTP client resolves dot segments, so 'deploy zz/../m r2'
+    deployed r2 to m (and in a fleet, to every member)."""
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0)
+    assert cli(daemon.url, "deploy", model_name, "r1", "--wait", token=TOKEN).returncode == 0
+    name = spelled.format(m=model_name)
+
+    for args in (("deploy", name, "r2", "--wait"), ("unload", name), ("rollback", name)):
+        result = cli(daemon.url, *args, token=TOKEN)
+
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "invalid_name" in result.stderr, result.stderr
+        assert result.stdout == ""
+    for args in (("status", name), ("history", name), ("operations", "--model", name)):
+        assert cli(daemon.url, *args).returncode == 2, args
+
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "r1"
+
+
 def test_a_failed_deploy_exits_1_with_the_error_code(
     daemon: Daemon, store: Path, model_name: str
 ) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.cli.client import api_path
 from devtools.launcher import free_port
 
 EXIT_USAGE = 2
@@ -97,6 +98,25 @@ def test_fleet_without_wait_is_refused_before_any_call() -> None:
     assert result.returncode == EXIT_USAGE
     assert "use it with --wait" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("name", ["zz/../m", "m/..", "../m", "m/", "m?x=1", "a__blue", "é"])
+def test_a_model_name_the_api_would_refuse_is_refused_before_any_call(name: str) -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"
+
+    result = controlplane("deploy", name, "r1", "--url", unreachable)
+
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "invalid_name: model name" in _said(result.stderr)
+    assert "cannot reach" not in result.stderr
+
+
+def test_names_from_a_user_are_one_segment_each_in_the_apis_path() -> None:
+    assert api_path("v1", "models", "zz/../m", "deploy") == "/v1/models/zz%2F..%2Fm/deploy"
+    assert api_path("v1", "operations", model="a&limit=1", limit=5) == (
+        "/v1/operations?model=a%26limit%3D1&limit=5"
+    )
+    assert api_path("v1", "operations", model=None, limit=5) == "/v1/operations?limit=5"
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8080", "ftp://cp:8080", "http://"])
