@@ -15,7 +15,7 @@ import ipaddress
 import socket
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.domain.errors import InvalidName
@@ -58,8 +58,26 @@ class Settings(BaseSettings):
     model_defaults: ModelPolicy = Field(default_factory=ModelPolicy)
     models: dict[str, ModelPolicy] = Field(
         default_factory=dict,
-        description="Per-model policy, by model name; models not named get model_defaults.",
+        description="Per-model policy, by model name: each field set here overrides the same "
+        "field of model_defaults, the others are model_defaults'; models not named get "
+        "model_defaults.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _models_over_defaults(cls, data: object) -> object:
+        """Each model's entry is model_defaults with the fields it names replaced (a group such
+        as rollout field by field too), so naming a model to set one field keeps the others."""
+        if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
+            return data
+        base = _given(data.get("model_defaults"))
+        if not isinstance(base, dict) or not base or not _valid(base):
+            return data  # model_defaults' own errors are told once, under model_defaults
+        models = {
+            name: _overlay(base, own) if isinstance(own := _given(entry), dict) else entry
+            for name, entry in data["models"].items()
+        }
+        return {**data, "models": models}
 
     @model_validator(mode="after")
     def _loopback_without_token(self) -> Settings:
@@ -213,3 +231,27 @@ def groups() -> list[tuple[str, type[BaseModel]]]:
         for name, field in Settings.model_fields.items()
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
     ]
+
+
+def _given(value: object) -> object:
+    """A policy as the fields it was given: a dict as it is, a model built in code by its set
+    fields (so a default it did not name does not hide model_defaults' value)."""
+    return value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+
+
+def _valid(policy: dict[str, object]) -> bool:
+    try:
+        ModelPolicy.model_validate(policy)
+    except ValidationError:
+        return False
+    return True
+
+
+def _overlay(base: dict[str, object], own: dict[str, object]) -> dict[str, object]:
+    merged = dict(base)
+    for key, value in own.items():
+        under = merged.get(key)
+        if isinstance(under, dict) and isinstance(value, dict):  # a group: field by field
+            value = _overlay(under, value)
+        merged[key] = value
+    return merged

@@ -854,6 +854,60 @@ def test_an_advertised_address_that_is_not_one_is_refused_with_the_form_it_needs
     assert "http://host:port" in message
 
 
+def test_a_models_entry_overrides_only_the_fields_it_names(
+    required: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found from outside: naming a model to set its fallback gave it the built-in blue-green,
+    30 s retire and signature rule instead of model_defaults'."""
+    config = write_yaml(
+        tmp_path,
+        {
+            "model_defaults": {
+                "strategy": "inplace",
+                "retire_after_seconds": 2,
+                "require_signature": False,
+                "rollout": {"canary_members": 1, "bake_seconds": 5},
+            },
+            "models": {"m": {"fallback_release": "r1", "rollout": {"bake_seconds": 9}}},
+        },
+    )
+    monkeypatch.setenv("CONTROLPLANE_MODELS__E__AUTO_DEPLOY", "true")
+
+    settings = load_settings(config)
+
+    for model in ("m", "e", "unnamed"):
+        assert settings.policy(model).strategy == "inplace", model
+        assert settings.policy(model).retire_after_seconds == 2.0, model
+        assert settings.require_signature(model) is False, model
+        assert settings.policy(model).rollout.canary_members == 1, model
+    assert settings.policy("m").fallback_release == "r1"
+    assert settings.policy("m").rollout.bake_seconds == 9.0
+    assert settings.policy("e").rollout.bake_seconds == 5.0
+    assert settings.policy("e").auto_deploy is True
+    assert settings.policy("unnamed").fallback_release is None
+
+
+def test_a_models_entry_that_breaks_a_rule_with_model_defaults_names_the_model(
+    required: Path, tmp_path: Path
+) -> None:
+    config = write_yaml(
+        tmp_path,
+        {
+            "model_defaults": {"preflight": {"stress": {"enabled": True}}},
+            "models": {"m": {"strategy": "inplace"}},
+        },
+    )
+
+    message = settings_error(config)
+
+    assert "models.m" in message
+    assert "preflight.stress.enabled needs strategy blue-green" in message
+    bad_defaults = {"model_defaults": {"retire_after_seconds": -1}, "models": {"m": {}}}
+    message = settings_error(write_yaml(tmp_path, bad_defaults))
+    assert "model_defaults.retire_after_seconds" in message
+    assert "models.m" not in message  # told once, where it is written
+
+
 # --- signatures ---------------------------------------------------------------------------
 
 
