@@ -109,6 +109,36 @@ def test_rollback_inside_the_retire_window_is_a_re_point(
     assert [d["release"] for d in model["rollback"]["degraded"]] == ["r2"]
 
 
+@pytest.mark.parametrize("ask", ["rollback", "unload"])
+def test_a_rollback_or_unload_during_the_daemons_own_retire_waits_for_it_not_refused(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton, ask: str
+) -> None:
+    """Found from outside: a person's rollback in the moment right after a deploy, while the
+    daemon frees the old slot, was refused 409 operation_in_progress naming the retire."""
+    write_scale_release(store, model_name, "r1", k=1.0, finalize_sleep=4.0)  # a slow unload
+    write_scale_release(store, model_name, "r2", k=2.0)
+    daemon = daemons(store, config=_config(model_name, retire_after=0.5))
+    for release in ("r1", "r2"):
+        assert daemon.deploy(model_name, release).status_code == 200
+    eventually(lambda: _running(daemon, model_name) == "retire", 15, "the retire of r1's slot")
+
+    answer = daemon.post(f"/v1/models/{model_name}/{ask}", {"wait": True})
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["operation"]["status"] == "succeeded"
+    retire = daemon.get(f"/v1/operations?model={model_name}&limit=5").json()["operations"]
+    assert [op["status"] for op in retire if op["kind"] == "retire"][:1] == ["succeeded"]
+    if ask == "rollback":
+        assert infer_once(triton.grpc_url, model_name) == 1.0
+    else:
+        assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] is None
+
+
+def _running(daemon: Daemon, model: str) -> str | None:
+    [last] = daemon.get(f"/v1/operations?model={model}&limit=1").json()["operations"]
+    return str(last["kind"]) if last["status"] == "running" else None
+
+
 def test_deploying_the_serving_release_again_changes_nothing_and_keeps_the_warm_slot(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:

@@ -73,6 +73,7 @@ K = {k!r}
 INIT_SLEEP = {init_sleep!r}
 FAIL_INIT = {fail_init!r}
 EXECUTE_SLEEP = {execute_sleep!r}
+FINALIZE_SLEEP = {finalize_sleep!r}
 EMPTY_OUTPUT = {empty_output!r}
 FAIL_EVERY = {fail_every!r}
 SHM_LEAK = {shm_leak!r}  # (path prefix, bytes per request, most files) or None
@@ -86,6 +87,10 @@ class TritonPythonModel:
             time.sleep(INIT_SLEEP)
         if FAIL_INIT:
             raise RuntimeError("initialize failed on purpose")
+
+    def finalize(self):
+        if FINALIZE_SLEEP:
+            time.sleep(FINALIZE_SLEEP)
 
     def execute(self, requests):
         if EXECUTE_SLEEP:
@@ -170,6 +175,7 @@ def write_scale_release(
     init_sleep: float = 0.0,
     fail_init: bool = False,
     execute_sleep: float = 0.0,
+    finalize_sleep: float = 0.0,
     checksums: bool = True,
     config_name: str | None = None,
     declared_output: str = "OUTPUT0",
@@ -183,7 +189,8 @@ def write_scale_release(
     """Write a release whose model answers `OUTPUT0 = INPUT0 * k`; returns the release dir.
 
     `init_sleep` slows the load, `fail_init` makes it FAILED, `execute_sleep` keeps requests
-    in flight. `checksums=False` leaves the release unpublished (no `SHA256SUMS`).
+    in flight, `finalize_sleep` slows the unload. `checksums=False` leaves the release
+    unpublished (no `SHA256SUMS`).
 
     Broken answers that still load: `declared_output` renames the output in `config.pbtxt`
     only (model.py still returns `OUTPUT0`), `empty_output` makes model.py return zero
@@ -204,6 +211,7 @@ def write_scale_release(
         init_sleep=float(init_sleep),
         fail_init=bool(fail_init),
         execute_sleep=float(execute_sleep),
+        finalize_sleep=float(finalize_sleep),
         empty_output=bool(empty_output),
         fail_every=int(fail_every),
         shm_leak=leak,
@@ -224,6 +232,7 @@ def write_broken_config_release(store: Path, model: str, release: str) -> Path:
         init_sleep=0.0,
         fail_init=False,
         execute_sleep=0.0,
+        finalize_sleep=0.0,
         empty_output=False,
         fail_every=0,
         shm_leak=None,

@@ -125,7 +125,7 @@ async def deploy(name: ModelName, body: DeployRequest, trigger: Caller, c: Write
             cause=Cause(reason=body.reason),
             patient=body.wait or body.fleet,  # a caller that waits rides out an outage
         ),
-        # A deploy waits for an old slot being freed, rather than refused for it.
+        # A deploy (a rollback, an unload) waits for an old slot being freed, not refused.
         patience=c.deploy.behind_housekeeping(name),
     )
     return await answer(c, operation, body)
@@ -154,7 +154,8 @@ async def rollback(
             trigger=trigger,
             cause=Cause(reason=body.reason),
             patient=body.wait or body.fleet,
-        )
+        ),
+        patience=c.deploy.behind_housekeeping(name),  # as a deploy: a retire is no refusal
     )
     return await answer(c, operation, body)
 
@@ -173,7 +174,8 @@ async def unload(name: ModelName, body: UnloadRequest, trigger: Caller, c: Write
     """Unload the model from Triton and remove its dir from the repository."""
     fleet_request(c, body)
     operation = await c.client.start(
-        partial(c.deploy.unload, name, trigger=trigger, cause=Cause(reason=body.reason))
+        partial(c.deploy.unload, name, trigger=trigger, cause=Cause(reason=body.reason)),
+        patience=c.deploy.behind_housekeeping(name),
     )
     return await answer(c, operation, body)
 
