@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
+from typing import TypeVar
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import (
@@ -48,9 +49,10 @@ from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
 from controlplane.services.operations import Begin, Ended, OperationClient
-from controlplane.timing import Backoff, PokeGap, RetryBook, Wake, Woke
+from controlplane.timing import Backoff, PokeGap, RetryBook, Wake, Woke, first_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RETRY = Backoff(first=2.0, limit=300.0)
 POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
 FORGET_EVERY = 300.0  # s between looks for departed members
@@ -127,14 +129,19 @@ class FleetSync:
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self, reconciled: asyncio.Event, ready: asyncio.Event) -> None:
-        """Once start-up reconcile has run: a pass (the first one waits for what it starts,
-        then ``ready`` is set), a heartbeat, and again every poll interval or when woken."""
-        await reconciled.wait()
+        """Once start-up reconcile has run: a pass, a heartbeat, and again every poll interval
+        or when woken. Until ``ready`` is set each pass waits for what it starts, and ``ready``
+        is set by the first that starts nothing: a new member takes traffic once it serves what
+        the fleet wants now, not a release the fleet left during its first load. It beats all
+        along, so the fleet sees it starting and converging, and waits for it."""
+        await self._beating(reconciled.wait())
         next_forget = self._clock.monotonic()
         try:
             while True:
-                await self.sync_pass(wait=not ready.is_set())
-                ready.set()
+                if ready.is_set():
+                    await self.sync_pass()
+                elif not (await self._beating(self.sync_pass(wait=True))).started:
+                    ready.set()
                 await self._heart.write_if_due(self.heartbeat())
                 if self._clock.monotonic() >= next_forget and self.stale_since is None:
                     await forget_departed(self._records, self.member.name, self._clock.now())
@@ -143,6 +150,19 @@ class FleetSync:
         finally:
             for task in self._follows.values():
                 task.cancel("the fleet sync stops")
+
+    async def _beating(self, work: Awaitable[T]) -> T:
+        """``work``, with this member's heartbeat written whenever it is due meanwhile (start-up
+        reconcile, or a first pass that waits for a load of minutes)."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                await self._heart.write_if_due(self.heartbeat())
+                due_in = max(0.0, self._heart.wake_at - self._clock.monotonic())
+                await first_of(self._clock, due_in, [task])
+        finally:
+            task.cancel()  # a no-op once it is done; else this loop was cancelled: so is it
+        return task.result()
 
     def poke(self) -> None:
         """Another member changed the desired state (``POST /v1/fleet/wake``): read it now, or

@@ -409,6 +409,50 @@ def test_a_new_member_serves_the_desired_release_before_it_is_ready(
     assert view["models"][fleet.model]["converged"] is True
 
 
+def test_a_member_that_starts_during_a_long_load_beats_and_is_ready_on_the_current_release(
+    fleet: Fleet, store: Path
+) -> None:
+    """Found from outside: a member that started while the fleet wanted a slow release wrote
+    no heartbeat until that load ended, so a --fleet deploy meanwhile said "every live member
+    serves" without it, and it turned ready on the release the fleet had left."""
+    write_scale_release(store, fleet.model, "slow", k=1.0, init_sleep=8.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    first = fleet.add()
+    assert first.api.deploy(fleet.model, "slow").status_code == 200
+    late = fleet.add("late", wait_ready=False)
+    eventually(lambda: _seen(fleet, first, "late") == "converging", 30, "late beating, loading")
+    with ThreadPoolExecutor(1) as pool:
+        readiness = pool.submit(_first_ready_answer, late, fleet.model, 120.0)
+
+        answer = first.api.post(
+            f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
+        )
+
+        assert answer.status_code == 200, answer.text
+        members = {m["member"]: m for m in answer.json()["fleet"]["members"]}
+        assert (members["late"]["release"], members["late"]["state"]) == ("r2", "serving")
+        assert late.answer(fleet.model) == 2.0
+        # Ready only once it serves what the fleet wants now, never on the release it left.
+        assert readiness.result() == 2.0
+
+
+def _seen(fleet: Fleet, via: Member, member: str) -> str | None:
+    """What ``via``'s fleet view says of ``member`` for the fleet's model (None: not alive)."""
+    for seen in fleet.fleet(via=via)["members"]:
+        if seen["member"] == member and seen["alive"]:
+            return str(seen["models"].get(fleet.model, {}).get("state", "starting"))
+    return None
+
+
+def _first_ready_answer(member: Member, model: str, timeout: float) -> float:
+    """What ``member`` answers the moment its /readyz first says 200."""
+    deadline = time.monotonic() + timeout
+    while not _ready(member):
+        assert time.monotonic() < deadline, f"{member.name} not ready after {timeout} s"
+        time.sleep(0.05)
+    return member.answer(model)
+
+
 def _ready(member: Member) -> bool:
     try:
         return member.api.get("/readyz").status_code == 200
