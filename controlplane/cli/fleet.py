@@ -110,54 +110,70 @@ def follow_fleet(
     """Print each member's state of ``model`` as it changes until every live member serves
     ``release``; the model across the fleet then. Exits 1 when a member cannot or the fleet
     moved elsewhere, 4 when ``timeout`` ran out first, each with ``answer`` (the operation)
-    and the fleet as last seen."""
+    and the fleet as last seen. A view the daemon could not read from the store again says
+    nothing of the others now: it is waited out."""
     shown: dict[str, tuple[Any, ...]] = {}
     while True:
         data = out.call(lambda: client.get("/v1/fleet"))
         across = model_across(data, model)
         wanted = data.get("models", {}).get(model)
-        for member in data.get("members", []):
-            state = member.get("models", {}).get(model) or {}
-            line = (member["alive"], state.get("release"), state.get("state"), state.get("error"))
-            if shown.get(member["member"]) != line:
-                shown[member["member"]] = line
-                mark = "" if member["alive"] else " (not alive)"
-                error = f": {state['error']}" if state.get("error") else ""
-                out.say(
-                    f"  member {member['member']}{mark}: {state.get('release') or '-'} "
-                    f"({state.get('state') or 'no report'}){error}"
-                )
-        if wanted is None or wanted.get("desired") != release:
-            now = "no desired state" if wanted is None else f"{wanted.get('desired')}"
-            note = f" ({wanted['rollout_note']})" if wanted and wanted.get("rollout_note") else ""
-            raise out.fail(
-                EXIT_FAILED,
-                "member_failed" if note else "desired_state_conflict",
-                f"the fleet's desired state of {model} is {now} now{note}",
-                {**answer, "fleet": across},
-            )
-        failed = [
-            f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"
-            for m in data.get("members", [])
-            if m["alive"]
-            and model in m.get("models", {})
-            and m["models"][model].get("target") == release
-            and m["models"][model].get("state") in ("failed", "held")
-        ]
-        if failed:
-            raise out.fail(
-                EXIT_FAILED, "member_failed", "; ".join(failed), {**answer, "fleet": across}
-            )
-        if wanted.get("converged") and wanted.get("phase") == "complete":
-            out.say(f"fleet: every live member serves {model} {release or '(unloaded)'}")
-            return across
+        _say_changes(out, data, model, shown)
+        if not data.get("store_error"):
+            refusal = _refusal(data, model, release, wanted)
+            if refusal is not None:
+                code, message = refusal
+                raise out.fail(EXIT_FAILED, code, message, {**answer, "fleet": across})
+            if wanted.get("converged") and wanted.get("phase") == "complete":
+                out.say(f"fleet: every live member serves {model} {release or '(unloaded)'}")
+                return across
         if time.monotonic() >= deadline:
+            phase = wanted.get("phase") if wanted else "unknown"
             raise out.fail(
                 EXIT_GAVE_UP,
                 "gave_up_waiting",
-                f"gave up waiting for the fleet after {timeout:g} s (phase "
-                f"{wanted.get('phase')}); the members go on converging: watch them with "
-                "controlplane fleet",
+                f"gave up waiting for the fleet after {timeout:g} s (phase {phase}); the "
+                "members go on converging: watch them with controlplane fleet",
                 {**answer, "fleet": across},
             )
         time.sleep(POLL)
+
+
+def _say_changes(
+    out: Out, data: dict[str, Any], model: str, shown: dict[str, tuple[Any, ...]]
+) -> None:
+    """A line for each member whose state of ``model`` changed, and for the store going away."""
+    for member in data.get("members", []):
+        state = member.get("models", {}).get(model) or {}
+        line = (member["alive"], state.get("release"), state.get("state"), state.get("error"))
+        if shown.get(member["member"]) != line:
+            shown[member["member"]] = line
+            mark = "" if member["alive"] else " (not alive)"
+            error = f": {state['error']}" if state.get("error") else ""
+            out.say(
+                f"  member {member['member']}{mark}: {state.get('release') or '-'} "
+                f"({state.get('state') or 'no report'}){error}"
+            )
+    store = (data.get("store_error"),)
+    if store[0] and shown.get("(store)") != store:
+        out.say(f"  the fleet's records cannot be read: {store[0]}; waiting")
+    shown["(store)"] = store
+
+
+def _refusal(
+    data: dict[str, Any], model: str, release: str | None, wanted: dict[str, Any] | None
+) -> tuple[str, str] | None:
+    """Why the wait ends without the release serving everywhere: (code, message)."""
+    if wanted is None or wanted.get("desired") != release:
+        now = "no desired state" if wanted is None else f"{wanted.get('desired')}"
+        note = f" ({wanted['rollout_note']})" if wanted and wanted.get("rollout_note") else ""
+        code = "member_failed" if note else "desired_state_conflict"
+        return code, f"the fleet's desired state of {model} is {now} now{note}"
+    failed = [
+        f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"
+        for m in data.get("members", [])
+        if m["alive"]
+        and model in m.get("models", {})
+        and m["models"][model].get("target") == release
+        and m["models"][model].get("state") in ("failed", "held")
+    ]
+    return ("member_failed", "; ".join(failed)) if failed else None

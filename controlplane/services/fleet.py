@@ -45,10 +45,20 @@ class FleetSnapshot:
     unreadable: str | None = None  # the store could not be read: this is what was read last
     # records that were left out (where, why): no member acts on their models
     broken: dict[str, str] = field(default_factory=dict)
+    read_at: datetime | None = None  # when the others' heartbeats were read (unreadable: last)
+
+    def alive(self, beat: MemberBeat) -> bool:
+        """Whether ``beat``'s member was alive when its heartbeat was read: a view the store
+        could not give again does not turn the others dead, nor tell what they do now."""
+        return beat.alive(self.at if beat.member == self.member else self.read_at or self.at)
 
     def converged(self, model: str) -> bool:
+        """Every live member serves what the fleet wants; never known while the store cannot
+        be read (the others may be anywhere by now)."""
         wanted = self.desired.get(model)
-        return wanted is not None and converged(wanted, self.beats, self.at)
+        if wanted is None or self.unreadable is not None:
+            return False
+        return converged(wanted, self.beats, self.at)
 
 
 class FleetService:
@@ -56,6 +66,8 @@ class FleetService:
         self._records = records
         self._sync = sync
         self._clock = clock
+        self._beats: dict[str, MemberBeat] = {}  # the others' heartbeats, as read last
+        self._beats_at: datetime | None = None
 
     @property
     def member(self) -> str:
@@ -86,11 +98,15 @@ class FleetService:
             known = dict(last.desired)
             if model is not None:
                 known = {model: known[model]} if model in known else {}
-            own = {self.member: self._sync.heartbeat()}
-            return FleetSnapshot(self._clock.now(), self.member, known, own, str(exc))
+            seen = {**self._beats, self.member: self._sync.heartbeat()}
+            return FleetSnapshot(
+                self._clock.now(), self.member, known, seen, str(exc), read_at=self._beats_at
+            )
+        now = self._clock.now()
+        self._beats, self._beats_at = dict(beats), now
         beats[self.member] = self._sync.heartbeat()
         broken = self._records.unreadable() if model is None else {}
-        return FleetSnapshot(self._clock.now(), self.member, desired, beats, broken=broken)
+        return FleetSnapshot(now, self.member, desired, beats, broken=broken, read_at=now)
 
     async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
         """Return once every live member serves ``release`` of ``model`` (the rollout, if
@@ -103,6 +119,16 @@ class FleetService:
             snapshot = await self.snapshot(model)
             wanted = snapshot.desired.get(model)
             details = {"fleet": fleet_json_model(snapshot, model)}
+            if snapshot.unreadable is not None:  # nothing to conclude: wait for the store
+                if self._clock.monotonic() >= deadline:
+                    raise FleetTimeout(
+                        f"cannot tell whether every member serves {model} "
+                        f"{release or '(unloaded)'} after {timeout:g} s: the fleet's records "
+                        f"cannot be read ({snapshot.unreadable}); they go on converging",
+                        details=details,
+                    )
+                await self._clock.sleep(WAIT_POLL)
+                continue
             if wanted is None or wanted.release != release:
                 moved = (
                     "has no record"
@@ -133,7 +159,7 @@ class FleetService:
                 waiting = [
                     beat.member
                     for beat in snapshot.beats.values()
-                    if beat.alive(snapshot.at)
+                    if snapshot.alive(beat)
                     and not beat.serves(model, wanted.target_for(beat.member))
                 ]
                 raise FleetTimeout(
@@ -149,7 +175,7 @@ def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, 
     failed = {}
     for beat in snapshot.beats.values():
         state = beat.models.get(wanted.model)
-        if not beat.alive(snapshot.at) or state is None:
+        if not snapshot.alive(beat) or state is None:
             continue
         if state.target != wanted.target_for(beat.member) or state.generation < wanted.generation:
             continue  # a report on an older desired state
@@ -169,10 +195,10 @@ def _state_json(state: MemberModel | None) -> dict[str, object]:
     }
 
 
-def member_json(beat: MemberBeat, now: datetime) -> dict[str, object]:
+def member_json(beat: MemberBeat, alive: bool) -> dict[str, object]:
     return {
         "member": beat.member,
-        "alive": beat.alive(now),
+        "alive": alive,
         "last_seen": beat.at.isoformat(),
         "version": beat.version,
         "stale": beat.stale,
@@ -217,7 +243,8 @@ def fleet_json(
             {"record": where, "error": why} for where, why in sorted(snapshot.broken.items())
         ],
         "members": [
-            member_json(beat, snapshot.at) for _name, beat in sorted(snapshot.beats.items())
+            member_json(beat, snapshot.alive(beat))
+            for _name, beat in sorted(snapshot.beats.items())
         ],
         "models": {
             name: desired_json(snapshot, wanted)
@@ -235,7 +262,7 @@ def fleet_json_model(snapshot: FleetSnapshot, model: str) -> dict[str, object]:
         "members": [
             {
                 "member": beat.member,
-                "alive": beat.alive(snapshot.at),
+                "alive": snapshot.alive(beat),
                 **_state_json(beat.models.get(model)),
             }
             for _name, beat in sorted(snapshot.beats.items())

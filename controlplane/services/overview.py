@@ -255,7 +255,7 @@ class OverviewService:
             members.append(
                 MemberServing(
                     member=name,
-                    alive=beat.alive(snapshot.at),
+                    alive=snapshot.alive(beat),
                     release=state.release if state is not None else None,
                     state=state.state.value if state is not None else None,
                     target=state.target if state is not None else None,

@@ -5,6 +5,7 @@ store can go away for it alone."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,60 @@ def test_a_member_that_loses_the_store_keeps_serving_shows_stale_and_catches_up(
         30,
         "the member back in the store seeing the model converged",
     )
+
+
+def test_a_fleet_wait_whose_member_loses_the_store_waits_it_out_and_concludes_nothing(
+    fleet: Fleet,
+    fault_proxy: FaultProxy,  # noqa: F811
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Found from outside: the member a `deploy --wait --fleet` went through lost the store
+    right after its publish, and the wait answered "every live member serves" from a view of
+    itself alone while the others still served the old release."""
+    client, bucket = s3_bucket
+    slow = write_scale_release(tmp_path / "slow", fleet.model, "slow", k=5.0, init_sleep=6.0)
+    upload_release_dir(client, bucket, PREFIX, slow)
+    first, second = fleet.add(), fleet.add()
+    through = fleet.add(extra_env=aws_env(fault_proxy.endpoint))
+    answer = first.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    with ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(
+            through.api.post,
+            f"/v1/models/{fleet.model}/deploy",
+            {"release": "slow", "wait": True, "fleet": True},
+        )
+        eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
+        assert len(through.api.get("/v1/fleet").json()["members"]) == 3  # read once, whole
+        fault_proxy.go_down()  # published: the others are loading it (6 s) as the store goes
+        eventually(lambda: _fleet_stale(through), 30, "the member seeing the store gone")
+        stale = through.api.get("/v1/fleet").json()
+        assert stale["models"][fleet.model]["converged"] is False  # it cannot know
+        assert {m["member"] for m in stale["members"]} == {"m1", "m2", "m3"}  # as last read
+        assert not waited.done()
+        fault_proxy.come_back()
+
+        answered = waited.result(timeout=120)
+
+    assert answered.status_code == 200, answered.text
+    members = {m["member"]: m for m in answered.json()["fleet"]["members"]}
+    assert {name: (m["release"], m["state"]) for name, m in members.items()} == {
+        name: ("slow", "serving") for name in ("m1", "m2", "m3")
+    }
+    assert first.answer(fleet.model) == second.answer(fleet.model) == 5.0
+
+
+def _done_here(member: Member, model: str, release: str) -> bool:
+    [last] = member.api.get(f"/v1/operations?model={model}&limit=1").json()["operations"]
+    return bool(last["release"] == release and last["status"] == "succeeded")
+
+
+def _fleet_stale(member: Member) -> bool:
+    return member.api.get("/v1/fleet").json()["store_error"] is not None
 
 
 def test_a_new_member_that_cannot_reach_the_store_is_not_ready_and_says_why(
