@@ -157,7 +157,7 @@ class Reconciler:
             serving=self._serving,
             staging=self._staging,
             clock=self._clock,
-            fleet=self._deploy.fleet is not None,
+            fleet=self._deploy.fleet,
         )
 
     # --- the loop ---------------------------------------------------------------------------

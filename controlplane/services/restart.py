@@ -14,9 +14,11 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.operations import CancelReason, Operation, OperationKind, StepStatus
 from controlplane.domain.publish import publishes
 from controlplane.ports import Clock, ModelRecord, OperationLog, ServingRepo, Staging
+from controlplane.services.fleet_ledger import FleetLedger
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +30,12 @@ class StartupReport:
     staging_removed: list[str] = field(default_factory=list)
 
 
-def _was_recorded(operation: Operation, record: ModelRecord | None, *, fleet: bool) -> bool:
+def _was_recorded(operation: Operation, record: ModelRecord | None) -> bool:
     """Whether ``operation`` (found running at start-up) had committed the change it was
-    for: a deploy or rollback whose release the model's record names as serving, written
-    after the operation began. The record and its slots are one transaction, so this is
-    what serves; only the operation's own last write was lost. In a fleet, an operation that
-    publishes had also to move the fleet's desired state (its ``publish`` step): one stopped
-    before that is not done (the fleet's sync brings this member back to what the fleet
-    wants), so it is interrupted, not succeeded."""
-    recorded = (
+    for here: a deploy or rollback whose release the model's record names as serving, written
+    after the operation began. The record and its slots are one transaction, so this is what
+    serves; only the operation's own last write was lost."""
+    return (
         operation.kind in (OperationKind.DEPLOY, OperationKind.ROLLBACK)
         and record is not None
         and operation.release is not None
@@ -44,19 +43,48 @@ def _was_recorded(operation: Operation, record: ModelRecord | None, *, fleet: bo
         and record.active_release == operation.release
         and record.updated_at >= operation.created_at
     )
-    if not recorded or not fleet or not publishes(operation.kind, operation.trigger):
-        return recorded
-    return any(s.name == "publish" and s.status is StepStatus.SUCCEEDED for s in operation.steps)
+
+
+async def _was_published(operation: Operation, fleet: FleetLedger) -> bool:
+    """In a fleet, an operation that publishes had also to move the fleet's desired state: its
+    ``publish`` step ended, or (killed between the swap and the step's record) the desired
+    state names its release, set by this member since it began. One stopped before that is not
+    done (the fleet's sync brings this member back to what the fleet wants): interrupted. A
+    store that cannot be read says nothing, so the journal's word stands."""
+    if not publishes(operation.kind, operation.trigger):
+        return True
+    if any(s.name == "publish" and s.status is StepStatus.SUCCEEDED for s in operation.steps):
+        return True
+    try:
+        wanted = await fleet.read(operation.model)
+    except ControlPlaneError as exc:
+        log.warning("start-up: cannot read %s's desired state (%s)", operation.model, exc)
+        return False
+    return (
+        wanted is not None
+        and wanted.release == operation.release
+        and wanted.set_by == fleet.member.name
+        and wanted.set_at >= operation.created_at
+    )
 
 
 async def recover(
-    *, journal: OperationLog, serving: ServingRepo, staging: Staging, clock: Clock, fleet: bool
+    *,
+    journal: OperationLog,
+    serving: ServingRepo,
+    staging: Staging,
+    clock: Clock,
+    fleet: FleetLedger | None,
 ) -> StartupReport:
-    """``fleet``: this daemon is a fleet's member (its operations publish what they serve)."""
+    """``fleet``: the ledger of the fleet this daemon is a member of (its operations publish
+    what they serve)."""
     report = StartupReport()
     records = {record.name: record for record in await serving.all()}
     for operation in await journal.unfinished():
-        if _was_recorded(operation, records.get(operation.model), fleet=fleet):
+        done = _was_recorded(operation, records.get(operation.model))
+        if done and fleet is not None:
+            done = await _was_published(operation, fleet)
+        if done:
             journal.save(operation.recorded_before_stop(clock.now()))
             report.recorded.append(operation.id)
             continue
