@@ -192,7 +192,16 @@ class MemberBeat:
     name_conflict: str | None = None  # another daemon writes heartbeats under its name
 
     def alive(self, now: datetime) -> bool:
-        return now - self.at <= timedelta(seconds=3 * self.interval)
+        """Beat within its last three intervals, as ``now``'s clock sees it; a beat dated
+        further ahead than that (a clock running fast, a hand edit) is no sign of life, or a
+        member that died would stay alive for as long as the stamp is ahead."""
+        window = timedelta(seconds=3 * self.interval)
+        return -window <= now - self.at <= window
+
+    def ahead(self, now: datetime) -> float | None:
+        """Seconds this beat is dated ahead of ``now`` beyond its window (None: it is not)."""
+        early = (self.at - now).total_seconds()
+        return early if early > 3 * self.interval else None
 
     def serves(self, model: str, release: str | None) -> bool:
         state = self.models.get(model)

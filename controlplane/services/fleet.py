@@ -105,8 +105,27 @@ class FleetService:
         now = self._clock.now()
         self._beats, self._beats_at = dict(beats), now
         beats[self.member] = self._sync.heartbeat()
-        broken = self._records.unreadable() if model is None else {}
+        behind = self._sync.generations.behind(desired)  # shown as the sync follows them
+        desired = {**desired, **{m: self._sync.generations.seen[m] for m in behind}}
+        broken = {
+            **(self._records.unreadable() if model is None else {}),
+            **self._dated_ahead(beats, now),
+            **{f"{self._records.where}/desired/{m}.json": why for m, why in behind.items()},
+        }
         return FleetSnapshot(now, self.member, desired, beats, broken=broken, read_at=now)
+
+    def _dated_ahead(self, beats: dict[str, MemberBeat], now: datetime) -> dict[str, str]:
+        """Heartbeats dated ahead of this member's clock: not counted alive, and said."""
+        found = {}
+        for name, beat in beats.items():
+            early = beat.ahead(now)
+            if early is not None:
+                found[f"{self._records.where}/members/{name}.json"] = (
+                    f"the heartbeat of {name} is dated {beat.at.isoformat()}, {early:.0f} s "
+                    "ahead of this member's clock, so it is not counted alive: check the "
+                    "clocks' time sync, or delete the record if the member is gone"
+                )
+        return found
 
     async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
         """Return once every live member serves ``release`` of ``model`` (the rollout, if

@@ -41,6 +41,7 @@ from controlplane.domain.fleet import (
     MemberModel,
     MemberState,
 )
+from controlplane.domain.generations import Generations
 from controlplane.domain.operations import Cause, Trigger
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
@@ -115,6 +116,8 @@ class FleetSync:
         )
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
+        self.generations = Generations()  # the newest desired state read, by model
+        self._told_behind: set[tuple[str, int]] = set()  # (model, generation) logged as behind
         self._pokes = PokeGap(POKE_GAP, clock)
 
     @property
@@ -210,6 +213,7 @@ class FleetSync:
             log.info("the fleet's desired state can be read again; following it")
         self.stale_since = None
         self.last_read = report.at
+        desired = self._screened(desired)
         records = {record.name: record for record in await self._serving.all()}
         if not self._seeded:
             if await seed(self._records, self.member.name, self._clock, records, desired):
@@ -240,6 +244,16 @@ class FleetSync:
                 }
             )
         return report
+
+    def _screened(self, desired: dict[str, DesiredModel]) -> dict[str, DesiredModel]:
+        """``desired`` with each record that went back replaced by the newer one read before
+        (:mod:`~controlplane.domain.generations`), each such record logged once."""
+        for model, why in self.generations.behind(desired).items():
+            told = (model, desired[model].generation)
+            if told not in self._told_behind:
+                self._told_behind.add(told)
+                log.error("%s", why, extra={"model": model})
+        return self.generations.screen(desired)
 
     async def _converge(
         self,

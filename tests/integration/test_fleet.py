@@ -265,6 +265,42 @@ def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_no
     assert "unexpected error while answering a request" not in member.api.log()
 
 
+def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_followed(
+    fleet: Fleet, store: Path
+) -> None:
+    """Found from outside: a dead member whose heartbeat was dated a year ahead stayed alive
+    (a --fleet deploy waited on it to its timeout), and a desired state put back to an older
+    generation (a restored backup, a lagging replica) moved the fleet back without a word."""
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    member = fleet.add()
+    records = store / "_controlplane"
+    assert member.api.deploy(fleet.model, "r1").status_code == 200
+    older = (records / "desired" / f"{fleet.model}.json").read_text()  # generation 1
+    assert member.api.deploy(fleet.model, "r2").status_code == 200
+    beat = json.loads((records / "members" / "m1.json").read_text())
+    ahead = {**beat, "member": "ghost", "incarnation": "ghost-1", "at": "2099-01-01T00:00:00+00:00"}
+    (records / "members" / "ghost.json").write_text(json.dumps(ahead))
+    (records / "desired" / f"{fleet.model}.json").write_text(older)
+
+    _two_passes(member, fleet.model)
+
+    view = fleet.fleet(via=member)
+    said = {r["record"].rsplit("/", 2)[-1]: r["error"] for r in view["unreadable_records"]}
+    assert "ahead of this member's clock" in said["ghost.json"], said
+    assert "went back from generation 2" in said[f"{fleet.model}.json"], said
+    assert {m["member"]: m["alive"] for m in view["members"]} == {"m1": True, "ghost": False}
+    assert view["models"][fleet.model]["desired"] == "r2"
+    assert member.answer(fleet.model) == 2.0  # not moved back
+    assert "went back from generation 2" in member.api.log()
+    # A deploy writes a new generation over the one put back, and the fleet wait ends.
+    answer = member.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    assert member.answer(fleet.model) == 1.0
+
+
 def _two_passes(member: Member, model: str) -> None:
     """Until the member's fleet sync has read the store twice since now (each pass does all
     it does with what it read before the next one reads)."""

@@ -30,6 +30,7 @@ from controlplane.domain.fleet import (
     desired_from_storage,
     first_generation,
 )
+from controlplane.domain.generations import Generations
 from controlplane.domain.rollout import RolloutPolicy, advance, stable_release, start
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -844,3 +845,41 @@ def test_a_plain_api_address_is_taken_as_written(url: str, taken: str) -> None:
     stored = json.loads(json.dumps(beat_for_storage(heartbeat_with_url(None))))
     stored["url"] = url
     assert beat_from_storage(stored).url == taken
+
+
+# --- clocks and generations that go the wrong way ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("offset", "alive", "ahead"),
+    [
+        (0.0, True, None),
+        (-30.0, True, None),  # three intervals of 10 s back: the last beat that counts
+        (-31.0, False, None),
+        (30.0, True, None),  # a clock a little fast
+        (31.0, False, 31.0),  # dated further ahead than its window: no sign of life
+        (365 * 86400.0, False, 365 * 86400.0),
+    ],
+)
+def test_a_beat_is_alive_within_its_window_either_side_of_the_readers_clock(
+    offset: float, alive: bool, ahead: float | None
+) -> None:
+    stamped = beat("b", at=T0 + timedelta(seconds=offset))
+
+    assert stamped.alive(T0) is alive
+    assert stamped.ahead(T0) == ahead
+
+
+def test_a_desired_state_that_went_back_is_not_followed_until_a_new_generation() -> None:
+    generations = Generations()
+    assert generations.screen({MODEL: desired("r2", generation=2)})[MODEL].release == "r2"
+
+    put_back = {MODEL: desired("r1", generation=1)}
+    assert "went back from generation 2" in generations.behind(put_back)[MODEL]
+    assert generations.screen(put_back)[MODEL].release == "r2"  # kept
+
+    written_over = {MODEL: desired("r1", generation=2)}  # a deploy over the one put back
+    assert generations.behind(written_over) == {}
+    assert generations.screen(written_over)[MODEL].release == "r1"
+    assert generations.screen({}) == {}  # gone: forgotten
+    assert generations.screen(put_back)[MODEL].release == "r1"  # written afresh, followed
