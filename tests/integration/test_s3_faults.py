@@ -532,6 +532,35 @@ def test_a_deploy_with_wait_rides_out_a_store_outage_and_one_without_is_told_to_
     assert daemon.deploy(told.model, "r1").status_code == 200  # and the retry, once it is back
 
 
+def test_a_store_that_answers_nothing_is_refused_within_seconds_not_minutes(
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
+    triton: RunningTriton,
+) -> None:
+    """Found from outside: S3 behind a partition that drops packets (connections taken, never
+    answered) made a deploy without wait answer 503 after 120 s, botocore's 60 s read timeout
+    twice, where the docs promise a few seconds; the CLI's status gave up on the daemon."""
+    daemon, (hung,) = _outage_campaigns(
+        daemons, tmp_path, moto_endpoint, fault_proxy, triton, retry_seconds=60.0, models=1
+    )
+    try:
+        fault_proxy.go_silent()
+        started = time.monotonic()
+        answer = daemon.deploy(hung.model, "r1", wait=False)
+        took = time.monotonic() - started
+    finally:
+        fault_proxy.come_back()
+        hung.publisher.close()
+
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "store_unavailable"
+    assert int(answer.headers["Retry-After"]) > 0
+    assert took < 20.0, took  # one attempt's read timeout past the 5 s budget, at most
+    assert daemon.deploy(hung.model, "r1").status_code == 200  # and the retry, once it is back
+
+
 def test_a_deploy_with_wait_gives_up_after_retry_seconds_when_the_store_stays_away(
     daemons: DaemonFactory,
     tmp_path: Path,

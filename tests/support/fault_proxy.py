@@ -143,6 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         fault = proxy._record(seen)
         if proxy.latency:
             time.sleep(proxy.latency)
+        if proxy._silent.is_set():  # a partition that drops packets: no answer, no close
+            proxy._answering.wait(timeout=300)
+            self.close_connection = True
+            return
         if fault == "drop" or proxy.is_down:
             self.close_connection = True
             return
@@ -269,7 +273,8 @@ class FaultProxy:
     forwarded (after ``skip`` such GETs; to change the object under a download, say);
     ``on_put`` the same before a PUT (to land another writer's object between a read and a
     conditional write, say). ``latency`` delays every request; :meth:`go_down` drops every
-    connection, open or new, until :meth:`come_back` (:meth:`down_for` schedules that).
+    connection, open or new, until :meth:`come_back` (:meth:`down_for` schedules that);
+    :meth:`go_silent` answers nothing and closes nothing until then.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -285,6 +290,8 @@ class FaultProxy:
         self._seen: list[SeenRequest] = []
         self.latency = 0.0  # seconds added before every request is answered
         self._down = threading.Event()
+        self._silent = threading.Event()  # requests are read and never answered
+        self._answering = threading.Event()  # set: silent requests may end (come_back, stop)
         self._timers: list[threading.Timer] = []
         self._connections: set[socket.socket] = set()
         self._server: _ProxyServer | None = None
@@ -311,6 +318,7 @@ class FaultProxy:
         return f"http://{host!s}:{port}"
 
     def stop(self) -> None:
+        self._answering.set()  # silent requests end
         for timer in self._timers:
             timer.cancel()
         server, self._server = self._server, None
@@ -401,8 +409,16 @@ class FaultProxy:
                 with suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
 
+    def go_silent(self) -> None:
+        """Take every new request and never answer it (nor close it) until :meth:`come_back`:
+        a partition that drops packets, which a client notices only by its own timeouts."""
+        self._answering.clear()
+        self._silent.set()
+
     def come_back(self) -> None:
         self._down.clear()
+        self._silent.clear()
+        self._answering.set()
 
     def down_for(self, seconds: float) -> None:
         """:meth:`go_down` now and :meth:`come_back` after ``seconds`` (cancelled by stop)."""

@@ -79,14 +79,25 @@ _LIBRARY = (
 )
 
 
+# One attempt waits this long for a connection, and for each next byte of an answer. An
+# attempt under way cannot be cut from outside (it runs on a worker thread), so these bound
+# how far past its budget a call can run: botocore's 60 s made a store behind a partition that
+# drops packets answer a deploy without wait in 120 s, not in the few seconds promised.
+CONNECT_TIMEOUT = 3.0
+READ_TIMEOUT = 5.0  # between two bytes, not for a whole object: S3 streams a part steadily
+
+
 def build_client(max_concurrency: int) -> Any:
     """An S3 client from the standard chain (credentials, region, AWS_ENDPOINT_URL(_S3),
-    profiles), with a connection for each download worker and botocore's retries off."""
+    profiles), with a connection for each download worker, botocore's retries off, and
+    timeouts that fit the retry policy's budgets."""
     # ``total_max_attempts`` counts the first try (``max_attempts`` here would mean one
     # *retry*): botocore makes one attempt and our policy makes the others.
     config = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},
         max_pool_connections=max_concurrency + 4,
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
     )
     return boto3.session.Session().client("s3", config=config)
 
