@@ -59,7 +59,8 @@ def fleet_of(c: Container) -> FleetService:
     if c.fleet_view is None:
         raise InvalidRequest(
             "this daemon is not a member of a fleet (fleet.enabled: false): its desired state "
-            "lives in its own database; see GET /v1/models"
+            "lives in its own database; see GET /v1/models, and leave out 'fleet': true (the "
+            "CLI's --fleet) to wait for this daemon alone"
         )
     return c.fleet_view
 

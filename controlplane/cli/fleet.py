@@ -42,7 +42,7 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         if member.get("name_conflict") and member.get("alive"):
             lines.append(f"NAME CONFLICT on {member['member']}: {member['name_conflict']}")
     for broken in data.get("unreadable_records", []):
-        lines.append(f"UNREADABLE RECORD (no member acts on it): {broken['error']}")
+        lines.append(f"UNREADABLE RECORD (no member acts on it): {one_line(broken['error'])}")
     lines.append("")
     lines.append(f"{'MODEL':<24} {'DESIRED':<16} {'GEN':>4} {'PHASE':<12} CONVERGED")
     for name, model in sorted(models.items()):
@@ -66,7 +66,7 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
     for member in members:
         served = ", ".join(
             f"{name}={state.get('release') or '-'} ({state.get('state')})"
-            + (f": {state['error']}" if state.get("error") else "")
+            + (f": {one_line(state['error'])}" if state.get("error") else "")
             for name, state in sorted(member.get("models", {}).items())
         )
         seen = str(member["last_seen"])[:19] + "Z"  # to the second: the table stays aligned
@@ -93,6 +93,11 @@ def model_across(data: dict[str, Any], model: str) -> dict[str, Any]:
             for member in data.get("members", [])
         ],
     }
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (a member's error may hold a traceback): a table stays a table."""
+    return " ".join(str(text).split())
 
 
 NO_REPORT = {"release": None, "state": None, "target": None, "error": None}
@@ -148,7 +153,7 @@ def _say_changes(
         if shown.get(member["member"]) != line:
             shown[member["member"]] = line
             mark = "" if member["alive"] else " (not alive)"
-            error = f": {state['error']}" if state.get("error") else ""
+            error = f": {one_line(state['error'])}" if state.get("error") else ""
             out.say(
                 f"  member {member['member']}{mark}: {state.get('release') or '-'} "
                 f"({state.get('state') or 'no report'}){error}"
@@ -169,7 +174,7 @@ def _refusal(
         code = "member_failed" if note else "desired_state_conflict"
         return code, f"the fleet's desired state of {model} is {now} now{note}"
     failed = [
-        f"{m['member']}: {(m['models'][model].get('error') or m['models'][model]['state'])}"
+        f"{m['member']}: {one_line(m['models'][model].get('error') or m['models'][model]['state'])}"
         for m in data.get("members", [])
         if m["alive"]
         and model in m.get("models", {})

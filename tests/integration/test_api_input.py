@@ -299,3 +299,12 @@ def test_the_api_refuses_to_bind_beyond_loopback_without_a_token(
             workdir=tmp_path,
             extra_env={"CONTROLPLANE_API__HOST": "0.0.0.0"},
         )
+
+
+@pytest.mark.usefixtures("unchanged")
+def test_a_reason_over_500_characters_is_refused_in_characters(daemon: Daemon) -> None:
+    response = daemon.post(f"/v1/models/{MODEL}/deploy", {"release": "r1", "reason": "x" * 501})
+
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "at most 500 characters" in message, message

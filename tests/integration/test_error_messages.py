@@ -249,3 +249,22 @@ def _hold(server: socket.socket, held: list[socket.socket]) -> None:
         except OSError:
             return
         held.append(connection)
+
+
+def test_a_fleet_wait_on_a_daemon_of_no_fleet_says_to_leave_it_out(
+    daemons: DaemonFactory, tmp_path: Path, model_name: str
+) -> None:
+    store = tmp_path / "store"
+    write_scale_release(store, model_name, "r1", k=1.0)
+    daemon = daemons(store, extra_env=NO_FLEET)
+
+    answer = daemon.post(
+        f"/v1/models/{model_name}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    deploy = cli(daemon, "deploy", model_name, "r1", "--wait", "--fleet")
+
+    assert answer.status_code == 400, answer.text
+    assert "leave out 'fleet': true (the CLI's --fleet)" in answer.json()["error"]["message"]
+    assert deploy.returncode == 1, deploy.stderr
+    assert "to wait for this daemon alone" in deploy.stderr
+    assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] is None  # none ran

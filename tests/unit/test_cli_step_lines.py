@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controlplane.cli.fleet import fleet_table
 from controlplane.cli.follow import step_line
 
 
@@ -38,3 +39,28 @@ def test_a_fetch_step_shows_files_and_bytes() -> None:
         "detail": {"files": 3, "bytes": 1885},
     }
     assert step_line(step) == "  ok  fetch         7.5 ms  3 files, 1885 bytes"
+
+
+def test_a_members_error_with_a_traceback_keeps_the_fleet_table_one_line_per_member() -> None:
+    """Found from outside: a model whose initialize() raised put its traceback, newlines and
+    all, into the MEMBER table."""
+    error = 'load failed: Traceback (most recent call last):\n  File "model.py"\nRuntimeError: x'
+    data = {
+        "member": "a",
+        "members": [
+            {
+                "member": "a",
+                "alive": True,
+                "last_seen": "2026-12-03T06:00:00+00:00",
+                "models": {"m": {"release": "r1", "state": "failed", "error": error}},
+            }
+        ],
+        "models": {},
+        "unreadable_records": [{"record": "x", "error": "bad\nrecord"}],
+    }
+
+    lines = fleet_table(data)
+
+    assert all("\n" not in line for line in lines)
+    [row] = [line for line in lines if line.startswith("a ")]
+    assert row.endswith('Traceback (most recent call last): File "model.py" RuntimeError: x')

@@ -44,9 +44,8 @@ FleetTimeout = Annotated[
     ),
 ]
 Reason = Annotated[
-    Text | None,
+    Annotated[str, Field(max_length=500), AfterValidator(_encodable)] | None,  # 500 characters
     Field(
-        max_length=500,
         description="Why, in words (a ticket, the CI pipeline's address): recorded on the "
         "operation, and shown by GET /v1/operations and controlplane history.",
     ),
