@@ -25,6 +25,8 @@ class ReleaseMarker:
     release: str
     operation_id: str
     revision: str | None = None  # the store's revision of the release (SHA256SUMS digest, ETag)
+    # Its files changed since it was placed (edited by hand): it no longer holds the release.
+    edited: bool = False
 
 
 @dataclass(frozen=True)

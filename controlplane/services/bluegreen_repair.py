@@ -73,7 +73,7 @@ class BlueGreenRepairs:
             desired=snapshot.active_release,
             strategy=Strategy.BLUE_GREEN,
             slots=slots,
-            on_disk={n: placed[n].release for n in names if n in placed},
+            on_disk={n: placed[n].release for n in names if n in placed and not placed[n].edited},
             triton=triton,
             alias_target=target,
             alias_on_disk=await asyncio.to_thread(self._staging.is_alias_dir, model),

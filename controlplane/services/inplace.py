@@ -295,7 +295,11 @@ class Inplace:
             desired=snapshot.active_release,
             strategy=Strategy.INPLACE,
             slots=[snapshot.slot(model)],
-            on_disk={model: marker.release} if marker is not None and marker.model == model else {},
+            on_disk=(
+                {model: marker.release}
+                if marker is not None and marker.model == model and not marker.edited
+                else {}  # an edited dir holds no release: it is placed again
+            ),
             triton={model: index[model].state} if model in index else {},
         )
 

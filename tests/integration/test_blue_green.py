@@ -139,6 +139,36 @@ def _running(daemon: Daemon, model: str) -> str | None:
     return str(last["kind"]) if last["status"] == "running" else None
 
 
+def test_a_slot_edited_by_hand_is_placed_again_from_the_store_and_never_served_as_the_release(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    """Found from outside: a model.py edited in the serving slot went unnoticed, and a later
+    rollback to that slot served the edited files as r1."""
+    write_scale_release(store, model_name, "r1", k=1.0)
+    write_scale_release(store, model_name, "r2", k=2.0)
+    daemon = daemons(store, config=_config(model_name, retire_after=600))
+    assert daemon.deploy(model_name, "r1").status_code == 200
+    edited = daemon.repository / f"{model_name}__blue" / "1" / "model.py"
+    edited.write_text(edited.read_text().replace("K = 1.0", "K = 99.0"))
+
+    eventually(
+        lambda: _slots(daemon, model_name).get(f"{model_name}__green") == ("ACTIVE", "r1"),
+        60,
+        "r1 placed again from the store, in the other slot",
+    )
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    assert "K = 99.0" not in (daemon.repository / f"{model_name}__green/1/model.py").read_text()
+    assert daemon.deploy(model_name, "r2").status_code == 200
+    back = daemon.post(f"/v1/models/{model_name}/rollback", {"wait": True})
+    assert back.status_code == 200, back.text
+    assert infer_once(triton.grpc_url, model_name) == 1.0  # r1's bytes, not the edited ones
+
+
+def _slots(daemon: Daemon, model: str) -> dict[str, tuple[str, str | None]]:
+    view = daemon.get(f"/v1/models/{model}").json()
+    return {s["name"]: (s["state"], s["release"]) for s in view["slots"]}
+
+
 def test_deploying_the_serving_release_again_changes_nothing_and_keeps_the_warm_slot(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:

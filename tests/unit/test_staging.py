@@ -273,6 +273,30 @@ def test_finalize_writes_a_marker_that_read_marker_returns(area: StagingArea) ->
     assert area.read_marker("m") == marker
 
 
+def test_a_placed_dir_edited_by_hand_is_marked_edited_and_a_pycache_is_not_an_edit(
+    area: StagingArea,
+) -> None:
+    """Found from outside: a model.py edited in a placed slot was served, and reported, as
+    the release placed there."""
+    source = staged(area, "op-1", NEW)
+    area.finalize(source, ReleaseMarker(model="m", release="r2", operation_id="op-1"))
+    area.place(source, "m", owner="m")
+    placed = area.repository / "m"
+    (placed / "1" / "__pycache__" / "model.cpython-399.pyc").write_bytes(b"Triton's own")
+    assert area.read_marker("m") == ReleaseMarker("m", "r2", "op-1")  # not edited
+
+    model_py = placed / "1" / "model.py"
+    model_py.write_bytes(model_py.read_bytes().replace(b"2", b"9"))  # same size, in place
+
+    marker = area.read_marker("m")
+    assert marker is not None
+    assert marker.edited
+    assert area.placed()["m"].edited
+    (placed / "1" / "model.py").unlink()
+    (placed / "extra.txt").write_bytes(b"x")
+    assert area.read_marker("m") == ReleaseMarker("m", "r2", "op-1", edited=True)
+
+
 def test_finalize_byte_compiles_python_sources(area: StagingArea) -> None:
     source = staged(area, "op-1", NEW)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.release_tree import regular_files
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
+from controlplane.adapters.staging.fingerprint import fingerprint
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import (
     InvalidModelConfig,
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MARKER_NAME = ".controlplane-release.json"
 ALIAS_MARKER = ".controlplane-alias.json"
+_MARKERS = frozenset({MARKER_NAME})
 RELEASE_DIR = "model"
 
 
@@ -150,6 +152,7 @@ class StagingArea:
                     "release": marker.release,
                     "operation_id": marker.operation_id,
                     "revision": marker.revision,
+                    "files": fingerprint(root, skip=_MARKERS),
                 }
             ),
             encoding="utf-8",
@@ -243,12 +246,14 @@ class StagingArea:
         path = self.repository / validate_slot_name(name) / MARKER_NAME
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            revision = data.get("revision")
+            revision, files = data.get("revision"), data.get("files")
             return ReleaseMarker(
                 model=str(data["model"]),
                 release=str(data["release"]),
                 operation_id=str(data["operation_id"]),
                 revision=None if revision is None else str(revision),
+                # a marker of an older daemon has no digest: nothing to compare
+                edited=files is not None and files != fingerprint(path.parent, skip=_MARKERS),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
