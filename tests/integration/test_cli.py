@@ -247,8 +247,8 @@ def test_a_model_name_that_spells_a_path_is_refused_and_no_other_model_changes(
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "invalid_name" in result.stderr, result.stderr
         assert result.stdout == ""
-    for args in (("status", name), ("history", name), ("operations", "--model", name)):
-        assert cli(daemon.url, *args).returncode == 2, args
+    for reads in (("status", name), ("history", name), ("operations", "--model", name)):
+        assert cli(daemon.url, *reads).returncode == 2, reads
 
     assert infer_once(triton.grpc_url, model_name) == 1.0
     assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "r1"
