@@ -26,9 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from controlplane.adapters.instance_lock import LOCK_NAME
-from controlplane.adapters.release_tree import regular_files
+from controlplane.adapters.release_tree import fingerprint, regular_files
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
-from controlplane.adapters.staging.fingerprint import fingerprint
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import (
     InvalidModelConfig,
