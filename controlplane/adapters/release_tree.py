@@ -9,7 +9,7 @@ debugging session on a node, a config "fixed" in place) would be served, and rep
 release. Hashing the files at every look would cost as much as the model is big, so the marker
 written at placement keeps :func:`fingerprint`, a digest of each file's path, inode, size and
 mtime, and a look compares it with the files as they are now: an edit in place moves the mtime,
-a file replaced or added changes the list. The ``__pycache__`` dirs are left out (Triton's
+a file or dir replaced or added changes the list. The ``__pycache__`` dirs are left out (Triton's
 Python backend may write one for its own Python version after the load).
 """
 
@@ -41,11 +41,13 @@ def regular_files(root: Path) -> list[tuple[str, int]]:
 
 
 def fingerprint(root: Path, *, skip: frozenset[str]) -> str:
-    """The digest of every regular file under ``root`` (but ``skip``, names at its top, and
-    ``__pycache__`` dirs) by path, inode, size and mtime."""
+    """The digest of every file under ``root`` (but ``skip``, names at its top, and
+    ``__pycache__`` dirs) by path, inode, size and mtime, and of every dir by its path."""
     digest = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in dirs:  # a dir added (a version Triton would load) is a change too
+            digest.update(f"{os.path.relpath(os.path.join(folder, name), root)}/\n".encode())
         for name in sorted(files):
             if name in skip and folder == str(root):
                 continue

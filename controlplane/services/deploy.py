@@ -186,6 +186,8 @@ class DeployService:
                 return await self._publish_only(claim, snapshot, kind, target, trigger, base, cause)
             strategy = self.strategy(model)
             warm = strategy.warm(snapshot, target)
+            if warm is not None and await self._edited(warm.name):
+                warm = None  # its files are not the release's any more: placed again, loaded
             if warm is None:
                 return await self._load(
                     claim, snapshot, kind, target, trigger, base, cause, False, patient
@@ -348,6 +350,14 @@ class DeployService:
         if model is not None:
             validate_model_name(model)
         return await self._journal.recent(model, limit)
+
+    async def _edited(self, slot_name: str) -> bool:
+        """Whether the files of a placed slot changed since they were placed (by hand)."""
+        marker = await asyncio.to_thread(self._staging.read_marker, slot_name)
+        if marker is not None and marker.edited:
+            log.warning("%s's files changed since they were placed: not served as is", slot_name)
+            return True
+        return False
 
     # --- the fleet ----------------------------------------------------------------------
 

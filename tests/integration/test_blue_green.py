@@ -159,8 +159,13 @@ def test_a_slot_edited_by_hand_is_placed_again_from_the_store_and_never_served_a
     assert infer_once(triton.grpc_url, model_name) == 1.0
     assert "K = 99.0" not in (daemon.repository / f"{model_name}__green/1/model.py").read_text()
     assert daemon.deploy(model_name, "r2").status_code == 200
+    # The warm slot (r1, kept for a rollback) edited, and a rollback asked at once: before any
+    # reconcile pass, so the rollback itself must see it (it re-pointed to the edited files).
+    warm = daemon.repository / f"{model_name}__green" / "1" / "model.py"
+    warm.write_text(warm.read_text().replace("K = 1.0", "K = 44.0"))
     back = daemon.post(f"/v1/models/{model_name}/rollback", {"wait": True})
     assert back.status_code == 200, back.text
+    assert "load" in [s["name"] for s in back.json()["operation"]["steps"]]  # placed again
     assert infer_once(triton.grpc_url, model_name) == 1.0  # r1's bytes, not the edited ones
 
 

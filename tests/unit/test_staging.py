@@ -297,6 +297,18 @@ def test_a_placed_dir_edited_by_hand_is_marked_edited_and_a_pycache_is_not_an_ed
     assert area.read_marker("m") == ReleaseMarker("m", "r2", "op-1", edited=True)
 
 
+def test_an_empty_dir_added_to_a_placed_dir_is_an_edit(area: StagingArea) -> None:
+    """Found from outside: an empty version dir added by hand went unseen, and Triton then
+    loaded that version (with no model.py) at the next repair."""
+    source = staged(area, "op-1", NEW)
+    area.finalize(source, ReleaseMarker(model="m", release="r2", operation_id="op-1"))
+    area.place(source, "m", owner="m")
+
+    (area.repository / "m" / "3").mkdir()
+
+    assert area.read_marker("m") == ReleaseMarker("m", "r2", "op-1", edited=True)
+
+
 def test_finalize_byte_compiles_python_sources(area: StagingArea) -> None:
     source = staged(area, "op-1", NEW)
 
