@@ -7,10 +7,13 @@ files and dirs, never a symlink or a device that could point outside it.
 A dir the daemon placed is recorded as a release; a file edited in it by hand afterwards (a
 debugging session on a node, a config "fixed" in place) would be served, and reported, as that
 release. Hashing the files at every look would cost as much as the model is big, so the marker
-written at placement keeps :func:`fingerprint`, a digest of each file's path, inode, size and
-mtime, and a look compares it with the files as they are now: an edit in place moves the mtime,
-a file or dir replaced or added changes the list. The ``__pycache__`` dirs are left out (Triton's
-Python backend may write one for its own Python version after the load).
+written at placement keeps :func:`fingerprint`: the files placed, a digest of their paths,
+inodes, sizes and mtimes, and the version dirs. A look (:func:`changed`) compares them with
+the files as they are now: an edit in place moves the mtime, a file replaced or removed
+changes its inode or fails its stat, a version dir added is one Triton would load. Files a
+model writes itself beside them (an engine cache, at its load) are not a change, or such a
+model would be placed again at every pass; nor are ``__pycache__`` dirs (Triton's Python
+backend may write one for its own Python version).
 """
 
 from __future__ import annotations
@@ -40,21 +43,41 @@ def regular_files(root: Path) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def fingerprint(root: Path, *, skip: frozenset[str]) -> str:
-    """The digest of every file under ``root`` (but ``skip``, names at its top, and
-    ``__pycache__`` dirs) by path, inode, size and mtime, and of every dir by its path."""
-    digest = hashlib.sha256()
+def fingerprint(root: Path, *, skip: frozenset[str]) -> dict[str, object]:
+    """What :func:`changed` compares later: the files placed under ``root`` (but ``skip``,
+    names at its top, and ``__pycache__`` dirs) and the digest of their stats, and the
+    version dirs at its top."""
+    paths = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in dirs:  # a dir added (a version Triton would load) is a change too
-            digest.update(f"{os.path.relpath(os.path.join(folder, name), root)}/\n".encode())
         for name in sorted(files):
-            if name in skip and folder == str(root):
-                continue
-            path = os.path.join(folder, name)
-            seen = os.lstat(path)
-            relative = os.path.relpath(path, root)
-            digest.update(
-                f"{relative}\0{seen.st_ino}\0{seen.st_size}\0{seen.st_mtime_ns}\n".encode()
-            )
+            if not (name in skip and folder == str(root)):
+                paths.append(os.path.relpath(os.path.join(folder, name), root))
+    return {"paths": paths, "digest": _stats(root, paths), "versions": _versions(root)}
+
+
+def changed(root: Path, placed: object) -> bool:
+    """Whether the files :func:`fingerprint` found (``placed``) changed since: one edited,
+    replaced or removed, or a version dir added or removed at the top. Files the model writes
+    itself beside them (an engine cache at its load) are not a change; a fingerprint of
+    another shape (a marker from before) tells nothing, so is none."""
+    if not isinstance(placed, dict) or not isinstance(paths := placed.get("paths"), list):
+        return False
+    try:
+        now = _stats(root, [str(p) for p in paths])
+    except OSError:  # a placed file is gone
+        return True
+    return now != placed.get("digest") or _versions(root) != placed.get("versions")
+
+
+def _stats(root: Path, paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for relative in paths:
+        seen = os.lstat(root / relative)
+        digest.update(f"{relative}\0{seen.st_ino}\0{seen.st_size}\0{seen.st_mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+def _versions(root: Path) -> list[str]:
+    """The version dirs Triton would load from ``root``: its dirs named by a number."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and e.name.isdigit())

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -220,11 +220,19 @@ class MemberBeat:
         return state.error if state.generation >= generation else None
 
 
-def converged(desired: DesiredModel, beats: Mapping[str, MemberBeat], now: datetime) -> bool:
-    """Every live member serves its target (and there is at least one)."""
-    alive = [beat for beat in beats.values() if beat.alive(now)]
-    return bool(alive) and all(
-        beat.serves(desired.model, desired.target_for(beat.member)) for beat in alive
+def converged(
+    desired: DesiredModel,
+    beats: Mapping[str, MemberBeat],
+    now: datetime,
+    *,
+    alive: Callable[[MemberBeat], bool] | None = None,
+) -> bool:
+    """Every live member serves its target (and there is at least one). Live: beating as of
+    ``now``, unless ``alive`` judges (a view that knows the store was away)."""
+    living = alive or (lambda beat: beat.alive(now))
+    alive_beats = [beat for beat in beats.values() if living(beat)]
+    return bool(alive_beats) and all(
+        beat.serves(desired.model, desired.target_for(beat.member)) for beat in alive_beats
     )
 
 

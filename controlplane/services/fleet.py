@@ -46,11 +46,23 @@ class FleetSnapshot:
     # records that were left out (where, why): no member acts on their models
     broken: dict[str, str] = field(default_factory=dict)
     read_at: datetime | None = None  # when the others' heartbeats were read (unreadable: last)
+    # (the last read before the store went away, when it came back) for a store that was away
+    # lately: the others could not beat meanwhile either
+    blind: tuple[datetime, datetime] | None = None
 
     def alive(self, beat: MemberBeat) -> bool:
         """Whether ``beat``'s member was alive when its heartbeat was read: a view the store
-        could not give again does not turn the others dead, nor tell what they do now."""
-        return beat.alive(self.at if beat.member == self.member else self.read_at or self.at)
+        could not give again does not turn the others dead, nor tell what they do now; nor
+        does a store that was away for everyone (their beats could not land), until they have
+        had three beats since it came back."""
+        if beat.member == self.member:
+            return beat.alive(self.at)
+        if beat.alive(self.read_at or self.at):
+            return True
+        if self.blind is None:
+            return False
+        before, back = self.blind
+        return beat.alive(before) and (self.at - back).total_seconds() <= 3 * beat.interval
 
     def converged(self, model: str) -> bool:
         """Every live member serves what the fleet wants; never known while the store cannot
@@ -58,7 +70,7 @@ class FleetSnapshot:
         wanted = self.desired.get(model)
         if wanted is None or self.unreadable is not None:
             return False
-        return converged(wanted, self.beats, self.at)
+        return converged(wanted, self.beats, self.at, alive=self.alive)
 
 
 class FleetService:
@@ -68,6 +80,8 @@ class FleetService:
         self._clock = clock
         self._beats: dict[str, MemberBeat] = {}  # the others' heartbeats, as read last
         self._beats_at: datetime | None = None
+        self._away_since: datetime | None = None  # the last read before a failed one
+        self._blind: tuple[datetime, datetime] | None = None  # the last outage: before, back
 
     @property
     def member(self) -> str:
@@ -91,6 +105,8 @@ class FleetService:
                 desired = {model: one} if one is not None else {}
             beats = await asyncio.to_thread(self._records.beats)
         except ControlPlaneError as exc:
+            if self._away_since is None:
+                self._away_since = self._beats_at or self._clock.now()
             last = self._sync.last
             if last is None or (last.error is not None and self._sync.last_read is None):
                 raise
@@ -103,6 +119,8 @@ class FleetService:
                 self._clock.now(), self.member, known, seen, str(exc), read_at=self._beats_at
             )
         now = self._clock.now()
+        if self._away_since is not None:  # the first read since the store went away
+            self._blind, self._away_since = (self._away_since, now), None
         self._beats, self._beats_at = dict(beats), now
         beats[self.member] = self._sync.heartbeat()
         behind = self._sync.generations.behind(desired)  # shown as the sync follows them
@@ -112,7 +130,10 @@ class FleetService:
             **self._dated_ahead(beats, now),
             **{f"{self._records.where}/desired/{m}.json": why for m, why in behind.items()},
         }
-        return FleetSnapshot(now, self.member, desired, beats, broken=broken, read_at=now)
+        blind = max((b for b in (self._blind, self._sync.blind) if b is not None), default=None)
+        return FleetSnapshot(
+            now, self.member, desired, beats, broken=broken, read_at=now, blind=blind
+        )
 
     def _dated_ahead(self, beats: dict[str, MemberBeat], now: datetime) -> dict[str, str]:
         """Heartbeats dated ahead of this member's clock: not counted alive, and said."""

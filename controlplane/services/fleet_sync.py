@@ -117,6 +117,8 @@ class FleetSync:
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
         self.generations = Generations()  # the newest desired state read, by model
+        # the last time the store was away: (the last read before, the first after)
+        self.blind: tuple[datetime, datetime] | None = None
         self._told_behind: set[tuple[str, int]] = set()  # (model, generation) logged as behind
         self._pokes = PokeGap(POKE_GAP, clock)
 
@@ -211,6 +213,7 @@ class FleetSync:
             return report
         if self.stale_since is not None:
             log.info("the fleet's desired state can be read again; following it")
+            self.blind = (self.last_read or self.stale_since, report.at)
         self.stale_since = None
         self.last_read = report.at
         desired = self._screened(desired)

@@ -232,6 +232,42 @@ def test_a_fleet_wait_whose_member_loses_the_store_waits_it_out_and_concludes_no
     assert first.answer(fleet.model) == second.answer(fleet.model) == 5.0
 
 
+def test_a_fleet_wait_across_an_outage_of_the_whole_store_waits_for_the_others_to_beat(
+    fleet: Fleet,
+    fault_proxy: FaultProxy,  # noqa: F811
+    s3_bucket: tuple[Any, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Found from outside: the store away for every member for longer than three beats, and
+    the first read after it found the others' beats old: the wait through one member said
+    "every live member serves" while the others still served the old release."""
+    client, bucket = s3_bucket
+    slow = write_scale_release(tmp_path / "slow", fleet.model, "slow", k=5.0, init_sleep=6.0)
+    upload_release_dir(client, bucket, PREFIX, slow)
+    members = [fleet.add(extra_env=aws_env(fault_proxy.endpoint)) for _ in range(3)]
+    through = members[-1]
+    answer = through.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    with ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(
+            through.api.post,
+            f"/v1/models/{fleet.model}/deploy",
+            {"release": "slow", "wait": True, "fleet": True},
+        )
+        eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
+        fault_proxy.down_for(5.0)  # 5 beats: every member's last beat is old when it is back
+
+        answered = waited.result(timeout=120)
+
+    assert answered.status_code == 200, answered.text
+    seen = {m["member"]: (m["release"], m["state"]) for m in answered.json()["fleet"]["members"]}
+    assert seen == {name: ("slow", "serving") for name in ("m1", "m2", "m3")}
+    assert [m.answer(fleet.model) for m in members] == [5.0, 5.0, 5.0]
+
+
 def _done_here(member: Member, model: str, release: str) -> bool:
     [last] = member.api.get(f"/v1/operations?model={model}&limit=1").json()["operations"]
     return bool(last["release"] == release and last["status"] == "succeeded")

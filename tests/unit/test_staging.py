@@ -273,16 +273,18 @@ def test_finalize_writes_a_marker_that_read_marker_returns(area: StagingArea) ->
     assert area.read_marker("m") == marker
 
 
-def test_a_placed_dir_edited_by_hand_is_marked_edited_and_a_pycache_is_not_an_edit(
+def test_a_placed_dir_edited_by_hand_is_marked_edited_and_what_the_model_writes_is_not(
     area: StagingArea,
 ) -> None:
     """Found from outside: a model.py edited in a placed slot was served, and reported, as
-    the release placed there."""
+    the release placed there; and then, that a model writing an engine cache into its own dir
+    at load was placed again at every pass."""
     source = staged(area, "op-1", NEW)
     area.finalize(source, ReleaseMarker(model="m", release="r2", operation_id="op-1"))
     area.place(source, "m", owner="m")
     placed = area.repository / "m"
     (placed / "1" / "__pycache__" / "model.cpython-399.pyc").write_bytes(b"Triton's own")
+    (placed / "1" / "engine.cache").write_bytes(b"written by the model at its load")
     assert area.read_marker("m") == ReleaseMarker("m", "r2", "op-1")  # not edited
 
     model_py = placed / "1" / "model.py"

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from controlplane.adapters.instance_lock import LOCK_NAME
-from controlplane.adapters.release_tree import fingerprint, regular_files
+from controlplane.adapters.release_tree import changed, fingerprint, regular_files
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
 from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
 from controlplane.domain.errors import (
@@ -252,7 +252,7 @@ class StagingArea:
                 operation_id=str(data["operation_id"]),
                 revision=None if revision is None else str(revision),
                 # a marker of an older daemon has no digest: nothing to compare
-                edited=files is not None and files != fingerprint(path.parent, skip=_MARKERS),
+                edited=changed(path.parent, files),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
