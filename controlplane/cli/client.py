@@ -24,11 +24,18 @@ API_VERSION = "v1"  # the paths this client calls: /v1/...
 def api_path(*parts: str, **query: str | int | None) -> str:
     """A path of the API from fixed parts and names given by a user: each name is one segment
     (quoted, so '/' or '..' cannot reach another path) and the query is encoded."""
-    from urllib.parse import quote, urlencode
+    from urllib.parse import urlencode
 
-    path = "/" + "/".join(quote(part, safe="") for part in parts)
+    path = "/" + "/".join(_segment(part) for part in parts)
     given = {key: value for key, value in query.items() if value is not None}
     return f"{path}?{urlencode(given)}" if given else path
+
+
+def _segment(part: str) -> str:
+    from urllib.parse import quote
+
+    quoted = quote(part, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted  # not a dot segment
 
 
 class ApiError(Exception):
@@ -77,14 +84,26 @@ class Client:
     def get(self, path: str) -> dict[str, Any]:
         return self._call("GET", path, None)
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", path, body)
+    def post(
+        self, path: str, body: dict[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """``timeout``: for an answer that may come late (a start that waits behind the
+        daemon's own housekeeping); the client's own otherwise."""
+        return self._call("POST", path, body, timeout)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None = None
+    ) -> dict[str, Any]:
         import httpx
 
+        waited = self.timeout if timeout is None else timeout
         try:
-            response = self._client().request(method, path, json=body)
+            response = self._client().request(method, path, json=body, timeout=waited)
+        except httpx.TimeoutException as exc:
+            raise Unreachable(
+                f"the control plane at {self.url} did not answer within {waited:g} s ({exc}); "
+                "what was asked may still go on: look with controlplane status"
+            ) from exc
         except httpx.HTTPError as exc:
             raise Unreachable(f"cannot reach the control plane at {self.url}: {exc}") from exc
         try:

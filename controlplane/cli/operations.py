@@ -129,7 +129,11 @@ class Start:
         deadline = time.monotonic() + self.timeout
         if self.reason is not None:
             body = {**body, "reason": self.reason}
-        answer = out.call(lambda: client.post(path, {**body, "wait": False}))
+        # The daemon answers once it has claimed the model, which may wait behind its own
+        # retire of an old slot (minutes at most): as long as --timeout allows.
+        answer = out.call(
+            lambda: client.post(path, {**body, "wait": False}, timeout=max(30.0, self.timeout))
+        )
         if answer.get("unchanged"):
             out.say(f"unchanged: {answer.get('message', '')}")
             if self.fleet:

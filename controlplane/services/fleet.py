@@ -34,6 +34,9 @@ from controlplane.services.fleet_sync import FleetSync
 
 log = logging.getLogger(__name__)
 WAIT_POLL = 0.25
+# After an outage of the store, how long (beyond three beats) the others have to beat again:
+# their writes may be in the store's backoff (5 s apart at most) when it comes back.
+BACK_AFTER_OUTAGE = 10.0
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,13 @@ class FleetSnapshot:
         had three beats since it came back."""
         if beat.member == self.member:
             return beat.alive(self.at)
-        if beat.alive(self.read_at or self.at):
-            return True
+        if beat.alive(self.read_at or self.at) or (self.unreadable is None and beat.alive(self.at)):
+            return True  # as of when the read began (a slow store), or now
         if self.blind is None:
             return False
         before, back = self.blind
-        return beat.alive(before) and (self.at - back).total_seconds() <= 3 * beat.interval
+        grace = 3 * beat.interval + BACK_AFTER_OUTAGE
+        return beat.alive(before) and (self.at - back).total_seconds() <= grace
 
     def converged(self, model: str) -> bool:
         """Every live member serves what the fleet wants; never known while the store cannot
@@ -97,6 +101,7 @@ class FleetService:
 
     async def snapshot(self, model: str | None = None) -> FleetSnapshot:
         """The fleet now: every record (or ``model``'s), every heartbeat, this member live."""
+        started = self._clock.now()
         try:
             if model is None:
                 desired = await asyncio.to_thread(self._records.read_all)
@@ -119,10 +124,13 @@ class FleetService:
                 self._clock.now(), self.member, known, seen, str(exc), read_at=self._beats_at
             )
         now = self._clock.now()
+        own = self._sync.heartbeat()
         if self._away_since is not None:  # the first read since the store went away
             self._blind, self._away_since = (self._away_since, now), None
+        elif (now - started).total_seconds() > own.interval:  # it rode out an outage
+            self._blind = (self._beats_at or started, now)
         self._beats, self._beats_at = dict(beats), now
-        beats[self.member] = self._sync.heartbeat()
+        beats[self.member] = own
         behind = self._sync.generations.behind(desired)  # shown as the sync follows them
         desired = {**desired, **{m: self._sync.generations.seen[m] for m in behind}}
         broken = {
@@ -130,9 +138,11 @@ class FleetService:
             **self._dated_ahead(beats, now),
             **{f"{self._records.where}/desired/{m}.json": why for m, why in behind.items()},
         }
-        blind = max((b for b in (self._blind, self._sync.blind) if b is not None), default=None)
+        gaps = [g for g in (self._blind, self._sync.store_gap) if g is not None]
+        blind = max(gaps, key=lambda gap: gap[1]) if gaps else None
+        # The others judged as of when the read began: a slow store must not age them.
         return FleetSnapshot(
-            now, self.member, desired, beats, broken=broken, read_at=now, blind=blind
+            now, self.member, desired, beats, broken=broken, read_at=started, blind=blind
         )
 
     def _dated_ahead(self, beats: dict[str, MemberBeat], now: datetime) -> dict[str, str]:

@@ -128,6 +128,13 @@ class FleetSync:
         return self._heart.name_conflict
 
     @property
+    def store_gap(self) -> tuple[datetime, datetime] | None:
+        """The last stretch in which the store was away for this member, as its reads and its
+        heartbeat writes saw it: (the last success before, the first after)."""
+        gaps = [g for g in (self.blind, self._heart.gap) if g is not None]
+        return max(gaps, key=lambda gap: gap[1]) if gaps else None
+
+    @property
     def stale(self) -> bool:
         return self.stale_since is not None
 

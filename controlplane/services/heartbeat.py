@@ -53,6 +53,11 @@ class HeartbeatWriter:
         self._last_at: datetime | None = None  # the time the last one written carried
         self._check_at = -math.inf  # clock time of the next look at who writes as this member
         self.name_conflict: str | None = None  # another daemon writes as this member: who
+        self._landed: datetime | None = None  # when the last write returned
+        # The last stretch in which this member's beats did not land (a write that failed or
+        # rode out an outage): (the last landed before, the first after). The others' beats
+        # could not land then either, so they are not judged dead for it.
+        self.gap: tuple[datetime, datetime] | None = None
 
     @property
     def wake_at(self) -> float:
@@ -83,6 +88,13 @@ class HeartbeatWriter:
             return  # not written: due still, so the next pass tries again
         self.due_at = self._clock.monotonic() + self._interval
         self._said = _said(beat)
+        landed = self._clock.now()
+        if (
+            self._landed is not None
+            and (landed - self._landed).total_seconds() > 2 * self._interval
+        ):
+            self.gap = (self._landed, landed)  # beats that did not land: the store was away
+        self._landed = landed
         self._last_at = beat.at
         if self.last_error is not None:
             log.info("this member's heartbeat is written again")

@@ -264,7 +264,7 @@ def test_a_fleet_wait_across_an_outage_of_the_whole_store_waits_for_the_others_t
 
     assert answered.status_code == 200, answered.text
     seen = {m["member"]: (m["release"], m["state"]) for m in answered.json()["fleet"]["members"]}
-    assert seen == {name: ("slow", "serving") for name in ("m1", "m2", "m3")}
+    assert seen == {name: ("slow", "serving") for name in ("m1", "m2", "m3")}, answered.text
     assert [m.answer(fleet.model) for m in members] == [5.0, 5.0, 5.0]
 
 

@@ -117,6 +117,9 @@ def test_names_from_a_user_are_one_segment_each_in_the_apis_path() -> None:
         "/v1/operations?model=a%26limit%3D1&limit=5"
     )
     assert api_path("v1", "operations", model=None, limit=5) == "/v1/operations?limit=5"
+    # Dots alone are dot segments to an HTTP client (it would drop them): encoded instead.
+    assert api_path("v1", "operations", "..") == "/v1/operations/%2E%2E"
+    assert api_path("v1", "operations", ".") == "/v1/operations/%2E"
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8080", "ftp://cp:8080", "http://"])
