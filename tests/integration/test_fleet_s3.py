@@ -206,11 +206,12 @@ def test_a_fleet_wait_whose_member_loses_the_store_waits_it_out_and_concludes_no
     )
     assert answer.status_code == 200, answer.text
 
-    with ThreadPoolExecutor(1) as pool:
+    # A client of its own for the waiting call: one httpx client is not shared across threads.
+    with through.api.client() as waiting, ThreadPoolExecutor(1) as pool:
         waited = pool.submit(
-            through.api.post,
+            waiting.post,
             f"/v1/models/{fleet.model}/deploy",
-            {"release": "slow", "wait": True, "fleet": True},
+            json={"release": "slow", "wait": True, "fleet": True},
         )
         eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
         assert len(through.api.get("/v1/fleet").json()["members"]) == 3  # read once, whole
@@ -251,11 +252,12 @@ def test_a_fleet_wait_across_an_outage_of_the_whole_store_waits_for_the_others_t
     )
     assert answer.status_code == 200, answer.text
 
-    with ThreadPoolExecutor(1) as pool:
+    # A client of its own for the waiting call: one httpx client is not shared across threads.
+    with through.api.client() as waiting, ThreadPoolExecutor(1) as pool:
         waited = pool.submit(
-            through.api.post,
+            waiting.post,
             f"/v1/models/{fleet.model}/deploy",
-            {"release": "slow", "wait": True, "fleet": True},
+            json={"release": "slow", "wait": True, "fleet": True},
         )
         eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
         fault_proxy.down_for(5.0)  # 5 beats: every member's last beat is old when it is back
