@@ -5,7 +5,8 @@ store can go away for it alone."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -196,24 +197,12 @@ def test_a_fleet_wait_whose_member_loses_the_store_waits_it_out_and_concludes_no
     """Found from outside: the member a `deploy --wait --fleet` went through lost the store
     right after its publish, and the wait answered "every live member serves" from a view of
     itself alone while the others still served the old release."""
-    client, bucket = s3_bucket
-    slow = write_scale_release(tmp_path / "slow", fleet.model, "slow", k=5.0, init_sleep=6.0)
-    upload_release_dir(client, bucket, PREFIX, slow)
+    _publish_slow(s3_bucket, tmp_path, fleet.model)
     first, second = fleet.add(), fleet.add()
     through = fleet.add(extra_env=aws_env(fault_proxy.endpoint))
-    answer = first.api.post(
-        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
-    )
-    assert answer.status_code == 200, answer.text
+    assert _fleet_deploy(first.api.http, fleet.model, "r1").status_code == 200
 
-    # A client of its own for the waiting call: one httpx client is not shared across threads.
-    with through.api.client() as waiting, ThreadPoolExecutor(1) as pool:
-        waited = pool.submit(
-            waiting.post,
-            f"/v1/models/{fleet.model}/deploy",
-            json={"release": "slow", "wait": True, "fleet": True},
-        )
-        eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
+    with _waiting_for_slow(through, fleet.model) as waited:
         assert len(through.api.get("/v1/fleet").json()["members"]) == 3  # read once, whole
         fault_proxy.go_down()  # published: the others are loading it (6 s) as the store goes
         eventually(lambda: _fleet_stale(through), 30, "the member seeing the store gone")
@@ -223,13 +212,7 @@ def test_a_fleet_wait_whose_member_loses_the_store_waits_it_out_and_concludes_no
         assert not waited.done()
         fault_proxy.come_back()
 
-        answered = waited.result(timeout=120)
-
-    assert answered.status_code == 200, answered.text
-    members = {m["member"]: m for m in answered.json()["fleet"]["members"]}
-    assert {name: (m["release"], m["state"]) for name, m in members.items()} == {
-        name: ("slow", "serving") for name in ("m1", "m2", "m3")
-    }
+    _every_member_serves_slow(waited.result(timeout=120))
     assert first.answer(fleet.model) == second.answer(fleet.model) == 5.0
 
 
@@ -242,32 +225,46 @@ def test_a_fleet_wait_across_an_outage_of_the_whole_store_waits_for_the_others_t
     """Found from outside: the store away for every member for longer than three beats, and
     the first read after it found the others' beats old: the wait through one member said
     "every live member serves" while the others still served the old release."""
-    client, bucket = s3_bucket
-    slow = write_scale_release(tmp_path / "slow", fleet.model, "slow", k=5.0, init_sleep=6.0)
-    upload_release_dir(client, bucket, PREFIX, slow)
+    _publish_slow(s3_bucket, tmp_path, fleet.model)
     members = [fleet.add(extra_env=aws_env(fault_proxy.endpoint)) for _ in range(3)]
     through = members[-1]
-    answer = through.api.post(
-        f"/v1/models/{fleet.model}/deploy", {"release": "r1", "wait": True, "fleet": True}
-    )
-    assert answer.status_code == 200, answer.text
+    assert _fleet_deploy(through.api.http, fleet.model, "r1").status_code == 200
 
-    # A client of its own for the waiting call: one httpx client is not shared across threads.
-    with through.api.client() as waiting, ThreadPoolExecutor(1) as pool:
-        waited = pool.submit(
-            waiting.post,
-            f"/v1/models/{fleet.model}/deploy",
-            json={"release": "slow", "wait": True, "fleet": True},
-        )
-        eventually(lambda: _done_here(through, fleet.model, "slow"), 60, "slow serving here")
+    with _waiting_for_slow(through, fleet.model) as waited:
         fault_proxy.down_for(5.0)  # 5 beats: every member's last beat is old when it is back
 
-        answered = waited.result(timeout=120)
+    _every_member_serves_slow(waited.result(timeout=120))
+    assert [m.answer(fleet.model) for m in members] == [5.0, 5.0, 5.0]
 
+
+def _publish_slow(bucket_of: tuple[Any, str], tmp_path: Path, model: str) -> None:
+    """Release ``slow`` (answers 5x), whose load takes 6 s: the others are still loading it
+    when the member a deploy went through has done."""
+    client, bucket = bucket_of
+    slow = write_scale_release(tmp_path / "slow", model, "slow", k=5.0, init_sleep=6.0)
+    upload_release_dir(client, bucket, PREFIX, slow)
+
+
+def _fleet_deploy(http: httpx.Client, model: str, release: str) -> httpx.Response:
+    body = {"release": release, "wait": True, "fleet": True}
+    return http.post(f"/v1/models/{model}/deploy", json=body)
+
+
+@contextmanager
+def _waiting_for_slow(through: Member, model: str) -> Iterator[Future[httpx.Response]]:
+    """A fleet deploy of ``slow`` through ``through``, waited for on a thread (on a client of
+    its own: one httpx client is not shared across threads); entered once it serves there."""
+    with through.api.client() as waiting, ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(_fleet_deploy, waiting, model, "slow")
+        eventually(lambda: _done_here(through, model, "slow"), 60, "slow serving here")
+        yield waited
+        waited.result(timeout=120)  # before its client closes
+
+
+def _every_member_serves_slow(answered: httpx.Response) -> None:
     assert answered.status_code == 200, answered.text
     seen = {m["member"]: (m["release"], m["state"]) for m in answered.json()["fleet"]["members"]}
     assert seen == {name: ("slow", "serving") for name in ("m1", "m2", "m3")}, answered.text
-    assert [m.answer(fleet.model) for m in members] == [5.0, 5.0, 5.0]
 
 
 def _done_here(member: Member, model: str, release: str) -> bool:
