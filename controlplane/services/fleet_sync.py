@@ -117,8 +117,6 @@ class FleetSync:
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
         self.generations = Generations()  # the newest desired state read, by model
-        # the last time the store was away: (the last read before, the first after)
-        self.blind: tuple[datetime, datetime] | None = None
         self._told_behind: set[tuple[str, int]] = set()  # (model, generation) logged as behind
         self._pokes = PokeGap(POKE_GAP, clock)
 
@@ -129,10 +127,10 @@ class FleetSync:
 
     @property
     def store_gap(self) -> tuple[datetime, datetime] | None:
-        """The last stretch in which the store was away for this member, as its reads and its
-        heartbeat writes saw it: (the last success before, the first after)."""
-        gaps = [g for g in (self.blind, self._heart.gap) if g is not None]
-        return max(gaps, key=lambda gap: gap[1]) if gaps else None
+        """The last stretch in which this member's heartbeats did not land (the store was
+        away for it): (the last landed before, the first after). A pass that could not read
+        the store lies inside one: the beats between passes failed too."""
+        return self._heart.gap
 
     @property
     def stale(self) -> bool:
@@ -220,7 +218,6 @@ class FleetSync:
             return report
         if self.stale_since is not None:
             log.info("the fleet's desired state can be read again; following it")
-            self.blind = (self.last_read or self.stale_since, report.at)
         self.stale_since = None
         self.last_read = report.at
         desired = self._screened(desired)
