@@ -99,11 +99,14 @@ class RetryBook(Generic[K, T]):
         self._same = same
         self._retries: dict[K, Retry[T]] = {}
 
-    def failed(self, key: K, note: T) -> Retry[T]:
+    def failed(self, key: K, note: T, *, most: float | None = None) -> Retry[T]:
+        """Record a failure; the next try waits longer, and at most ``most`` s when given."""
         last = self._retries.get(key)
         delay = self._backoff.after(
             last.delay if last is not None and self._same(last.note, note) else None
         )
+        if most is not None:
+            delay = min(delay, most)
         retry = Retry(self._clock.monotonic() + delay, delay, note)
         self._retries[key] = retry
         return retry

@@ -55,6 +55,7 @@ from controlplane.timing import Backoff, PokeGap, RetryBook, Wake, Woke, first_o
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY = Backoff(first=2.0, limit=300.0)
+TRANSIENT_RETRY_MOST = 10.0  # s: an outage of the store or Triton is retried this often at least
 POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
 FORGET_EVERY = 300.0  # s between looks for departed members
 
@@ -62,11 +63,14 @@ FORGET_EVERY = 300.0  # s between looks for departed members
 @dataclass(frozen=True)
 class _Failure:
     """A target this member could not serve: retried on :data:`RETRY`, from its first delay
-    again when the target changes."""
+    again when the target changes. A ``transient`` one (the store or Triton away, not the
+    release at fault) is no failure of the member's: it is still converging, and tries again
+    within :data:`TRANSIENT_RETRY_MOST`."""
 
     target: str | None
     generation: int
     error: str
+    transient: bool = False
 
 
 @dataclass
@@ -112,7 +116,9 @@ class FleetSync:
         self.stale_since: datetime | None = None  # reads fail since then
         self._heart = HeartbeatWriter(records=self._records, interval=beat_interval, clock=clock)
         self._failures: RetryBook[str, _Failure] = RetryBook(
-            RETRY, clock, same=lambda last, new: last.target == new.target
+            RETRY,
+            clock,
+            same=lambda last, new: (last.target, last.transient) == (new.target, new.transient),
         )
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
@@ -285,7 +291,8 @@ class FleetSync:
             if wanted.generation > failure.generation and wanted.trigger != "rollout":
                 self._failures.succeeded(model)  # set again since: try again now
             elif self._failures.left(model) > 0 or report is None:
-                return state(MemberState.FAILED, error=failure.error)
+                ended = MemberState.CONVERGING if failure.transient else MemberState.FAILED
+                return state(ended, error=failure.error)
         if report is None:
             return state(MemberState.CONVERGING)
         log.info(
@@ -333,16 +340,20 @@ class FleetSync:
             log.info("%s: serves %s, as the fleet wants (operation %s)", model, target, done.id)
         elif not outcome.succeeded:
             where = f" (operation {done.id})" if done is not None else ""
-            self._failed(model, wanted, target, f"{outcome.error}{where}")
+            error = f"{outcome.error}{where}"
+            self._failed(model, _Failure(target, wanted.generation, error, outcome.retryable))
 
-    def _failed(self, model: str, wanted: DesiredModel, target: str | None, error: str) -> None:
-        delay = self._failures.failed(model, _Failure(target, wanted.generation, error)).delay
-        log.error(
-            "%s: cannot serve %s as the fleet wants: %s; serving what it had, trying again "
+    def _failed(self, model: str, failure: _Failure) -> None:
+        most = TRANSIENT_RETRY_MOST if failure.transient else None
+        delay = self._failures.failed(model, failure, most=most).delay
+        log.log(
+            logging.WARNING if failure.transient else logging.ERROR,
+            "%s: cannot serve %s as the fleet wants%s: %s; serving what it had, trying again "
             "in %.0f s",
             model,
-            target or "it unloaded",
-            error,
+            failure.target or "it unloaded",
+            " yet" if failure.transient else "",
+            failure.error,
             delay,
             extra={"model": model},
         )

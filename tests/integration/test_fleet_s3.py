@@ -237,6 +237,40 @@ def test_a_fleet_wait_across_an_outage_of_the_whole_store_waits_for_the_others_t
     assert [m.answer(fleet.model) for m in members] == [5.0, 5.0, 5.0]
 
 
+def test_a_member_whose_store_fails_while_it_follows_keeps_converging_and_the_wait_rides_it_out(
+    fleet: Fleet,
+    fault_proxy: FaultProxy,  # noqa: F811
+) -> None:
+    """Found by CI: the store away for one member while it fetched what the fleet had just
+    published, for longer than its retries: it reported ``failed``, and the fleet wait through
+    another member answered ``member_failed`` for an outage. A transient failure is not the
+    release's: the member says it is still converging (and why), and tries again soon."""
+    first = fleet.add()
+    follower = fleet.add(
+        extra_env={**aws_env(fault_proxy.endpoint), "CONTROLPLANE_STORE__RETRY_SECONDS": "1"}
+    )
+    assert _fleet_deploy(first.api.http, fleet.model, "r1").status_code == 200
+    fault_proxy.fail_always("drop", key=f"/{fleet.model}/r2/")  # its files only: not the records
+
+    def converging_after_an_outage() -> bool:
+        seen = follower.api.get(f"/v1/models/{fleet.model}").json()["fleet"]
+        assert seen["state"] != "failed", seen
+        return seen["state"] == "converging" and "store_unavailable" in str(seen["error"])
+
+    with first.api.client() as waiting, ThreadPoolExecutor(1) as pool:
+        waited = pool.submit(_fleet_deploy, waiting, fleet.model, "r2")
+        eventually(converging_after_an_outage, 60, "m2 converging, the outage its note")
+        assert not waited.done()
+        assert follower.answer(fleet.model) == 1.0  # it serves what it had
+        fault_proxy.clear()
+        answered = waited.result(timeout=120)
+
+    assert answered.status_code == 200, answered.text
+    seen = {m["member"]: (m["release"], m["state"]) for m in answered.json()["fleet"]["members"]}
+    assert seen == {"m1": ("r2", "serving"), "m2": ("r2", "serving")}, answered.text
+    assert follower.answer(fleet.model) == 2.0
+
+
 def _publish_slow(bucket_of: tuple[Any, str], tmp_path: Path, model: str) -> None:
     """Release ``slow`` (answers 5x), whose load takes 6 s: the others are still loading it
     when the member a deploy went through has done."""
