@@ -411,3 +411,27 @@ def test_a_record_deleted_between_the_read_and_the_put_is_a_conflict(
     assert "holds no record" in str(caught.value)
     assert caught.value.details["generation"] == 0
     assert records.read(MODEL) is None  # nothing was written in its place
+
+
+def test_a_listing_cut_after_its_headers_is_retried_not_read_as_empty(
+    records: S3DesiredStates, proxy: FaultProxy, bucket: str
+) -> None:
+    """Found by CI: a connection cut between a listing's headers and its body, as the store
+    went away, was parsed by botocore as a listing without entries: the members' heartbeats
+    vanished from one read, and a fleet wait concluded on the reading member alone."""
+    records.beat(heartbeat("a"))
+    records.beat(heartbeat("b"))
+    records.swap(generation_one())
+    reads: list[tuple[Callable[[], dict[str, Any]], list[str]]] = [
+        (records.beats, ["a", "b"]),
+        (records.read_all, [MODEL]),
+    ]
+    for read, expected in reads:
+        listings = _listings(proxy)
+        proxy.fail_next(1, "cut_after_headers", key=f"/{bucket}")
+        assert sorted(read()) == expected
+        assert _listings(proxy) == listings + 2  # the cut one, and the one retried
+
+
+def _listings(proxy: FaultProxy) -> int:
+    return sum(1 for seen in proxy.requests if seen.method == "GET" and "list-type" in seen.query)

@@ -27,10 +27,13 @@ from urllib.parse import unquote, urlsplit
 
 # drop: close without an answer (moto never sees the request); lose_answer: forward it (it
 # takes effect), then close without moto's answer, as a timeout after the server acted looks to
-# a client; drop_mid_body: half the body, then hang up; 500, 503 (SlowDown), 403: that answer
+# a client; drop_mid_body: half the body, then hang up; cut_after_headers: moto's status and
+# headers, then hang up before the first byte of the body; 500, 503 (SlowDown), 403: that answer
 # instead of moto's; flip: moto's answer with one byte of its body changed (a random byte at a
 # random offset, so two flips differ).
-FaultKind = Literal["drop", "lose_answer", "drop_mid_body", "500", "503", "403", "flip"]
+FaultKind = Literal[
+    "drop", "lose_answer", "drop_mid_body", "cut_after_headers", "500", "503", "403", "flip"
+]
 
 _HOP_BY_HOP = {
     "connection",
@@ -159,6 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._relay(
                 upstream,
                 cut_body=fault == "drop_mid_body",
+                cut_headers=fault == "cut_after_headers",
                 flip=fault == "flip",
                 lose_answer=fault == "lose_answer",
             )
@@ -172,6 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
         cut_body: bool,
         flip: bool,
         lose_answer: bool = False,
+        cut_headers: bool = False,
     ) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -195,6 +200,10 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in out_headers:
             self.send_header(name, value)
         self.end_headers()
+        if cut_headers:  # what a connection cut between the headers and the body looks like
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if cut_body:  # half the body (at least one byte when there is one), then hang up
             total = int(declared or 0)
             data = answer.read(max(1, total // 2)) if total else b""

@@ -14,6 +14,7 @@ This module owns every call to boto3 and botocore that reads a release (the stor
     connect and read timeouts                   -> StoreUnavailable (timeout)
     a body that fails botocore's checksum       -> StoreUnavailable (corrupt)
     dropped or short connections                -> StoreUnavailable (connection)
+    an answer shorter than its Content-Length   -> StoreUnavailable (connection)
     403 and every other refusal                 -> StoreError       (names the key)
 
 Every :class:`StoreUnavailable` is retried and carries its cause (``details["cause"]``, one
@@ -102,6 +103,38 @@ def build_client(max_concurrency: int) -> Any:
     return boto3.session.Session().client("s3", config=config)
 
 
+_SHORT_ANSWER_CHECK = "controlplane-refuse-short-answer"
+
+
+def refuse_short_answer(
+    operation_model: Any, response_dict: dict[str, Any], **_kwargs: Any
+) -> None:
+    """Raise for an answer cut short: a body shorter than its ``Content-Length``, or headers
+    that end without saying how long the body is.
+
+    botocore parses a body cut to nothing as an answer without fields, so a listing cut by a
+    dropped connection read as an *empty* listing (no releases, no members, no desired
+    state) rather than an error: 46 of 2,805 listings through a proxy going down at random
+    moments. Streamed bodies (GetObject) are checked by botocore as they are read; a HEAD's
+    ``Content-Length`` is the object's, not the answer's; S3 frames every other answer.
+    """
+    if operation_model.http["method"] == "HEAD" or response_dict["status_code"] in (204, 304):
+        return
+    headers = response_dict["headers"]
+    declared = headers.get("content-length")
+    if declared is None:
+        if "chunked" not in headers.get("transfer-encoding", "").lower():
+            raise botocore.exceptions.ResponseStreamingError(
+                error="the answer's headers ended without its length (the connection was cut)"
+            )
+        return
+    body = response_dict["body"]
+    if isinstance(body, bytes) and len(body) != int(declared):
+        raise botocore.exceptions.ResponseStreamingError(
+            error=f"{len(body)} of the answer's {declared} bytes came (the connection was cut)"
+        )
+
+
 def translate(
     exc: Exception, what: str, *, bucket: str, changed: str | None, endpoint: str | None = None
 ) -> ControlPlaneError:
@@ -183,6 +216,10 @@ class S3Bucket:
         closing: threading.Event,
     ) -> None:
         self.client = client
+        if hasattr(client, "meta"):  # every answer is checked whole, on any client given
+            client.meta.events.register(
+                "before-parse.s3.*", refuse_short_answer, unique_id=_SHORT_ANSWER_CHECK
+            )
         self.name = bucket
         self.base = base  # the key prefix of the store, ending in '/' (or empty)
         self.uri = f"s3://{bucket}/{base}".rstrip("/")
