@@ -57,6 +57,8 @@ LOAD_FAILURES = (
     "invalid_model_config",
     "strategy_unsupported",
     "insufficient_memory",
+    "memory_not_returned",
+    "would_be_an_outage",
     "insufficient_disk",
     "release_too_large",
     "triton_load_failed",

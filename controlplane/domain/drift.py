@@ -212,4 +212,9 @@ def _warm(record: Slot | None, state: TritonState | None) -> bool:
     return record is not None and record.state is SlotState.RETIRING and state is READY
 
 
-_BY_STRATEGY = {Strategy.BLUE_GREEN: _blue_green, Strategy.INPLACE: _inplace}
+_BY_STRATEGY = {
+    Strategy.BLUE_GREEN: _blue_green,
+    Strategy.ROLLING: _blue_green,  # the same layout: an alias and two slots
+    Strategy.AUTO: _blue_green,
+    Strategy.INPLACE: _inplace,
+}

@@ -29,6 +29,9 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── StagingFailed          staging_failed
     │   ├── NameConflict           name_conflict     (the repository dir belongs to another model)
     │   ├── InsufficientMemory     insufficient_memory
+    │   ├── MemoryNotReturned      memory_not_returned (rolling: the old release's GPU memory
+    │   │                                             did not come back after its unload)
+    │   ├── DowntimeRefused        would_be_an_outage (rolling in a fleet of one)
     │   ├── InsufficientDisk       insufficient_disk (staging has no room for the fetch)
     │   ├── ReleaseTooLarge        release_too_large (over store.max_release_bytes)
     │   ├── NoFallback             no_fallback
@@ -213,6 +216,19 @@ class NoFallback(PermanentError):
 
 class InsufficientMemory(PermanentError):
     code = "insufficient_memory"
+
+
+class MemoryNotReturned(PermanentError):
+    """After an unload, the GPU memory the old release held did not come back in time: a load
+    now would run out of memory."""
+
+    code = "memory_not_returned"
+
+
+class DowntimeRefused(PermanentError):
+    """An update that would stop the model serving (a fleet of one, a model that fits once)."""
+
+    code = "would_be_an_outage"
 
 
 class NameConflict(PermanentError):

@@ -42,6 +42,7 @@ from controlplane.domain.stored import (
     text,
     whole,
 )
+from controlplane.domain.turns import Turn, turn_for_storage, turn_from_storage
 
 RESERVED_PREFIX = "_controlplane"  # model names start with a letter or digit: no collision
 SCHEMA = 1
@@ -102,6 +103,7 @@ class DesiredModel:
     degraded: tuple[Degraded, ...] = ()
     rollout: Rollout = field(default_factory=Rollout)
     claim: Claim | None = None
+    turns: tuple[Turn, ...] = ()  # members out of rotation for a rolling update of it
 
     def target_for(self, member: str) -> str | None:
         """What ``member`` should serve."""
@@ -279,6 +281,7 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
             "at": _time(claim.at),
             "failed": claim.failed,
         },
+        "turns": [turn_for_storage(turn) for turn in desired.turns],
     }
 
 
@@ -326,6 +329,10 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
             incarnation=text(claim["incarnation"], "claim.incarnation"),
             at=moment(claim["at"], "claim.at"),
             failed=maybe_text(claim.get("failed"), "claim.failed"),
+        ),
+        turns=tuple(
+            turn_from_storage(json_object(t, f"turns[{i}]"), f"turns[{i}]")
+            for i, t in enumerate(listed(data.get("turns") or [], "turns"))
         ),
     )
 

@@ -53,9 +53,9 @@ class ShmNeed:
 
     def problem(self) -> str:
         return (
-            f"the load needs about {_size(self.need)} of {self.where} ({self.basis}) but "
-            f"{self.where} has {_size(self.free)} free, which would leave "
-            f"{_size(max(0, self.left))}, under the {_size(self.margin)} margin "
+            f"the load needs about {size_text(self.need)} of {self.where} ({self.basis}) but "
+            f"{self.where} has {size_text(self.free)} free, which would leave "
+            f"{size_text(max(0, self.left))}, under the {size_text(self.margin)} margin "
             "(memory.shm_margin_bytes)"
         )
 
@@ -77,7 +77,7 @@ def shm_need(
     plural = "instance" if instances == 1 else "instances"
     return ShmNeed(
         need=instances * per_instance,
-        basis=f"{instances} {plural} of the {backend} backend x {_size(per_instance)}",
+        basis=f"{instances} {plural} of the {backend} backend x {size_text(per_instance)}",
         free=free,
         margin=margin,
         where=where,
@@ -103,19 +103,20 @@ def check(
     if least is not None and need > least:
         gpu = min(gpu_free or {}, key=lambda uuid: (gpu_free or {})[uuid])
         problems.append(
-            f"the load needs about {_size(need)} ({basis}) but GPU {gpu} has {_size(least)} free"
+            f"the load needs about {size_text(need)} ({basis}) but GPU {gpu} has "
+            f"{size_text(least)} free"
         )
     if host_available is not None and need > host_available:
         problems.append(
-            f"the load needs about {_size(need)} ({basis}) but the host has "
-            f"{_size(host_available)} available"
+            f"the load needs about {size_text(need)} ({basis}) but the host has "
+            f"{size_text(host_available)} available"
         )
     if shm is not None and not shm.ok:
         problems.append(shm.problem())
     return Headroom(need, basis, least, host_available, tuple(problems), shm)
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":

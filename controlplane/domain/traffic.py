@@ -20,6 +20,14 @@ from controlplane.domain.errors import UnsupportedByAlias
 class Strategy(StrEnum):
     BLUE_GREEN = "blue-green"
     INPLACE = "inplace"
+    ROLLING = "rolling"  # out of rotation, unload, load: for a model that fits once
+    AUTO = "auto"  # blue-green when the new release fits beside the serving one, else rolling
+
+    @property
+    def aliased(self) -> bool:
+        """Served through an alias in front of two slots (every strategy but inplace: rolling
+        and auto keep blue-green's layout, so one deploy can pick either way)."""
+        return self is not Strategy.INPLACE
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""How the operation services fit together: the runner, the slot book, both strategies, the
+"""How the operation services fit together: the runner, the slot book, the strategies, the
 deploy service and the reconcile loop, built from ports.
 
 The daemon's wiring and the service tests both call :func:`assemble`, so what a test runs is
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.domain.traffic import TrafficPolicy
+from controlplane.domain.turns import RollingPolicy
 from controlplane.ports import (
     Clock,
     MetricsSource,
@@ -27,12 +29,15 @@ from controlplane.ports import (
 from controlplane.services.bluegreen import BlueGreen, Bounds
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
+from controlplane.services.fleet_turns import FleetTurns
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
 from controlplane.services.prepare import Preparer, SignaturePolicy
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.retire import RetireTimers
+from controlplane.services.rolling import Rolling
+from controlplane.services.rotation import Rotation
 from controlplane.services.runner import ModelLocks, OperationRunner
 from controlplane.services.slots import LoadSlots, SlotBook, SlotFreer
 from controlplane.services.strategy import ModelStrategy
@@ -51,6 +56,7 @@ class Pipelines:
     inplace: Inplace
     deploy: DeployService
     reconciler: Reconciler
+    rotation: Rotation
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ def assemble(
     member: str | None = None,
     signatures: SignaturePolicy | None = None,
     stress: StressCheck | None = None,
+    rotation: Rotation | None = None,
+    turns: FleetTurns | None = None,
+    rolling_for: Callable[[str], RollingPolicy] = lambda _model: RollingPolicy(),
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -116,9 +125,23 @@ def assemble(
         clock=clock,
         policy_for=policy_for,
     )
-    bluegreen = _blue_green(shared, client, metrics=metrics, timers=timers, stress=stress)
+    rotation = rotation or Rotation()
+    parts = _blue_green(shared, client, metrics=metrics, timers=timers, stress=stress)
+    bluegreen = BlueGreen(**parts)
+    rolling = [
+        Rolling(
+            always=always,
+            rotation=rotation,
+            turns=turns,
+            metrics=metrics,
+            rolling_for=rolling_for,
+            **parts,
+        )
+        for always in (True, False)
+    ]
     inplace = _inplace(shared)
-    strategies: dict[Strategy, ModelStrategy] = {s.kind: s for s in (bluegreen, inplace)}
+    every: list[ModelStrategy] = [bluegreen, *rolling, inplace]
+    strategies = {s.kind: s for s in every}
     deploy = DeployService(
         store=store,
         staging=staging,
@@ -147,9 +170,10 @@ def assemble(
         journal=journal,
         clock=clock,
         telemetry=telemetry,
+        held=rotation.held,
     )
     return Pipelines(
-        runner, client, slots, shared.load_slots, bluegreen, inplace, deploy, reconciler
+        runner, client, slots, shared.load_slots, bluegreen, inplace, deploy, reconciler, rotation
     )
 
 
@@ -176,7 +200,9 @@ def _blue_green(
     metrics: MetricsSource,
     timers: TaskOwner,
     stress: StressCheck | None,
-) -> BlueGreen:
+) -> dict[str, Any]:
+    """What a strategy on blue-green's slots is built from: one freer and one set of retire
+    timers for blue-green, rolling and auto alike (they share the slots)."""
     limits = shared.limits
     freer = SlotFreer(
         book=shared.slots,
@@ -194,21 +220,21 @@ def _blue_green(
         tasks=timers,
         policy_for=shared.policy_for,
     )
-    return BlueGreen(
-        preparer=shared.preparer,
-        staging=shared.staging,
-        triton=shared.triton,
-        slots=shared.slots,
-        freer=freer,
-        load_slots=shared.load_slots,
-        memory=shared.memory,
-        headroom=shared.headroom,
-        retire=retire,
-        clock=shared.clock,
-        policy_for=shared.policy_for,
-        bounds=Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
-        stress=stress,
-    )
+    return {
+        "preparer": shared.preparer,
+        "staging": shared.staging,
+        "triton": shared.triton,
+        "slots": shared.slots,
+        "freer": freer,
+        "load_slots": shared.load_slots,
+        "memory": shared.memory,
+        "headroom": shared.headroom,
+        "retire": retire,
+        "clock": shared.clock,
+        "policy_for": shared.policy_for,
+        "bounds": Bounds(unload=limits.unload_seconds, abandon=limits.abandon_seconds),
+        "stress": stress,
+    }
 
 
 def _inplace(shared: _Shared) -> Inplace:

@@ -139,6 +139,20 @@ class BlueGreen(BlueGreenRepairs):
         sample = await self._check(tracker, prepared, target)
         target = await self._free(tracker, snapshot, index, target, active, release)
         await check_headroom(tracker, self._headroom, prepared, force=force)
+        await self._load_and_switch(run, snapshot, prepared, target, active, sample)
+
+    async def _load_and_switch(
+        self,
+        run: Run,
+        snapshot: SlotSnapshot,
+        prepared: PreparedRelease,
+        target: Slot,
+        active: Slot | None,
+        sample: SmokeSample | None,
+    ) -> None:
+        """``place``, ``load``, ``preflight``, ``stress``, ``switch`` and ``record``: the new
+        release beside the serving one (checked for room already), then all traffic to it."""
+        tracker, release = run.tracker, run.operation.release or ""
         slot = await self._place_and_load(run, prepared, target, first=active is None)
         try:
             signature = await self._alias.preflight(tracker, slot, sample)

@@ -122,22 +122,37 @@ class FleetLedger:
     async def publish(self, run: Run, publication: Publication) -> DesiredModel:
         """The ``publish`` step: write the desired state this operation has made true here."""
         async with run.tracker.step("publish"):
-            new = await self._next(run, publication)
-            try:
-                await asyncio.to_thread(self.records.swap, new)
-            except DesiredStateConflict as lost:
-                current = await self.read(run.model)
-                if current is None or current.release != publication.release:
-                    raise _lost_here(lost, self.member.name, publication.release, current) from lost
-                run.tracker.detail(generation=current.generation, already=current.set_by)
-                log.info(
-                    "%s: the fleet's desired state already says %s (generation %d, set by %s)",
-                    run.model,
-                    publication.release,
-                    current.generation,
-                    current.set_by,
+            for _attempt in range(ROLL_BACK_ATTEMPTS):
+                new = await self._next(run, publication)
+                try:
+                    await asyncio.to_thread(self.records.swap, new)
+                    break
+                except DesiredStateConflict as lost:
+                    current = await self.read(run.model)
+                    if _only_turns_moved(publication.base, current):
+                        # Members took or gave back turns out of rotation meanwhile (this one,
+                        # for its own rolling update): the state it was asked to move is the same.
+                        publication = replace(publication, base=current)
+                        continue
+                    if current is None or current.release != publication.release:
+                        raise _lost_here(
+                            lost, self.member.name, publication.release, current
+                        ) from lost
+                    run.tracker.detail(generation=current.generation, already=current.set_by)
+                    log.info(
+                        "%s: the fleet's desired state already says %s (generation %d, set by %s)",
+                        run.model,
+                        publication.release,
+                        current.generation,
+                        current.set_by,
+                    )
+                    return current
+            else:
+                raise DesiredStateConflict(
+                    f"the desired state of {run.model} kept changing while this member published "
+                    f"{publication.release or 'unloaded'} (members taking turns out of rotation); "
+                    "try again"
                 )
-                return current
             run.tracker.detail(
                 generation=new.generation,
                 phase=new.rollout.phase.value,
@@ -362,6 +377,20 @@ class FleetLedger:
             rollout=rollout,
             claim=None if base.claim is None or base.claim.release == release else base.claim,
         )
+
+
+def _only_turns_moved(base: DesiredModel | None, current: DesiredModel | None) -> bool:
+    """Whether ``current`` differs from ``base`` in its turns out of rotation alone."""
+    if base is None or current is None or current.generation <= base.generation:
+        return False
+    return replace(current, turns=base.turns) == replace(
+        base,
+        generation=current.generation,
+        set_by=current.set_by,
+        set_at=current.set_at,
+        trigger=current.trigger,
+        reason=current.reason,
+    )
 
 
 def _lost_here(

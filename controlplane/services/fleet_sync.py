@@ -288,7 +288,7 @@ class FleetSync:
         retry = self._failures.get(model)
         failure = retry.note if retry is not None else None
         if failure is not None and failure.target == target:
-            if wanted.generation > failure.generation and wanted.trigger != "rollout":
+            if wanted.generation > failure.generation and wanted.trigger not in ("rollout", "turn"):
                 self._failures.succeeded(model)  # set again since: try again now
             elif self._failures.left(model) > 0 or report is None:
                 ended = MemberState.CONVERGING if failure.transient else MemberState.FAILED

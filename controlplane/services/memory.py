@@ -185,12 +185,20 @@ class HeadroomPolicy:
 
 
 async def check_headroom(
-    tracker: OperationTracker, policy: HeadroomPolicy, prepared: PreparedRelease, *, force: bool
-) -> None:
+    tracker: OperationTracker,
+    policy: HeadroomPolicy,
+    prepared: PreparedRelease,
+    *,
+    force: bool,
+    refuse: bool = True,
+) -> bool:
+    """The ``headroom`` step: whether the release fits now; without room it is refused
+    (:class:`InsufficientMemory`) unless ``force``, or, not ``refuse``, the answer is False
+    (``auto`` then rolls instead)."""
     async with tracker.step("headroom"):
         if policy.figures is None:
             tracker.detail(checked=False)
-            return
+            return True
         summary = prepared.summary
         need, basis = headroom.estimate_need(
             prepared.size_bytes, policy.factor, summary.memory_hint
@@ -220,17 +228,20 @@ async def check_headroom(
             gpus="unreadable" if gpus is None else len(gpus),
             host_available_bytes=found.host_available,
             **_shm_detail(found.shm, summary.backend, policy.shm_backends),
-            forced=force and not found.ok,
+            forced=force and not found.ok and refuse,
         )
         if found.ok:
-            return
+            return True
+        if not refuse:
+            tracker.detail(fits=False, why=found.describe())
+            return False
         if force:
             log.warning(
                 "loading anyway (force): %s",
                 found.describe(),
                 extra={"operation_id": tracker.operation.id},
             )
-            return
+            return True
         raise InsufficientMemory(
             f"{found.describe()}; free memory first (unload a model) or deploy with force"
         )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -100,8 +100,10 @@ class Reconciler:
         journal: OperationLog,
         clock: Clock,
         telemetry: Telemetry = NO_TELEMETRY,
+        held: Callable[[str], str | None] = lambda _model: None,
     ) -> None:
         self._deploy = deploy
+        self._held = held  # why a model is held out of rotation: no repair loads it
         self._runner = runner
         self._client = client
         self._staging = staging
@@ -280,6 +282,9 @@ class Reconciler:
                 # Still what the last look found: a model under repair is not serving
                 # until a pass after the repair (woken by its end) says so.
                 report.assessments[model] = self.last.assessments[model]
+            return None
+        if (held := self._held(model)) is not None:
+            report.failed[model] = f"not repaired: {held}"
             return None
         strategy = self._deploy.strategy(model)
         snapshot = self._slots.snapshot_of(model, record, strategy.slot_names(model))

@@ -327,7 +327,7 @@ class StatusService:
         return ModelView(
             slot_triton_states=triton_states,
             strategy=policy.strategy.value,
-            alias_target=active if policy.strategy is Strategy.BLUE_GREEN else None,
+            alias_target=active if policy.strategy.aliased else None,
             name=model,
             active_release=record.active_release if record else None,
             previous_release=self._previous_of(record) if record else None,

@@ -3,6 +3,8 @@ behind (residue, and Triton's growth over swaps)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from controlplane.settings.group import Group
@@ -49,6 +51,21 @@ class MemorySettings(Group):
         None,
         description="Where GPU memory figures (nv_gpu_memory_*) are read. "
         "Default: triton.metrics_url.",
+    )
+    return_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="rolling: after the old release unloaded, how long to wait for the GPU "
+        "memory it held to come back (GPU used falling by its share) before the new one loads; "
+        "past it the update stops with memory_not_returned and the member stays out of "
+        "rotation.",
+    )
+    on_not_returned: Literal["stop", "restart-triton"] = Field(
+        "stop",
+        description="rolling, memory not returned: stop (no load; the member stays out of "
+        "rotation until someone acts), or restart-triton (restart a Triton this daemon can "
+        "see: its own launch, or a shared process namespace; wait for it, then go on).",
     )
     audit: bool = Field(
         True,

@@ -32,6 +32,21 @@ class RolloutSettings(Group):
         description="Fleet rollout: how long the canaries serve the release, with healthy GPU "
         "verdicts and no failed deploy, before every member follows.",
     )
+    max_unavailable: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="rolling: at most this many members out of rotation for the model at once, "
+        "across the fleet (each takes a turn in the desired state).",
+    )
+    unready_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=600,
+        description="rolling: after /readyz turns 503 (draining), how long a member waits "
+        "before it unloads, so that the load balancer stops sending it requests; the "
+        "readiness probe's period x failure threshold must be below it.",
+    )
 
 
 class StressSettings(Group):
@@ -96,10 +111,19 @@ class ModelPolicy(Group):
         description="Deploy a new complete release as soon as the watcher sees it (the newest "
         "by natural sort of release names).",
     )
-    strategy: Literal["blue-green", "inplace"] = Field(
-        "blue-green",
+    strategy: Literal["auto", "blue-green", "rolling", "inplace"] = Field(
+        "auto",
         description="blue-green: load beside the serving release, switch an ensemble alias; "
+        "rolling (models that fit once in GPU memory): leave rotation, drain, unload, wait for "
+        "the memory to come back, load, return, one member at a time; auto: blue-green when "
+        "the headroom check says the new release fits beside the serving one, else rolling; "
         "inplace: replace the model dir and reload (decoupled or sequence models need it).",
+    )
+    allow_downtime: bool = Field(
+        False,
+        description="rolling in a fleet of one: allow the update anyway (it drains, unloads "
+        "and loads; the model does not serve meanwhile, and the operation records how long). "
+        "Without it such an update is refused.",
     )
     retire_after_seconds: float = Field(
         30.0, ge=0, description="blue-green: how long the old slot stays warm for rollback."

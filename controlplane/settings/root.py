@@ -23,6 +23,7 @@ from controlplane.domain.names import validate_member_name, validate_model_name
 from controlplane.domain.rollout import RolloutPolicy
 from controlplane.domain.stress import StressPolicy
 from controlplane.domain.traffic import Strategy, TrafficPolicy
+from controlplane.domain.turns import RollingPolicy
 from controlplane.settings.api import ApiSettings
 from controlplane.settings.fleet import FleetSettings
 from controlplane.settings.log import LogSettings
@@ -173,6 +174,16 @@ class Settings(BaseSettings):
 
     def auto_deploy(self, model: str) -> bool:
         return self.policy(model).auto_deploy
+
+    def rolling(self, model: str) -> RollingPolicy:
+        policy = self.policy(model)
+        return RollingPolicy(
+            max_unavailable=policy.rollout.max_unavailable,
+            unready_seconds=policy.rollout.unready_seconds,
+            drain_timeout=policy.drain_timeout_seconds,
+            return_seconds=self.memory.return_seconds,
+            allow_downtime=policy.allow_downtime,
+        )
 
     def rollout(self, model: str) -> RolloutPolicy:
         rollout = self.policy(model).rollout

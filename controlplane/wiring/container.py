@@ -28,6 +28,7 @@ from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.rotation import Rotation
 from controlplane.services.runner import OperationRunner
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
@@ -61,6 +62,7 @@ class Container:
     readers: list[TritonMetrics | UtilizationSource]  # HTTP clients, one per URL
     overview: OverviewService  # the status page's data
     figures: FigureReader  # what /metrics shows of the present
+    rotation: Rotation  # the models that keep this member out of rotation now (/readyz)
     fleet: FleetSync | None = None  # None: fleet.enabled is false
     fleet_view: FleetService | None = None
     notifications: Callable[[], NotificationHealth] | None = None  # None: no SQS queue

@@ -82,6 +82,7 @@ def build(settings: Settings) -> Container:
         readers=closers,
         overview=_overview(base, status, overload, fleet_view, watching),
         figures=_figures(base, ops, supervisor, watching, sync, fleet_view),
+        rotation=ops.rotation,
         fleet=sync,
         fleet_view=fleet_view,
         notifications=watching.notifications,

@@ -32,6 +32,7 @@ from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.assembly import Limits, Pipelines, assemble
 from controlplane.services.catalog import StoreCatalog
 from controlplane.services.fleet_ledger import FleetLedger, Member
+from controlplane.services.fleet_turns import FleetTurns
 from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.prepare import SignaturePolicy
@@ -174,6 +175,10 @@ def operations(b: Base, m: Memory, fleet: FleetLedger | None) -> Pipelines:
             telemetry=b.telemetry,
         ),
         stress=StressCheck(load=b.triton, figures=m.figures, policy_for=settings.stress),
+        turns=None
+        if fleet is None
+        else FleetTurns(records=fleet.records, member=fleet.member, clock=b.clock),
+        rolling_for=settings.rolling,
     )
 
 

@@ -37,6 +37,8 @@ LOAD_FAILURES = (
     "invalid_model_config",
     "strategy_unsupported",
     "insufficient_memory",
+    "memory_not_returned",
+    "would_be_an_outage",
     "insufficient_disk",
     "release_too_large",
     "triton_load_failed",
@@ -69,7 +71,10 @@ DEPLOY = (
 # (method, path) -> (success statuses, error codes it can answer without a token configured)
 ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
     ("get", "/healthz"): ({200}, set()),
-    ("get", "/readyz"): ({200}, {"not_ready", "triton_unavailable", "not_serving"}),
+    ("get", "/readyz"): (
+        {200},
+        {"not_ready", "out_of_rotation", "triton_unavailable", "not_serving"},
+    ),
     ("get", "/metrics"): ({200}, set()),
     ("get", "/v1/memory"): ({200}, set()),
     ("get", "/v1/fleet"): ({200}, {"invalid_request", "store_error", "store_unavailable"}),

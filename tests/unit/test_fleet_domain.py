@@ -32,6 +32,7 @@ from controlplane.domain.fleet import (
 )
 from controlplane.domain.generations import Generations
 from controlplane.domain.rollout import RolloutPolicy, advance, stable_release, start
+from controlplane.domain.turns import Turn
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 MODEL = "m"
@@ -219,6 +220,10 @@ def every_field_set() -> DesiredModel:
             incarnation="inc-7",
             at=T0 - timedelta(minutes=2),
             failed="preflight_failed: no OUTPUT0",
+        ),
+        turns=(
+            Turn("member-c", "inc-9", T0 - timedelta(seconds=12), "r3"),
+            Turn("member-d", "inc-2", T0 - timedelta(seconds=3), None),
         ),
     )
 

@@ -52,13 +52,18 @@ async def healthz(c: Reader) -> dict[str, Any]:
 @router.get(
     "/readyz",
     tags=["probes"],
-    responses=answers(("not_ready", "triton_unavailable", "not_serving")),
+    responses=answers(("not_ready", "out_of_rotation", "triton_unavailable", "not_serving")),
 )
 async def readyz(c: Reader) -> JSONResponse:
-    """Readiness: start-up reconcile is done, Triton is live, and every managed model
-    serves its desired release."""
+    """Readiness: start-up reconcile is done, no rolling update holds this member out of
+    rotation, Triton is live, and every managed model serves its desired release."""
     if not c.ready.is_set():
         return JSONResponse(error_body("not_ready", why_not_ready(c)), status_code=503)
+    out = c.rotation.reasons()
+    if out:
+        return JSONResponse(
+            error_body("out_of_rotation", "; ".join(out.values()), models=out), status_code=503
+        )
     problem = await c.triton.liveness()
     if problem is not None:
         return JSONResponse(error_body("triton_unavailable", problem), status_code=503)

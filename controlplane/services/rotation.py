@@ -1,0 +1,70 @@
+"""Whether this member is in rotation: the models that keep it out now, and why.
+
+A rolling update takes its member out of rotation before it unloads anything: ``/readyz``
+answers 503 with the reason (``draining <model>``) for as long as the update runs, so the load
+balancer in front of the fleet (a Service, HAProxy, a mesh) sends the model's requests to the
+other members. The member returns when the update ends, whichever way it ends, but one: when
+the old release's GPU memory did not come back after its unload, nothing is loaded (the load
+would run out of memory), and the member stays out, *held*, until someone acts (a deploy or
+rollback of the model that succeeds, or a restart of Triton and the daemon). The reconcile loop
+leaves a held model alone: its repair would be the very load that was refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from controlplane.domain.errors import MemoryNotReturned
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Out:
+    reason: str  # what /readyz says: "draining <model>", "memory_not_returned: ..."
+    held: bool = False  # kept out after its operation ended (memory not returned)
+
+
+class Rotation:
+    def __init__(self) -> None:
+        self._out: dict[str, Out] = {}
+
+    def reasons(self) -> dict[str, str]:
+        """Why this member is out of rotation, by model; empty: it is in."""
+        return {model: out.reason for model, out in sorted(self._out.items())}
+
+    def held(self, model: str) -> str | None:
+        """Why ``model`` is held out of rotation after its operation ended; None: it is not."""
+        out = self._out.get(model)
+        return out.reason if out is not None and out.held else None
+
+    @contextmanager
+    def out(self, model: str) -> Iterator[None]:
+        """Out of rotation for ``model`` while the block runs; back after, unless the block
+        ended with :class:`MemoryNotReturned` (then held out)."""
+        self._out[model] = Out(f"draining {model}")
+        log.info("out of rotation: draining %s", model, extra={"model": model})
+        try:
+            yield
+        except MemoryNotReturned as exc:
+            self._out[model] = Out(f"memory_not_returned: {exc.message}", held=True)
+            log.error(
+                "staying out of rotation for %s: %s", model, exc.message, extra={"model": model}
+            )
+            raise
+        except BaseException:
+            self._back(model)
+            raise
+        self._back(model)
+
+    def release(self, model: str) -> None:
+        """A later operation on ``model`` succeeded: a hold on it is over."""
+        if self._out.get(model, Out("")).held:
+            self._back(model)
+
+    def _back(self, model: str) -> None:
+        if self._out.pop(model, None) is not None:
+            log.info("back in rotation (%s)", model, extra={"model": model})

@@ -1,0 +1,178 @@
+"""Turns out of rotation, taken and given back in the fleet's desired state (FleetTurns).
+
+The records are :class:`FakeDesiredStates` (compare-and-swap as the stores do it) and time is a
+:class:`FakeClock`, so a test decides who beats and when; what it reads is what an operator
+would: the turns in the record, the ``turn`` step of the operation, the error of a wait that
+ran out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from controlplane.domain.errors import FleetTimeout
+from controlplane.domain.fleet import DesiredModel
+from controlplane.domain.operations import OperationKind, StepStatus
+from controlplane.domain.turns import Turn
+from controlplane.services.fleet_turns import TURN_POLL, FleetTurns
+from tests.unit.test_fleet_ledger import ME, MODEL, Rig, beat, scenario
+
+
+def turns_of(r: Rig) -> list[tuple[str, str]]:
+    record = r.records.read(MODEL)
+    assert record is not None
+    return [(t.member, t.incarnation) for t in record.turns]
+
+
+def holding(r: Rig, member: str, incarnation: str) -> DesiredModel:
+    """The record with ``member`` (as ``incarnation``) holding a turn."""
+    current = r.records.read(MODEL)
+    assert current is not None
+    held = replace(current, turns=(Turn(member, incarnation, r.clock.now(), "r2"),))
+    r.records.desired[MODEL] = held
+    return held
+
+
+def test_a_turn_is_held_in_the_record_while_the_block_runs_then_given_back(
+    tmp_path: Path,
+) -> None:
+    async def body(
+        r: Rig,
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, object]]:
+        r.record("r1")
+        r.alive("a", "b")
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+            during = turns_of(r)
+        step = next(s for s in (await r.journal(run)).steps if s.name == "turn")
+        assert step.status is StepStatus.SUCCEEDED
+        return during, turns_of(r), step.detail
+
+    during, after, detail = scenario(tmp_path, body)
+
+    assert during == [("a", "a-inc-1")]
+    assert after == []
+    assert detail == {"waited_seconds": 0.0, "behind": [], "max_unavailable": 1}
+
+
+def test_without_a_record_the_turn_is_this_members_at_once_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    async def body(r: Rig) -> int:
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r1")
+        async with turns.turn(run.tracker, MODEL, "r1", max_unavailable=1, timeout=60):
+            pass
+        return len(r.records.desired)
+
+    assert scenario(tmp_path, body) == 0
+
+
+def test_a_member_waits_behind_a_live_turn_and_takes_it_once_given_back(tmp_path: Path) -> None:
+    async def body(r: Rig) -> tuple[list[tuple[str, str]], dict[str, object]]:
+        r.record("r1")
+        r.alive("a", "b")
+        holding(r, "b", "b-inc-1")
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        seen: list[list[tuple[str, str]]] = []
+
+        async def mine() -> None:
+            async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+                seen.append(turns_of(r))
+
+        task = asyncio.create_task(mine())
+        await r.clock.sleeping()
+        assert not seen  # b holds the only turn
+        current = r.records.read(MODEL)
+        assert current is not None
+        r.records.desired[MODEL] = current.changed(
+            by="b", at=r.clock.now(), trigger="turn", reason="b is back", turns=()
+        )
+        r.alive("b")
+        r.clock.advance(TURN_POLL)
+        await task
+        step = next(s for s in (await r.journal(run)).steps if s.name == "turn")
+        return seen[0], step.detail
+
+    during, detail = scenario(tmp_path, body)
+
+    assert during == [("a", "a-inc-1")]
+    assert detail["behind"] == ["b"]
+    assert detail["waited_seconds"] == TURN_POLL
+
+
+@pytest.mark.parametrize(
+    ("why", "incarnation", "beats"),
+    [("not alive", "b-inc-1", False), ("restarted", "b-inc-0", True)],
+)
+def test_a_turn_whose_holder_is_gone_holds_nothing(
+    tmp_path: Path, why: str, incarnation: str, beats: bool
+) -> None:
+    async def body(r: Rig) -> tuple[list[tuple[str, str]], str]:
+        r.record("r1")
+        holding(r, "b", incarnation)  # taken by b before it died, or by its earlier process
+        r.clock.advance(60)  # b's last beat (at the start) is 12 beats old
+        r.alive("a")
+        if beats:
+            r.alive("b")  # b beats again, as a new process
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+            record = r.records.read(MODEL)
+            assert record is not None
+            return turns_of(r), record.reason
+
+    during, reason = scenario(tmp_path, body)
+
+    assert during == [("a", "a-inc-1")], why
+    assert "given up by b: not alive" in reason
+
+
+def test_a_wait_for_a_turn_is_bounded_and_names_who_holds_it(tmp_path: Path) -> None:
+    async def body(r: Rig) -> FleetTimeout:
+        r.record("r1")
+        holding(r, "b", "b-inc-1")
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+
+        async def keep_b_alive() -> None:
+            while True:
+                r.records.heartbeats["b"] = beat("b", r.clock)
+                r.records.heartbeats["a"] = beat("a", r.clock)
+                await r.clock.sleeping()  # the member, waiting for its next look
+                r.clock.advance(TURN_POLL)
+                await asyncio.sleep(0)
+
+        keeper = asyncio.create_task(keep_b_alive())
+        try:
+            with pytest.raises(FleetTimeout) as caught:
+                async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=10):
+                    pass
+        finally:
+            keeper.cancel()
+        return caught.value
+
+    error = scenario(tmp_path, body)
+
+    assert "no turn out of rotation" in error.message
+    assert "held by b" in error.message
+    assert "rollout.max_unavailable 1" in error.message
+
+
+def test_two_members_may_be_out_at_once_when_max_unavailable_says_so(tmp_path: Path) -> None:
+    async def body(r: Rig) -> list[tuple[str, str]]:
+        r.record("r1")
+        r.alive("a", "b")
+        holding(r, "b", "b-inc-1")
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=2, timeout=60):
+            return turns_of(r)
+
+    assert scenario(tmp_path, body) == [("b", "b-inc-1"), ("a", "a-inc-1")]
