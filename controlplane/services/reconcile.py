@@ -141,6 +141,8 @@ class Reconciler:
 
     def drift_of(self, model: str) -> str | None:
         """What the last pass found wrong with ``model``; None when it serves as it should."""
+        if self.last is not None and model in self.last.failed:
+            return self.last.failed[model]  # it could not look, or must not repair (held)
         found = self.last.assessments.get(model) if self.last is not None else None
         return None if found is None or found.serving else found.why
 

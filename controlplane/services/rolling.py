@@ -123,14 +123,17 @@ class Rolling(BlueGreen):
     async def _fits_beside(
         self, tracker: OperationTracker, prepared: PreparedRelease, force: bool
     ) -> bool:
-        fits = await check_headroom(tracker, self._headroom, prepared, force=force, refuse=False)
-        async with tracker.step("strategy"):
-            why = (
-                "the new release fits beside the serving one"
-                if fits
-                else "the new release does not fit beside the serving one (headroom)"
-            )
-            tracker.detail(chose="blue-green" if fits else "rolling", why=why)
+        """``auto``'s choice, said in the ``headroom`` step: blue-green when the release fits
+        beside the serving one (or the deploy says force), rolling when it does not."""
+        refuse = force  # force: blue-green, loading anyway, as force always meant
+        fits = await check_headroom(tracker, self._headroom, prepared, force=force, refuse=refuse)
+        tracker.detail(
+            strategy="blue-green" if fits else "rolling",
+            strategy_why="the new release fits beside the serving one"
+            if fits
+            else "the new release does not fit beside the serving one: one member at a time, "
+            "out of rotation",
+        )
         return fits
 
     async def _refuse_an_outage(
