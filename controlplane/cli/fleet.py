@@ -52,6 +52,9 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         )
         if model.get("canaries"):
             lines.append(f"{'':<24} canaries: {', '.join(model['canaries'])}")
+        if model.get("turns"):
+            out_now = ", ".join(t["member"] for t in model["turns"])
+            lines.append(f"{'':<24} out of rotation (rolling): {out_now}")
         degraded = ", ".join(d["release"] for d in model.get("degraded", []))
         if degraded:
             lines.append(f"{'':<24} degraded: {degraded}")
@@ -67,6 +70,7 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         served = ", ".join(
             f"{name}={state.get('release') or '-'} ({state.get('state')})"
             + (f": {one_line(state['error'])}" if state.get("error") else "")
+            + (f" [{rolling}]" if (rolling := rolling_text(state)) else "")
             for name, state in sorted(member.get("models", {}).items())
         )
         seen = str(member["last_seen"])[:19] + "Z"  # to the second: the table stays aligned
@@ -75,6 +79,12 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
             f"{seen:<21} {member.get('overload') or '-':<9} {served or '-'}"
         )
     return lines
+
+
+def rolling_text(state: dict[str, Any]) -> str:
+    """A member's rolling update of one model in a few words, as the daemon says it."""
+    rolling = state.get("rolling")
+    return str(rolling.get("summary") or "") if rolling else ""
 
 
 def model_across(data: dict[str, Any], model: str) -> dict[str, Any]:
@@ -149,7 +159,14 @@ def _say_changes(
     """A line for each member whose state of ``model`` changed, and for the store going away."""
     for member in data.get("members", []):
         state = member.get("models", {}).get(model) or {}
-        line = (member["alive"], state.get("release"), state.get("state"), state.get("error"))
+        rolling = rolling_text(state)
+        line = (
+            member["alive"],
+            state.get("release"),
+            state.get("state"),
+            state.get("error"),
+            rolling,
+        )
         if shown.get(member["member"]) != line:
             shown[member["member"]] = line
             mark = "" if member["alive"] else " (not alive)"
@@ -157,6 +174,7 @@ def _say_changes(
             out.say(
                 f"  member {member['member']}{mark}: {state.get('release') or '-'} "
                 f"({state.get('state') or 'no report'}){error}"
+                + (f" [{rolling}]" if rolling else "")
             )
     store = (data.get("store_error"),)
     if store[0] and shown.get("(store)") != store:

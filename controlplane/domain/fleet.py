@@ -42,7 +42,7 @@ from controlplane.domain.stored import (
     text,
     whole,
 )
-from controlplane.domain.turns import Turn, turn_for_storage, turn_from_storage
+from controlplane.domain.turns import Progress, Turn, turn_for_storage, turn_from_storage
 
 RESERVED_PREFIX = "_controlplane"  # model names start with a letter or digit: no collision
 SCHEMA = 1
@@ -176,6 +176,7 @@ class MemberModel:
     target: str | None = None  # what it should serve (the desired state, for this member)
     generation: int = 0  # the desired generation this state is about
     error: str | None = None
+    progress: Progress = field(default_factory=Progress)  # a rolling update's phases here
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,8 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
                 "target": m.target,
                 "generation": m.generation,
                 "error": m.error,
+                "phase": m.progress.phase,
+                "took": [[step, seconds] for step, seconds in m.progress.took],
             }
             for name, m in sorted(beat.models.items())
         },
@@ -435,4 +438,18 @@ def _member_model(m: Mapping[str, Any], what: str) -> MemberModel:
         target=maybe_text(m.get("target"), f"{what}.target"),
         generation=whole(m.get("generation", 0), f"{what}.generation"),
         error=maybe_text(m.get("error"), f"{what}.error"),
+        progress=Progress(
+            phase=maybe_text(m.get("phase"), f"{what}.phase"),
+            took=tuple(
+                _took(pair, f"{what}.took[{i}]")
+                for i, pair in enumerate(listed(m.get("took") or [], f"{what}.took"))
+            ),
+        ),
     )
+
+
+def _took(value: object, what: str) -> tuple[str, float]:
+    pair = listed(value, what)
+    if len(pair) != 2:
+        raise ValueError(f"{what} has {len(pair)} items, not a step and its seconds")
+    return text(pair[0], f"{what}[0]"), seconds(pair[1], f"{what}[1]")

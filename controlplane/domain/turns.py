@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from controlplane.domain.operations import Operation, OperationStatus
 from controlplane.domain.stored import maybe_text, moment, text
+
+# The steps of a rolling update that a member shows the fleet, in their order.
+ROLLING_PHASES = ("turn", "drain", "unload", "memory", "load", "preflight", "switch", "restore")
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,50 @@ def turn_from_storage(data: Mapping[str, Any], what: str) -> Turn:
         at=moment(data["at"], f"{what}.at"),
         release=maybe_text(data.get("release"), f"{what}.release"),
     )
+
+
+# What a member is doing in a rolling update, by the step that runs.
+_PHASE_WORDS = {
+    "turn": "waiting for its turn",
+    "drain": "draining",
+    "unload": "unloading",
+    "memory": "waiting for GPU memory",
+    "load": "loading",
+    "preflight": "preflight",
+    "switch": "switching",
+    "restore": "restoring the previous release",
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where one member is in a rolling update of a model (its heartbeat shows it)."""
+
+    phase: str | None = None  # the step running now (None: none runs)
+    took: tuple[tuple[str, float], ...] = ()  # each phase done so far: (step, seconds)
+
+    @property
+    def summary(self) -> str:
+        """In a few words: the phase it is in (or done), and how long each phase took, as in
+        ``draining; turn 0.0 s, drain 5.1 s``; empty when it did not roll."""
+        if self.phase is None and not self.took:
+            return ""
+        now = _PHASE_WORDS.get(self.phase, self.phase) if self.phase else "done"
+        took = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.took)
+        return f"{now}; {took}" if took else now
+
+
+def rolling_progress(operation: Operation | None) -> Progress:
+    """The rolling phases of ``operation`` (the member's latest on the model): empty for an
+    operation that did not roll (it took no turn and drained nothing)."""
+    if operation is None or not any(s.name in ("turn", "drain") for s in operation.steps):
+        return Progress()
+    running = operation.status is OperationStatus.RUNNING
+    last = operation.steps[-1] if operation.steps else None
+    phase = last.name if running and last is not None and last.finished_at is None else None
+    took = tuple(
+        (step.name, round(step.duration_seconds, 3))
+        for step in operation.steps
+        if step.name in ROLLING_PHASES and step.duration_seconds is not None
+    )
+    return Progress(phase, took)

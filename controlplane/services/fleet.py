@@ -236,12 +236,17 @@ def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, 
 
 def _state_json(state: MemberModel | None) -> dict[str, object]:
     if state is None:
-        return {"release": None, "state": None, "target": None, "error": None}
+        return {"release": None, "state": None, "target": None, "error": None, "rolling": None}
+    progress = state.progress
     return {
         "release": state.release,
         "state": state.state.value,
         "target": state.target,
         "error": state.error,
+        # A rolling update here: the step running now, and how long each one done took.
+        "rolling": None
+        if not progress.took and progress.phase is None
+        else {"phase": progress.phase, "took": dict(progress.took), "summary": progress.summary},
     }
 
 
@@ -277,6 +282,11 @@ def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, obj
         "degraded": [
             {"release": d.release, "at": d.at.isoformat(), "reason": d.reason}
             for d in wanted.degraded
+        ],
+        # Members out of rotation for a rolling update of it (their turn taken when).
+        "turns": [
+            {"member": t.member, "since": t.at.isoformat(), "release": t.release}
+            for t in wanted.turns
         ],
     }
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import TypeVar
@@ -44,6 +44,7 @@ from controlplane.domain.fleet import (
 from controlplane.domain.generations import Generations
 from controlplane.domain.operations import Cause, Trigger
 from controlplane.domain.rollback import DegradedRelease
+from controlplane.domain.turns import rolling_progress
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
@@ -388,7 +389,10 @@ class FleetSync:
     # --- heartbeats -------------------------------------------------------------------------
 
     def heartbeat(self) -> MemberBeat:
-        states = self.last.states if self.last is not None else {}
+        states = {
+            model: replace(state, progress=rolling_progress(self._client.latest(model)))
+            for model, state in (self.last.states if self.last is not None else {}).items()
+        }
         return MemberBeat(
             member=self.member.name,
             incarnation=self.member.incarnation,

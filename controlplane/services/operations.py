@@ -171,6 +171,10 @@ class OperationClient:
         """The operation holding ``model`` now; None when it is free."""
         return self._runner.holder(model)
 
+    def latest(self, model: str) -> Operation | None:
+        """The latest operation on ``model`` in this process, as it stands now."""
+        return self._runner.latest(model)
+
     async def until_free(self, model: str) -> None:
         """Return once no operation holds ``model`` (at once when none does)."""
         await self._runner.until_free(model)

@@ -54,6 +54,7 @@ class MemberServing:
     target: str | None  # what it should serve
     error: str | None
     this_member: bool
+    rolling: str = ""  # a rolling update here: its phase and how long each took
 
 
 @dataclass(frozen=True)
@@ -261,6 +262,7 @@ class OverviewService:
                     target=state.target if state is not None else None,
                     error=state.error if state is not None else None,
                     this_member=name == snapshot.member,
+                    rolling=state.progress.summary if state is not None else "",
                 )
             )
         if wanted is not None:

@@ -168,6 +168,7 @@ class OperationRunner:
         self._telemetry = telemetry
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._runs: dict[str, Run] = {}
+        self._latest: dict[str, OperationTracker] = {}  # model -> its latest operation
 
     # --- starting -------------------------------------------------------------------------
 
@@ -248,6 +249,7 @@ class OperationRunner:
             raise
         run = Run(tracker)
         self._runs[operation_id] = run
+        self._latest[model] = tracker
         task = asyncio.get_running_loop().create_task(
             self._run(run, body, after), name=f"operation-{operation_id}"
         )
@@ -295,6 +297,12 @@ class OperationRunner:
 
     def holder(self, model: str) -> str | None:
         return self._locks.holder(model)
+
+    def latest(self, model: str) -> Operation | None:
+        """The latest operation on ``model`` this process ran, as it stands (its steps so far
+        while it runs): what the heartbeat says of a rolling update, with no journal read."""
+        tracker = self._latest.get(model)
+        return tracker.operation if tracker is not None else None
 
     async def until_free(self, model: str) -> None:
         await self._locks.released(model)

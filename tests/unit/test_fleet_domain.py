@@ -32,7 +32,7 @@ from controlplane.domain.fleet import (
 )
 from controlplane.domain.generations import Generations
 from controlplane.domain.rollout import RolloutPolicy, advance, stable_release, start
-from controlplane.domain.turns import Turn
+from controlplane.domain.turns import Progress, Turn
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 MODEL = "m"
@@ -270,7 +270,14 @@ def test_every_field_of_a_heartbeat_survives_storage() -> None:
         interval=2.5,
         version="1.2.3",
         models={
-            "m": MemberModel("r2", MemberState.FAILED, target="r3", generation=9, error="boom"),
+            "m": MemberModel(
+                "r2",
+                MemberState.FAILED,
+                target="r3",
+                generation=9,
+                error="boom",
+                progress=Progress("load", (("turn", 0.5), ("drain", 5.25), ("unload", 0.3))),
+            ),
             "n": MemberModel(None, MemberState.UNLOADED),
         },
         overload="breach",
@@ -280,6 +287,7 @@ def test_every_field_of_a_heartbeat_survives_storage() -> None:
     )
     assert non_default_fields(record) == []
     assert non_default_fields(record.models["m"]) == []
+    assert non_default_fields(record.models["m"].progress) == []
 
     stored = json.loads(json.dumps(beat_for_storage(record)))
 
@@ -888,3 +896,20 @@ def test_a_desired_state_that_went_back_is_not_followed_until_a_new_generation()
     assert generations.screen(written_over)[MODEL].release == "r1"
     assert generations.screen({}) == {}  # gone: forgotten
     assert generations.screen(put_back)[MODEL].release == "r1"  # written afresh, followed
+
+
+def test_a_heartbeat_with_a_malformed_rolling_phase_is_refused() -> None:
+    data = json.loads(json.dumps(beat_for_storage(MemberBeat("a", "i", T0, 1.0, "1"))))
+    data["models"] = {"m": {"release": "r1", "state": "serving", "took": [["drain"]]}}
+
+    with pytest.raises(ValueError, match=r"models.m.took\[0\] has 1 items"):
+        beat_from_storage(data)
+
+
+def test_a_rolling_progress_says_its_phase_and_how_long_each_took() -> None:
+    assert Progress().summary == ""
+    assert Progress("turn").summary == "waiting for its turn"
+    assert Progress("drain", (("turn", 0.04),)).summary == "draining; turn 0.0 s"
+    assert (
+        Progress(None, (("drain", 5.12), ("load", 7.0))).summary == "done; drain 5.1 s, load 7.0 s"
+    )

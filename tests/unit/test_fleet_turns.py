@@ -51,7 +51,7 @@ def test_a_turn_is_held_in_the_record_while_the_block_runs_then_given_back(
             during = turns_of(r)
         step = next(s for s in (await r.journal(run)).steps if s.name == "turn")
         assert step.status is StepStatus.SUCCEEDED
-        return during, turns_of(r), step.detail
+        return during, turns_of(r), dict(step.detail)
 
     during, after, detail = scenario(tmp_path, body)
 
@@ -98,7 +98,7 @@ def test_a_member_waits_behind_a_live_turn_and_takes_it_once_given_back(tmp_path
         r.clock.advance(TURN_POLL)
         await task
         step = next(s for s in (await r.journal(run)).steps if s.name == "turn")
-        return seen[0], step.detail
+        return seen[0], dict(step.detail)
 
     during, detail = scenario(tmp_path, body)
 

@@ -206,11 +206,12 @@ def _members(model: ModelOverview) -> str:
         )
         alive = "yes" if member.alive else '<span class="error">no</span>'
         error = f'<span class="error">{esc(member.error)}</span>' if member.error else ""
+        rolling = f'<span data-field="member-rolling">{esc(member.rolling)}</span>'
         rows.append(
             f'<tr data-member="{esc(member.member)}"><td>{name}</td><td>{alive}</td>'
             f'<td data-field="member-serving">{text_or(member.release, "nothing")}</td>'
             f"<td>{text_or(member.state)}</td><td>{text_or(member.target)}</td>"
-            f"<td>{error}</td></tr>"
+            f"<td>{rolling if member.rolling else ''}{error}</td></tr>"
         )
     if not rows:
         return '<p class="none">no member reports this model</p>'
