@@ -13,6 +13,8 @@
 #                            by path: Selenium Manager never downloads a browser or a driver)
 #   openssl                  /usr/bin/openssl, which makes the publisher keys and signatures of
 #                            the signature tests and docs/signatures.md
+#   haproxy                  /usr/sbin/haproxy, the load balancer in front of a fleet's members
+#                            in the rolling-update tests (tests/support/haproxy.py)
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -30,6 +32,7 @@ NEEDED=(
     chromium:chromium
     chromedriver:chromium-driver
     openssl:openssl
+    haproxy:haproxy
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.
