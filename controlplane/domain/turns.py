@@ -21,7 +21,17 @@ from controlplane.domain.operations import Operation, OperationStatus
 from controlplane.domain.stored import maybe_text, moment, text
 
 # The steps of a rolling update that a member shows the fleet, in their order.
-ROLLING_PHASES = ("turn", "drain", "unload", "memory", "load", "preflight", "switch", "restore")
+ROLLING_PHASES = (
+    "turn",
+    "drain",
+    "unload",
+    "memory",
+    "load",
+    "preflight",
+    "switch",
+    "restore",
+    "rejoin",
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ _PHASE_WORDS = {
     "preflight": "preflight",
     "switch": "switching",
     "restore": "restoring the previous release",
+    "rejoin": "back in rotation, letting the load balancer see it",
 }
 
 

@@ -203,7 +203,11 @@ class FleetService:
                     + "; ".join(f"{member}: {why}" for member, why in failed.items()),
                     details=details,
                 )
-            if wanted.rollout.phase is RolloutPhase.COMPLETE and snapshot.converged(model):
+            if (
+                wanted.rollout.phase is RolloutPhase.COMPLETE
+                and snapshot.converged(model)
+                and not _turns_held(wanted, snapshot)
+            ):
                 return snapshot
             if self._clock.monotonic() >= deadline:
                 waiting = [
@@ -219,6 +223,18 @@ class FleetService:
                     details=details,
                 )
             await self._clock.sleep(WAIT_POLL)
+
+
+def _turns_held(wanted: DesiredModel, snapshot: FleetSnapshot) -> list[str]:
+    """Live members still out of rotation for a rolling update of the model (or letting
+    the load balancer see them back): the rollout is not over until they hand the turn on."""
+    return [
+        turn.member
+        for turn in wanted.turns
+        if (beat := snapshot.beats.get(turn.member)) is not None
+        and snapshot.alive(beat)
+        and beat.incarnation == turn.incarnation
+    ]
 
 
 def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, str]:

@@ -164,34 +164,60 @@ class Rolling(BlueGreen):
     ) -> None:
         tracker, model = run.tracker, run.model
         left = self._clock.monotonic()
-        with self._rotation.out(model):
-            await self._drain(tracker, active, policy)
-            before = await self._gpu_used()
-            await self._unload_old(run, active)
-            await self._memory_back(tracker, prepared, active, before, policy)
+        try:
+            with self._rotation.out(model):
+                slot = await self._unload_and_load(run, prepared, target, active, sample, force)
+        except (MemoryNotReturned, asyncio.CancelledError):
+            raise  # held out of rotation, or the daemon is going away: no rejoin to wait for
+        except BaseException:
+            await self._rejoin(tracker, policy)  # restored: in rotation before the turn goes
+            raise
+        async with tracker.step("record"):
+            await self._record_rolled(tracker, snapshot, new=slot, old=active)
+            tracker.detail(out_of_rotation_seconds=round(self._clock.monotonic() - left, 3))
+        await self._rejoin(tracker, policy)
+
+    async def _unload_and_load(
+        self,
+        run: Run,
+        prepared: PreparedRelease,
+        target: Slot,
+        active: Slot,
+        sample: SmokeSample | None,
+        force: bool,
+    ) -> Slot:
+        """Out of rotation: drain, unload, memory back, load, preflight, switch; the old
+        release restored on a failure past the unload. The new slot, serving."""
+        tracker = run.tracker
+        policy = self._rolling_for(run.model)
+        await self._drain(tracker, active, policy)
+        before = await self._gpu_used()
+        await self._unload_old(run, active)
+        await self._memory_back(tracker, prepared, active, before, policy)
+        try:
+            await check_headroom(tracker, self._headroom, prepared, force=force)
+            slot = await self._place_and_load(run, prepared, target, first=False)
             try:
-                await check_headroom(tracker, self._headroom, prepared, force=force)
-                slot = await self._place_and_load(run, prepared, target, first=False)
-                try:
-                    signature = await self._alias.preflight(tracker, slot, sample)
-                    async with tracker.step("switch"):
-                        await self._alias.switch(
-                            tracker,
-                            slot.name,
-                            signature,
-                            sample,
-                            back_to=None,
-                        )
-                except BaseException as exc:
-                    await self._after_failed_switch(run, slot, exc, first=False)
-                    raise
+                signature = await self._alias.preflight(tracker, slot, sample)
+                async with tracker.step("switch"):
+                    await self._alias.switch(tracker, slot.name, signature, sample, back_to=None)
             except BaseException as exc:
-                if not isinstance(exc, asyncio.CancelledError):
-                    await self._restore(tracker, active, exc)
+                await self._after_failed_switch(run, slot, exc, first=False)
                 raise
-            async with tracker.step("record"):
-                await self._record_rolled(tracker, snapshot, new=slot, old=active)
-                tracker.detail(out_of_rotation_seconds=round(self._clock.monotonic() - left, 3))
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                await self._restore(tracker, active, exc)
+            raise
+        return slot
+
+    async def _rejoin(self, tracker: OperationTracker, policy: RollingPolicy) -> None:
+        """Back in rotation: the turn is kept ``rollout.unready_seconds`` more, the load
+        balancer's time to send this member requests again (HAProxy's ``rise``, a probe's
+        success threshold), so that the next member does not leave while this one is still
+        out in the balancer's eyes."""
+        async with tracker.step("rejoin"):
+            await self._clock.sleep(policy.unready_seconds)
+            tracker.detail(waited_seconds=policy.unready_seconds)
 
     async def _drain(self, tracker: OperationTracker, active: Slot, policy: RollingPolicy) -> None:
         """Out of rotation already: the load balancer's time to notice, then no request

@@ -60,8 +60,10 @@ class LoadClient:
         callers: int = 3,
         call_timeout: float = 5.0,
         max_seconds: float = 120.0,
+        pause: float = 0.0,
     ) -> None:
         self._url = grpc_url
+        self._pause = pause  # s each caller waits between calls (0: as fast as it can)
         self._model = model
         self._call_timeout = call_timeout
         self._max_seconds = max_seconds
@@ -149,6 +151,8 @@ class LoadClient:
                 else:
                     with self._lock:
                         self._answered.append((sent, value))
+                    if self._pause:
+                        self._stop.wait(self._pause)
         finally:
             client.close()
 

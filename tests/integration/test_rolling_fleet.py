@@ -1,0 +1,121 @@
+"""Rolling updates across a fleet of real Tritons behind a real load balancer (Debian's HAProxy).
+
+The model fits once in each member's GPU (a stand-in exporter whose used memory follows what
+that member's Triton has loaded: 16 GiB, 9 GiB a release), so ``auto`` rolls: one member out of
+rotation at a time, drained, unloaded, loaded, back. Clients call the model through HAProxy all
+along; what they see (failed calls, which release answered) and what HAProxy saw (who was out
+of rotation, read from its stats socket) are what the tests check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools.launcher import RunningTriton
+from tests.support.fleet import Fleet, running_fleet
+from tests.support.grpc_load import LoadClient
+from tests.support.haproxy import RotationRecorder
+from tests.support.polling import eventually
+from tests.support.rolling_fleet import RollingFleet, rolling_fleet, write_big_release
+from tests.support.triton_pool import unique_model
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.fixture
+def fleet(
+    pooled_tritons: Callable[[Path], RunningTriton], store: Path, tmp_path: Path
+) -> Iterator[Fleet]:
+    with running_fleet(
+        pooled_tritons, store, tmp_path / "fleet", unique_model("rolling")
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def rolling(fleet: Fleet, store: Path, tmp_path: Path) -> Iterator[RollingFleet]:
+    """Three members serving r1 (answers 1x; r2, 2x, in the store too), behind HAProxy,
+    every member up."""
+    write_big_release(store, fleet.model, "r1", k=1.0)
+    write_big_release(store, fleet.model, "r2", k=2.0)
+    with rolling_fleet(fleet, tmp_path, 3) as running:
+        first = running.deploy(running.members[0], "r1")
+        assert first.status_code == 200, first.text
+        running.haproxy.wait_until_up(timeout=30)
+        yield running
+
+
+def _steps(answer: dict[str, Any]) -> list[str]:
+    return [step["name"] for step in answer["operation"]["steps"]]
+
+
+def test_a_rolling_rollout_takes_one_member_out_at_a_time_and_no_call_fails(
+    rolling: RollingFleet,
+) -> None:
+    with (
+        RotationRecorder(rolling.haproxy) as rotation,
+        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
+    ):
+        load.wait_for_answers(20)
+        answer = rolling.deploy(rolling.members[1], "r2")
+        assert answer.status_code == 200, answer.text
+        rolling.haproxy.wait_until_up(timeout=30)
+        load.wait_for_answers(20)
+    summary = load.stop()
+
+    assert summary.failures == (), summary.failures[:5]
+    assert rotation.max_out_at_once == 1, rotation.timeline
+    for member in rolling.members:
+        assert rotation.left_rotation(member.name) == 1, (member.name, rotation.timeline)
+        assert member.answer(rolling.model) == 2.0
+    # Through the member that received it: it rolled first, said why, and took a turn.
+    steps = _steps(answer.json())
+    assert steps.index("fetch") < steps.index("drain") < steps.index("unload") < steps.index("load")
+    headroom = next(s for s in answer.json()["operation"]["steps"] if s["name"] == "headroom")
+    assert headroom["detail"]["strategy"] == "rolling"
+    # Each member says how long each phase of its turn took.
+    for member in answer.json()["fleet"]["members"]:
+        rolled = member["rolling"]
+        assert rolled is not None, member
+        assert rolled["phase"] is None
+        assert set(rolled["took"]) >= {"turn", "drain", "unload", "memory", "load"}, rolled
+        assert rolled["took"]["drain"] >= 1.5  # rollout.unready_seconds, for HAProxy to notice
+    assert summary.answers[1.0] > 0
+    assert summary.answers[2.0] > 0
+    wanted = rolling.fleet.fleet()["models"][rolling.model]
+    assert wanted["turns"] == []  # every turn given back
+
+
+def test_a_release_that_fails_to_load_goes_back_to_the_previous_on_that_member_only(
+    rolling: RollingFleet, store: Path
+) -> None:
+    write_big_release(store, rolling.model, "bad", k=3.0, fail_init=True)
+    through = rolling.members[0]
+    with (
+        RotationRecorder(rolling.haproxy) as rotation,
+        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
+    ):
+        load.wait_for_answers(20)
+        answer = rolling.deploy(through, "bad")
+        eventually(lambda: through.api.get("/readyz").status_code == 200, 30, "back in rotation")
+        rolling.haproxy.wait_until_up(timeout=30)
+        load.wait_for_answers(20)
+    summary = load.stop()
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "triton_load_failed"
+    steps = _steps(answer.json())
+    assert "restore" in steps
+    assert summary.failures == (), summary.failures[:5]
+    assert rotation.left_rotation(through.name) == 1, rotation.timeline
+    for member in rolling.members[1:]:
+        assert rotation.left_rotation(member.name) == 0, rotation.timeline
+    for member in rolling.members:
+        assert member.answer(rolling.model) == 1.0
+    wanted = rolling.fleet.fleet()["models"][rolling.model]
+    assert wanted["desired"] == "r1"  # the desired state did not move
+    assert wanted["turns"] == []
