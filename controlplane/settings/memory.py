@@ -57,15 +57,16 @@ class MemorySettings(Group):
         gt=0,
         le=3600,
         description="rolling: after the old release unloaded, how long to wait for the GPU "
-        "memory it held to come back (GPU used falling by its share) before the new one loads; "
+        "memory it held to come back (until the new release fits in what is free) before the "
+        "new one loads; "
         "past it the update stops with memory_not_returned and the member stays out of "
         "rotation.",
     )
-    on_not_returned: Literal["stop", "restart-triton"] = Field(
+    on_not_returned: Literal["stop"] = Field(
         "stop",
         description="rolling, memory not returned: stop (no load; the member stays out of "
-        "rotation until someone acts), or restart-triton (restart a Triton this daemon can "
-        "see: its own launch, or a shared process namespace; wait for it, then go on).",
+        "rotation until a deploy of the model succeeds: restart Triton, then deploy again). "
+        "Restarting Triton from the daemon (restart-triton) is not available yet.",
     )
     audit: bool = Field(
         True,
