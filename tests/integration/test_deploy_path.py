@@ -32,7 +32,8 @@ from devtools.launcher import RunningTriton
 from tests.support.models import write_scale_release
 
 MOST_ON_THE_CHAIN = 15  # of services and adapters, route to gRPC load
-MOST_TOUCHED = 22  # the same deploy: every module of services and adapters whose code runs
+MOST_TOUCHED = 23  # the same deploy: every module of services and adapters whose code runs
+# (23 since auto became the default: its choice, in services/rolling, comes before blue-green)
 LOAD = ("controlplane.adapters.triton.driver", "load")
 START = ("controlplane.services.runner", "start")  # where the request hands over to the task
 
