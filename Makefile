@@ -105,6 +105,7 @@ bench: install
 	$(BIN)/python bench/rollback.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/rolling.py
 
 clean:
 	rm -rf $(VENV) .state .mypy_cache .ruff_cache .pytest_cache
