@@ -227,14 +227,16 @@ class FleetService:
 
 def _turns_held(wanted: DesiredModel, snapshot: FleetSnapshot) -> list[str]:
     """Live members still out of rotation for a rolling update of the model (or letting
-    the load balancer see them back): the rollout is not over until they hand the turn on."""
-    return [
-        turn.member
-        for turn in wanted.turns
-        if (beat := snapshot.beats.get(turn.member)) is not None
-        and snapshot.alive(beat)
-        and beat.incarnation == turn.incarnation
-    ]
+    the load balancer see them back): the rollout is not over until they hand the turn on,
+    and until their own beat says so too (the turn is given back in the desired state a
+    moment before the member beats again, and the views read the beat)."""
+    alive = {n: b.incarnation for n, b in snapshot.beats.items() if snapshot.alive(b)}
+    held = {turn.member for turn in wanted.turns if turn.held(alive)}
+    for beat in snapshot.beats.values():
+        state = beat.models.get(wanted.model)
+        if snapshot.alive(beat) and state is not None and state.progress.phase is not None:
+            held.add(beat.member)
+    return sorted(held)
 
 
 def _failed_members(wanted: DesiredModel, snapshot: FleetSnapshot) -> dict[str, str]:

@@ -85,10 +85,15 @@ class Rolling(BlueGreen):
     async def deploy(
         self, run: Run, snapshot: SlotSnapshot, *, revision: str | None, force: bool
     ) -> None:
+        await self._update(run, snapshot, revision=revision, force=force)
+        self._rotation.release(run.model)  # it serves as asked: a hold on it is over
+
+    async def _update(
+        self, run: Run, snapshot: SlotSnapshot, *, revision: str | None, force: bool
+    ) -> None:
         active = snapshot.active()
         if active is None or active.release is None:  # nothing serves: nothing to drain
             await super().deploy(run, snapshot, revision=revision, force=force)
-            self._rotation.release(run.model)
             return
         tracker, model = run.tracker, run.model
         release = run.operation.release
@@ -102,7 +107,6 @@ class Rolling(BlueGreen):
         target = await self._free(tracker, snapshot, index, target, active, release)
         if not self._always and await self._fits_beside(tracker, prepared, force):
             await self._load_and_switch(run, snapshot, prepared, target, active, sample)
-            self._rotation.release(model)
             return
         policy = self._rolling_for(model)
         await self._refuse_an_outage(tracker, model, policy)
@@ -118,7 +122,6 @@ class Rolling(BlueGreen):
                 timeout=policy.turn_timeout,
             ):
                 await self._roll(run, snapshot, prepared, target, active, sample, policy, force)
-        self._rotation.release(model)
 
     async def _fits_beside(
         self, tracker: OperationTracker, prepared: PreparedRelease, force: bool
@@ -166,7 +169,9 @@ class Rolling(BlueGreen):
         left = self._clock.monotonic()
         try:
             with self._rotation.out(model):
-                slot = await self._unload_and_load(run, prepared, target, active, sample, force)
+                slot = await self._unload_and_load(
+                    run, prepared, target, active, sample, policy, force
+                )
         except (MemoryNotReturned, asyncio.CancelledError):
             raise  # held out of rotation, or the daemon is going away: no rejoin to wait for
         except BaseException:
@@ -184,12 +189,12 @@ class Rolling(BlueGreen):
         target: Slot,
         active: Slot,
         sample: SmokeSample | None,
+        policy: RollingPolicy,
         force: bool,
     ) -> Slot:
         """Out of rotation: drain, unload, memory back, load, preflight, switch; the old
         release restored on a failure past the unload. The new slot, serving."""
         tracker = run.tracker
-        policy = self._rolling_for(run.model)
         await self._drain(tracker, active, policy)
         before = await self._gpu_used()
         await self._unload_old(run, active)
@@ -322,12 +327,13 @@ class Rolling(BlueGreen):
         release = tracker.operation.release or ""
         serving = serving_after(snapshot, release)
         self.retire_timers.cancel(new.name)
-        moved = [
-            self._slots.moved(new, SlotState.ACTIVE, trigger, f"serving {release}"),
-            self._slots.moved(old, SlotState.UNLOADING, trigger, "unloaded by a rolling update"),
-        ]
-        await self._slots.commit(model, *moved, serving=serving)
-        await self._freer.take_down(tracker, moved[1], "replaced by a rolling update")
+        reason = "unloaded by a rolling update"
+        unloading = self._slots.moved(old, SlotState.UNLOADING, trigger, reason)
+        unloaded = self._slots.moved(unloading, SlotState.UNAVAILABLE, trigger, reason)
+        active = self._slots.moved(new, SlotState.ACTIVE, trigger, f"serving {release}")
+        await self._slots.commit(model, active, unloaded, serving=serving)
+        # Unloaded already (the unload step): take_down only removes its dir now.
+        await self._freer.take_down(tracker, unloaded, "replaced by a rolling update")
         tracker.detail(active=release, previous=serving.previous, slot=new.name)
 
     async def _gpu_used(self) -> dict[str, int] | None:

@@ -18,26 +18,13 @@ from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import infer_once
-from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import eventually
+from tests.support.rolling_fleet import write_big_release
 
 pytestmark = pytest.mark.triton
 
 GIB = 1024**3
 GPU = "GPU-0"
-
-
-def _release(store: Path, model: str, release: str, *, k: float, hint: int) -> None:
-    release_dir = write_scale_release(store, model, release, k=k)
-    config = release_dir / "config.pbtxt"
-    text = config.read_text(encoding="utf-8").replace(
-        "instance_group [ { kind: KIND_CPU count: 1 } ]", "instance_group [ { count: 1 } ]"
-    )
-    hinted = f'key: "controlplane.memory_hint_bytes" value {{ string_value: "{hint}" }}'
-    text += f"parameters {{ {hinted} }}\n"
-    config.write_text(text, encoding="utf-8")
-    (release_dir / "SHA256SUMS").unlink()
-    write_sha256sums(release_dir)
 
 
 def _config(exporter: GpuExporter, model: str, **policy: str) -> str:
@@ -55,8 +42,8 @@ def _steps(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_auto_deploys_a_release_that_fits_twice_blue_green(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    _release(store, model_name, "r1", k=1.0, hint=4 * GIB)
-    _release(store, model_name, "r2", k=2.0, hint=4 * GIB)
+    write_big_release(store, model_name, "r1", k=1.0, hint=4 * GIB)
+    write_big_release(store, model_name, "r2", k=2.0, hint=4 * GIB)
     with GpuExporter() as exporter:
         exporter.set_memory(**{GPU: (16 * GIB, 4 * GIB)})  # r1 loaded: 12 GiB free
         daemon = daemons(store, config=_config(exporter, model_name))
@@ -75,8 +62,8 @@ def test_auto_deploys_a_release_that_fits_twice_blue_green(
 def test_a_fleet_of_one_refuses_an_update_that_would_be_an_outage(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    _release(store, model_name, "r1", k=1.0, hint=9 * GIB)
-    _release(store, model_name, "r2", k=2.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r1", k=1.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r2", k=2.0, hint=9 * GIB)
     with GpuExporter() as exporter:
         exporter.set_memory(**{GPU: (16 * GIB, 0)})
         daemon = daemons(store, config=_config(exporter, model_name))
@@ -102,8 +89,8 @@ def test_memory_that_does_not_come_back_stops_the_update_before_any_load(
     """A GPU that keeps the unloaded release's memory: no load (it would run out of memory),
     memory_not_returned with the figures, the member out of rotation and left alone by the
     reconcile loop; a later deploy, once the memory is back, serves again."""
-    _release(store, model_name, "r1", k=1.0, hint=9 * GIB)
-    _release(store, model_name, "r2", k=2.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r1", k=1.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r2", k=2.0, hint=9 * GIB)
     with GpuExporter() as exporter:
         exporter.set_memory(**{GPU: (16 * GIB, 0)})
         config = _config(exporter, model_name, allow_downtime="true", strategy="rolling")

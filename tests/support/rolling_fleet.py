@@ -29,17 +29,19 @@ PER_RELEASE = 9 * GIB
 UNREADY_SECONDS = 1.5  # HAProxy notices within 0.3 s (inter 300ms fall 1): room to spare
 
 
-def write_big_release(store: Path, model: str, release: str, *, k: float, **knobs: Any) -> Path:
+def write_big_release(
+    store: Path, model: str, release: str, *, k: float, hint: int = PER_RELEASE, **knobs: Any
+) -> Path:
     """A scale release (answers ``k`` x; ``knobs`` as :func:`write_scale_release` takes them)
-    that says it needs 9 GiB of GPU memory and leaves its instance kind to Triton (KIND_AUTO:
-    the GPU figures apply; Triton here loads it on CPU)."""
+    that says it needs ``hint`` bytes of GPU memory (9 GiB: it fits once in 16) and leaves its
+    instance kind to Triton (KIND_AUTO: the GPU figures apply; Triton here loads it on CPU)."""
     release_dir = write_scale_release(store, model, release, k=k, **knobs)
     config = release_dir / "config.pbtxt"
     text = config.read_text(encoding="utf-8").replace(
         "instance_group [ { kind: KIND_CPU count: 1 } ]", "instance_group [ { count: 1 } ]"
     )
-    hint = f'key: "controlplane.memory_hint_bytes" value {{ string_value: "{PER_RELEASE}" }}'
-    config.write_text(text + f"parameters {{ {hint} }}\n", encoding="utf-8")
+    hinted = f'key: "controlplane.memory_hint_bytes" value {{ string_value: "{hint}" }}'
+    config.write_text(text + f"parameters {{ {hinted} }}\n", encoding="utf-8")
     (release_dir / "SHA256SUMS").unlink()
     write_sha256sums(release_dir)
     return release_dir

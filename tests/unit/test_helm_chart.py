@@ -28,6 +28,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from controlplane.settings.policy import RolloutSettings
 from tests.support.helm import CHART, helm_template
 from tests.support.kubectl import K8S_VERSION
 from tests.unit import test_deploy_manifests as manifests
@@ -494,3 +495,45 @@ def test_the_token_is_only_ever_a_secret_reference() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     for tokens in ("apiToken", "apiReadToken"):
         assert set(values[tokens]) == {"existingSecret", "key"}, tokens
+
+
+# --- the readiness probe and rolling updates --------------------------------------------------
+
+
+def _readiness_and_unready(objects: list[Obj]) -> tuple[float, float]:
+    """(seconds until the kubelet marks the pod NotReady, the shortest unready_seconds of any
+    model in the rendered settings, the daemon's default where they give none)."""
+    (deployment,) = of_kind(objects, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    (sidecar,) = [c for c in containers if c["readinessProbe"]["httpGet"]["path"] == "/readyz"]
+    probe = sidecar["readinessProbe"]
+    (config_map,) = of_kind(objects, "ConfigMap")
+    settings = yaml.safe_load(config_map["data"]["controlplane.yaml"])
+    default = RolloutSettings().unready_seconds
+    defaults = settings.get("model_defaults", {}).get("rollout", {}).get("unready_seconds", default)
+    per_model = [
+        policy.get("rollout", {}).get("unready_seconds", defaults)
+        for policy in (settings.get("models") or {}).values()
+    ]
+    return probe["periodSeconds"] * probe["failureThreshold"], min([defaults, *per_model])
+
+
+@pytest.mark.parametrize("name", [*RENDERS, *(f"overlay:{o}" for o in sorted(COUNTERPARTS))])
+def test_the_pod_leaves_the_endpoints_before_a_draining_member_unloads(name: str) -> None:
+    objects = overlay(name.removeprefix("overlay:")) if name.startswith("overlay:") else chart(name)
+    not_ready_after, unready = _readiness_and_unready(objects)
+    assert not_ready_after < unready, name
+
+
+def test_the_chart_refuses_a_readiness_probe_too_slow_for_rolling_updates() -> None:
+    error = refused(**{"controlplane.readinessProbe.periodSeconds": "3"})
+    assert "periodSeconds x failureThreshold is 3 x 2 = 6 s" in error
+    assert "not below config.model_defaults.rollout.unready_seconds (5 s)" in error
+    assert "Lower controlplane.readinessProbe.periodSeconds" in error
+
+
+def test_the_chart_weighs_the_probe_against_each_models_unready_seconds() -> None:
+    error = refused(**{"config.models.big.rollout.unready_seconds": "1.5"})
+    assert "config.models.big.rollout.unready_seconds (1.5 s)" in error
+    longer = chart(**{"config.model_defaults.rollout.unready_seconds": "10"})
+    assert _readiness_and_unready(longer) == (2, 10)

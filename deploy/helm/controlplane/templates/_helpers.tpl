@@ -114,4 +114,61 @@ Values that cannot work stop the render with what to set. Included once, by the 
 {{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) }}
 {{- fail (printf "autoscaling.maxReplicas (%v) is below autoscaling.minReplicas (%v)" .Values.autoscaling.maxReplicas .Values.autoscaling.minReplicas) }}
 {{- end }}
+{{- include "controlplane.validateReadiness" . }}
+{{- end }}
+
+{{/*
+The sidecar's readiness probe against rollout.unready_seconds. In its turn of a rolling update a
+member answers 503 on /readyz and starts to drain and unload unready_seconds later; the kubelet
+marks the pod NotReady after failureThreshold failed probes, periodSeconds apart, and only then
+do the endpoints drop it. So periodSeconds x failureThreshold must be below the shortest
+unready_seconds of any model, as the daemon reads it: model_defaults' (the daemon's default, 5,
+when the settings give none), each config.models.<name>'s (model_defaults' when it sets none),
+and the literal CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__UNREADY_SECONDS and
+CONTROLPLANE_MODELS__<NAME>__ROLLOUT__UNREADY_SECONDS of controlplane.extraEnv, which win over
+the settings file as they do in the daemon.
+*/}}
+{{- define "controlplane.validateReadiness" -}}
+{{- $probe := .Values.controlplane.readinessProbe }}
+{{- $notReadyAfter := mulf $probe.periodSeconds $probe.failureThreshold }}
+{{- /* 5.0: RolloutSettings.unready_seconds, the daemon's default (tests/unit checks both). */}}
+{{- $default := dict "seconds" 5.0 "what" "the daemon's default rollout.unready_seconds" "where" "config.model_defaults.rollout.unready_seconds" }}
+{{- $rollout := dig "model_defaults" "rollout" (dict) .Values.config }}
+{{- if hasKey $rollout "unready_seconds" }}
+{{- $default = dict "seconds" (float64 $rollout.unready_seconds) "what" "config.model_defaults.rollout.unready_seconds" "where" "config.model_defaults.rollout.unready_seconds" }}
+{{- end }}
+{{- $fromEnv := dict }}
+{{- range .Values.controlplane.extraEnv }}
+{{- $name := upper .name }}
+{{- if and (hasKey . "value") (regexMatch "^CONTROLPLANE_MODEL(_DEFAULTS|S__.+)__ROLLOUT__UNREADY_SECONDS$" $name) }}
+{{- $where := printf "%s in controlplane.extraEnv" .name }}
+{{- $found := dict "seconds" (float64 .value) "what" $where "where" $where }}
+{{- if eq $name "CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__UNREADY_SECONDS" }}
+{{- $default = $found }}
+{{- else }}
+{{- $_ := set $fromEnv (regexReplaceAll "^CONTROLPLANE_MODELS__(.+)__ROLLOUT__UNREADY_SECONDS$" $name "${1}" | lower) $found }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $shortest := $default }}
+{{- range $model, $policy := dig "models" (dict) .Values.config }}
+{{- $own := $default }}
+{{- $rollout := dig "rollout" (dict) ($policy | default dict) }}
+{{- if hasKey $rollout "unready_seconds" }}
+{{- $where := printf "config.models.%s.rollout.unready_seconds" $model }}
+{{- $own = dict "seconds" (float64 $rollout.unready_seconds) "what" $where "where" $where }}
+{{- end }}
+{{- $own = get $fromEnv $model | default $own }}
+{{- if lt $own.seconds $shortest.seconds }}
+{{- $shortest = $own }}
+{{- end }}
+{{- end }}
+{{- range $fromEnv }}
+{{- if lt .seconds $shortest.seconds }}
+{{- $shortest = . }}
+{{- end }}
+{{- end }}
+{{- if ge $notReadyAfter $shortest.seconds }}
+{{- fail (printf "controlplane.readinessProbe: periodSeconds x failureThreshold is %v x %v = %v s, not below %s (%v s): a member in its turn of a rolling update would drain and unload while its pod is still ready, and load balancers would keep sending it calls. Lower controlplane.readinessProbe.periodSeconds or controlplane.readinessProbe.failureThreshold, or raise %s, leaving a few seconds for the endpoints to drop the pod" $probe.periodSeconds $probe.failureThreshold $notReadyAfter $shortest.what $shortest.seconds $shortest.where) }}
+{{- end }}
 {{- end }}
