@@ -193,6 +193,9 @@ class MemberBeat:
     stale: bool = False  # it could not read the desired state at its last try
     url: str | None = None  # where the other members can wake it (its API); None: they cannot
     name_conflict: str | None = None  # another daemon writes heartbeats under its name
+    # Why its load balancer sends it nothing now (starting, draining a model); empty: in
+    # rotation. Rolling updates count such members as out (rollout.max_unavailable).
+    out_of_rotation: str | None = None
 
     def alive(self, now: datetime) -> bool:
         """Beat within its last three intervals, as ``now``'s clock sees it; a beat dated
@@ -358,6 +361,7 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
         "stale": beat.stale,
         "url": beat.url,
         "name_conflict": beat.name_conflict,
+        "out_of_rotation": beat.out_of_rotation,
         "models": {
             name: {
                 "release": m.release,
@@ -386,6 +390,7 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
         stale=flag(data.get("stale", False), "stale"),
         url=peer_url(data.get("url")),
         name_conflict=_text(data.get("name_conflict")),
+        out_of_rotation=_text(data.get("out_of_rotation")),
         models={
             name: _member_model(json_object(m, f"models.{name}"), f"models.{name}")
             for name, m in json_object(data.get("models") or {}, "models").items()

@@ -68,6 +68,10 @@ class FleetSnapshot:
         grace = 3 * beat.interval + BACK_AFTER_OUTAGE
         return beat.alive(before) and (self.at - back).total_seconds() <= grace
 
+    def incarnations_alive(self) -> dict[str, str]:
+        """Each live member's process (a turn held by another one holds nothing)."""
+        return {name: beat.incarnation for name, beat in self.beats.items() if self.alive(beat)}
+
     def converged(self, model: str) -> bool:
         """Every live member serves what the fleet wants; never known while the store cannot
         be read (the others may be anywhere by now)."""
@@ -230,7 +234,7 @@ def _turns_held(wanted: DesiredModel, snapshot: FleetSnapshot) -> list[str]:
     the load balancer see them back): the rollout is not over until they hand the turn on,
     and until their own beat says so too (the turn is given back in the desired state a
     moment before the member beats again, and the views read the beat)."""
-    alive = {n: b.incarnation for n, b in snapshot.beats.items() if snapshot.alive(b)}
+    alive = snapshot.incarnations_alive()
     held = {turn.member for turn in wanted.turns if turn.held(alive)}
     for beat in snapshot.beats.values():
         state = beat.models.get(wanted.model)
@@ -278,6 +282,7 @@ def member_json(beat: MemberBeat, alive: bool) -> dict[str, object]:
         "overload": beat.overload,
         "url": beat.url,
         "name_conflict": beat.name_conflict,
+        "out_of_rotation": beat.out_of_rotation,  # why its load balancer sends it nothing
         "models": {name: _state_json(state) for name, state in sorted(beat.models.items())},
     }
 
@@ -301,10 +306,12 @@ def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, obj
             {"release": d.release, "at": d.at.isoformat(), "reason": d.reason}
             for d in wanted.degraded
         ],
-        # Members out of rotation for a rolling update of it (their turn taken when).
+        # Members out of rotation for a rolling update of it (their turn taken when); a turn
+        # whose holder died, or restarted since, holds nothing and is not shown.
         "turns": [
             {"member": t.member, "since": t.at.isoformat(), "release": t.release}
             for t in wanted.turns
+            if t.held(snapshot.incarnations_alive())
         ],
     }
 
@@ -341,6 +348,7 @@ def fleet_json_model(snapshot: FleetSnapshot, model: str) -> dict[str, object]:
             {
                 "member": beat.member,
                 "alive": snapshot.alive(beat),
+                "out_of_rotation": beat.out_of_rotation,
                 **_state_json(beat.models.get(model)),
             }
             for _name, beat in sorted(snapshot.beats.items())

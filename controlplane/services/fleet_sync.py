@@ -51,6 +51,7 @@ from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
 from controlplane.services.operations import Begin, Ended, OperationClient
+from controlplane.services.rotation import Rotation
 from controlplane.timing import Backoff, PokeGap, RetryBook, Wake, Woke, first_of
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class FleetSync:
         beat_interval: float,
         overload: Callable[[], str] | None = None,
         wake: Wake | None = None,
+        rotation: Rotation | None = None,
     ) -> None:
         self._ledger = ledger
         self._records = ledger.records
@@ -111,6 +113,7 @@ class FleetSync:
         self._poll = poll_interval
         self._beat_interval = beat_interval
         self._overload = overload
+        self._rotation = rotation or Rotation()
         self.wake = wake or Wake(clock)
         self.last: SyncReport | None = None
         self.last_read: datetime | None = None  # when the desired state was last read
@@ -404,6 +407,7 @@ class FleetSync:
             stale=self.stale,
             url=self.member.url,
             name_conflict=self.name_conflict,
+            out_of_rotation=self._rotation.why_out(),
         )
 
     async def _states_when_stale(self) -> dict[str, MemberModel]:

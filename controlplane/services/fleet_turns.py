@@ -7,6 +7,12 @@ compare-and-swap on the model's record: two members racing for the last free tur
 win. Turns held by members that are not alive, or by an earlier process under the same name
 (it was killed mid-update and restarted), are dropped by the member that takes a turn.
 
+A member in rotation also counts the live members whose heartbeat says they are out of
+rotation without a turn (starting again after a crash, held by memory that did not come back):
+the load balancer sends them nothing either, so its leaving would put one more out. A member
+that is out itself (starting) counts turns only: taking one adds nobody out, and two members
+starting at once must not wait for each other.
+
 Without a record of the model (its first deploy, or no fleet) there is nothing to share: the
 turn is this member's at once.
 """
@@ -22,6 +28,7 @@ from controlplane.domain.errors import ControlPlaneError, DesiredStateConflict, 
 from controlplane.domain.turns import Turn
 from controlplane.ports import Clock, DesiredStates
 from controlplane.services.fleet_ledger import Member
+from controlplane.services.rotation import Rotation
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -30,10 +37,18 @@ GIVE_BACK_ATTEMPTS = 10
 
 
 class FleetTurns:
-    def __init__(self, *, records: DesiredStates, member: Member, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        records: DesiredStates,
+        member: Member,
+        clock: Clock,
+        rotation: Rotation | None = None,
+    ) -> None:
         self._records = records
         self._member = member
         self._clock = clock
+        self._rotation = rotation or Rotation()
 
     @asynccontextmanager
     async def turn(
@@ -97,8 +112,18 @@ class FleetTurns:
         now = self._clock.now()
         alive = {name: beat.incarnation for name, beat in beats.items() if beat.alive(now)}
         live = [turn for turn in current.turns if turn.member != me.name and turn.held(alive)]
-        if len(live) >= most:
-            return [turn.member for turn in live]
+        out = [turn.member for turn in live]
+        if self._rotation.why_out() is None:  # in rotation: leaving would add one more out
+            out += sorted(
+                f"{name} ({beat.out_of_rotation})"
+                for name, beat in beats.items()
+                if name != me.name
+                and name not in out
+                and beat.alive(now)
+                and beat.out_of_rotation is not None
+            )
+        if len(out) >= most:
+            return out
         mine = Turn(me.name, me.incarnation, now, release)
         dropped = [t.member for t in current.turns if t not in live and t.member != me.name]
         new = current.changed(

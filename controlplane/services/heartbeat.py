@@ -135,4 +135,5 @@ def _said(beat: MemberBeat) -> tuple[object, ...]:
         beat.overload,
         beat.stale,
         beat.name_conflict,
+        beat.out_of_rotation,
     )

@@ -12,6 +12,7 @@ leaves a held model alone: its repair would be the very load that was refused.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +30,17 @@ class Out:
 
 
 class Rotation:
-    def __init__(self) -> None:
+    def __init__(self, ready: asyncio.Event | None = None) -> None:
         self._out: dict[str, Out] = {}
+        self._ready = ready  # set once start-up is done and the member converged; None: it is
+
+    def why_out(self) -> str | None:
+        """Why the load balancer sends this member nothing now, as the fleet counts members
+        out of rotation: ``starting`` (not converged yet), or the models that keep it out;
+        None: in rotation."""
+        if self._ready is not None and not self._ready.is_set():
+            return "starting"
+        return "; ".join(out.reason for _, out in sorted(self._out.items())) or None
 
     def reasons(self) -> dict[str, str]:
         """Why this member is out of rotation, by model; empty: it is in."""

@@ -47,7 +47,7 @@ def build(settings: Settings) -> Container:
         if (ledger is not None and sync is not None)
         else None
     )
-    ready = asyncio.Event()
+    ready = base.ready
     supervisor = _jobs(base, ops.reconciler, watching, overload, sync, ready)
     status = _status(base, ops, chain, ledger, overload, watching)
     closers: list[TritonMetrics | UtilizationSource] = list(base.readers.values())
@@ -181,6 +181,7 @@ def _fleet_sync(
         beat_interval=settings.fleet.heartbeat_seconds,
         overload=overload.verdict if overload is not None else None,
         wake=wake,
+        rotation=ops.rotation,
     )
 
 

@@ -9,6 +9,7 @@ late, so what calls what is what this file shows.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
 from controlplane.services.prepare import SignaturePolicy
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
+from controlplane.services.rotation import Rotation
 from controlplane.services.stress import StressCheck
 from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher
@@ -66,6 +68,8 @@ class Base:
     triton: TritonDriver
     tasks: TaskOwner
     readers: dict[str, TritonMetrics]  # one Triton metrics reader (one HTTP client) per URL
+    ready: asyncio.Event  # set once start-up is done (and, in a fleet, the member converged)
+    rotation: Rotation  # whether this member takes traffic now, and why not (/readyz)
 
     def metrics_at(self, url: str | None = None) -> TritonMetrics:
         """The reader of ``url`` (Triton's own metrics by default), made once per URL."""
@@ -74,6 +78,7 @@ class Base:
 
 
 def base(settings: Settings, staging: StagingArea) -> Base:
+    ready = asyncio.Event()
     telemetry = PrometheusTelemetry()
     triton = TritonDriver(
         settings.triton.grpc_url,
@@ -91,6 +96,8 @@ def base(settings: Settings, staging: StagingArea) -> Base:
         triton=triton,
         tasks=TaskOwner(),
         readers={},
+        ready=ready,
+        rotation=Rotation(ready),
     )
 
 
@@ -177,7 +184,10 @@ def operations(b: Base, m: Memory, fleet: FleetLedger | None) -> Pipelines:
         stress=StressCheck(load=b.triton, figures=m.figures, policy_for=settings.stress),
         turns=None
         if fleet is None
-        else FleetTurns(records=fleet.records, member=fleet.member, clock=b.clock),
+        else FleetTurns(
+            records=fleet.records, member=fleet.member, clock=b.clock, rotation=b.rotation
+        ),
+        rotation=b.rotation,
         rolling_for=settings.rolling,
     )
 

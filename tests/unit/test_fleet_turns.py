@@ -19,6 +19,7 @@ from controlplane.domain.fleet import DesiredModel
 from controlplane.domain.operations import OperationKind, StepStatus
 from controlplane.domain.turns import Turn
 from controlplane.services.fleet_turns import TURN_POLL, FleetTurns
+from controlplane.services.rotation import Rotation
 from tests.unit.test_fleet_ledger import ME, MODEL, Rig, beat, scenario
 
 
@@ -132,6 +133,59 @@ def test_a_turn_whose_holder_is_gone_holds_nothing(
 
     assert during == [("a", "a-inc-1")], why
     assert "given up by b: not alive" in reason
+
+
+def test_a_member_in_rotation_counts_a_live_member_out_without_a_turn(tmp_path: Path) -> None:
+    """b restarted after a crash mid-update: its old turn lapsed with its process, but it is
+    out of rotation still (starting) and the load balancer sends it nothing: a leaves no one
+    more out, and says who it waits for."""
+
+    async def body(r: Rig) -> tuple[bool, object, list[tuple[str, str]]]:
+        r.record("r1")
+        holding(r, "b", "b-inc-0")  # by b's earlier process
+        r.alive("a")
+        r.records.heartbeats["b"] = replace(
+            beat("b", r.clock, incarnation="b-inc-1"), out_of_rotation="starting"
+        )
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        taken: list[list[tuple[str, str]]] = []
+
+        async def mine() -> None:
+            async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+                taken.append(turns_of(r))
+
+        task = asyncio.create_task(mine())
+        await r.clock.sleeping()
+        waited = not taken
+        r.alive("b")  # converged: in rotation again
+        r.clock.advance(TURN_POLL)
+        await task
+        step = next(s for s in (await r.journal(run)).steps if s.name == "turn")
+        return waited, step.detail["behind"], taken[0]
+
+    waited, behind, during = scenario(tmp_path, body)
+
+    assert waited
+    assert behind == ["b (starting)"]
+    assert during == [("a", "a-inc-1")]
+
+
+def test_a_member_that_is_out_itself_counts_turns_only(tmp_path: Path) -> None:
+    """Two members restarting at once, both out of rotation: each taking a turn adds nobody
+    out, so neither waits for the other's state (only for a turn held)."""
+
+    async def body(r: Rig) -> list[tuple[str, str]]:
+        r.record("r1")
+        r.alive("a")
+        r.records.heartbeats["b"] = replace(beat("b", r.clock), out_of_rotation="starting")
+        starting = Rotation(asyncio.Event())  # this member's start-up is not done
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock, rotation=starting)
+        run = r.run(OperationKind.DEPLOY, "r2")
+        async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+            return turns_of(r)
+
+    assert scenario(tmp_path, body) == [("a", "a-inc-1")]
 
 
 def test_a_wait_for_a_turn_is_bounded_and_names_who_holds_it(tmp_path: Path) -> None:
