@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from devtools.launcher import RunningTriton
-from tests.support.fleet import Fleet, running_fleet
+from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.grpc_load import LoadClient
 from tests.support.haproxy import RotationRecorder
 from tests.support.polling import eventually
@@ -119,3 +119,60 @@ def test_a_release_that_fails_to_load_goes_back_to_the_previous_on_that_member_o
     wanted = rolling.fleet.fleet()["models"][rolling.model]
     assert wanted["desired"] == "r1"  # the desired state did not move
     assert wanted["turns"] == []
+
+
+def _running_step(member: Member, model: str) -> str | None:
+    """The step ``member`` runs now in an operation on ``model`` (None: none runs)."""
+    if member.daemon is None or member.daemon.process.poll() is not None:
+        return None
+    try:
+        listed = member.api.get(f"/v1/operations?model={model}").json()["operations"]
+    except Exception:  # the daemon between two states
+        return None
+    for operation in listed:
+        if operation["status"] == "running" and operation["steps"]:
+            last = operation["steps"][-1]
+            if last["finished_at"] is None:
+                return str(last["name"])
+    return None
+
+
+@pytest.mark.parametrize("phase", ["drain", "load"])
+def test_a_member_killed_during_its_turn_converges_and_no_second_member_leaves(
+    rolling: RollingFleet, phase: str
+) -> None:
+    followers = rolling.members[1:]
+    with (
+        RotationRecorder(rolling.haproxy) as rotation,
+        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
+    ):
+        load.wait_for_answers(20)
+        with rolling.members[0].api.client() as client:
+            started = client.post(
+                f"/v1/models/{rolling.model}/deploy", json={"release": "r2", "wait": False}
+            )
+        assert started.status_code == 202, started.text
+
+        found: list[Member] = []
+
+        def in_phase() -> bool:
+            found.extend(m for m in followers if _running_step(m, rolling.model) == phase)
+            return bool(found)
+
+        eventually(in_phase, 90, f"a follower in its {phase} step", every=0.05)
+        victim = found[0]
+        victim.api.kill()
+        rolling.restart(victim)
+        rolling.fleet.wait_serving(rolling.model, "r2", 2.0, timeout=120)
+        rolling.haproxy.wait_until_up(timeout=30)
+        load.wait_for_answers(20)
+    summary = load.stop()
+
+    assert summary.failures == (), summary.failures[:5]
+    assert rotation.max_out_at_once == 1, rotation.timeline
+    # The turn the killed process held was given up: none is left once all serve r2.
+    eventually(
+        lambda: rolling.fleet.fleet()["models"][rolling.model]["turns"] == [], 30, "turns back"
+    )
+    members = {m["member"]: m for m in rolling.fleet.fleet()["members"]}
+    assert members[victim.name]["out_of_rotation"] is None

@@ -116,6 +116,7 @@ def start_daemon(
     expect_exit: bool = False,
     wait_ready: bool = True,
     python: str | None = None,
+    port: int | None = None,
 ) -> Daemon:
     """Start `controlplane serve` against `triton` and wait until /readyz answers 200.
 
@@ -124,12 +125,13 @@ def start_daemon(
     to refuse to start: this waits for it to exit and returns it (see `process.returncode`
     and `log()`), and raises if it becomes ready instead. `wait_ready=False` returns at once
     (to act on the daemon while it starts up). `python` runs it with another interpreter
-    (a venv of its own) instead of this one.
+    (a venv of its own) instead of this one. `port` is the API's (default: a free one; a
+    restarted sidecar keeps its pod's, where a load balancer checks it).
     """
     repository = repository or triton.repository
     staging = workdir / "staging"
     database = database or workdir / "controlplane.db"
-    port = free_port()
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env.update(
         {

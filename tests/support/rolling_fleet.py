@@ -63,6 +63,7 @@ class RollingFleet:
     fleet: Fleet
     haproxy: HAProxy
     exporters: dict[str, GpuExporter] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # every member's, beyond its GPU's
 
     @property
     def model(self) -> str:
@@ -71,6 +72,13 @@ class RollingFleet:
     @property
     def members(self) -> list[Member]:
         return self.fleet.members
+
+    def restart(self, member: Member, *, wait_ready: bool = False) -> None:
+        """``member``'s daemon started again (after a kill), on its own GPU stand-in and its
+        port (where HAProxy checks it), as its pod's sidecar would be."""
+        env = rolling_env(self.exporters[member.name], **self.env)
+        port = urlsplit(member.api.url).port
+        self.fleet.start(member, wait_ready=wait_ready, extra_env=env, port=port)
 
     def deploy(self, via: Member, release: str, **body: Any) -> httpx.Response:
         """A deploy through ``via`` that waits for every member (``"fleet": true``)."""
@@ -105,4 +113,4 @@ def rolling_fleet(fleet: Fleet, workdir: Path, size: int, **env: str) -> Iterato
             Backend(m.name, m.triton.grpc_url, urlsplit(m.api.url).port or 0) for m in fleet.members
         ]
         haproxy = stack.enter_context(HAProxy(workdir / "haproxy", backends))
-        yield RollingFleet(fleet, haproxy, exporters)
+        yield RollingFleet(fleet, haproxy, exporters, dict(env))
