@@ -29,6 +29,12 @@ class Strategy(StrEnum):
         and auto keep blue-green's layout, so one deploy can pick either way)."""
         return self is not Strategy.INPLACE
 
+    @property
+    def may_roll(self) -> bool:
+        """An update may take the member out of rotation (rolling, and auto when the new
+        release does not fit beside the serving one)."""
+        return self in (Strategy.ROLLING, Strategy.AUTO)
+
 
 @dataclass(frozen=True)
 class TrafficPolicy:

@@ -44,6 +44,17 @@ class RollingPolicy:
     return_seconds: float = 60.0
     allow_downtime: bool = False
     turn_timeout: float = 3600.0  # waiting behind the other members' turns
+    restart_triton: bool = False  # memory.on_not_returned: restart-triton
+    restart_seconds: float = 300.0  # for Triton to stop and be live again
+
+    @property
+    def waits(self) -> float:
+        """The longest a rolling update waits beyond its fetch and load: out of rotation
+        before the drain and after the switch (``unready_seconds`` each), the drain, the
+        memory's return, and a restart of Triton when that is how memory comes back. A budget
+        for a rolling update is a load's plus this."""
+        restart = self.restart_seconds + self.return_seconds if self.restart_triton else 0.0
+        return 2 * self.unready_seconds + self.drain_timeout + self.return_seconds + restart
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,12 @@ class TritonProcesses(Protocol):
         """Why the processes cannot be seen; None when they can."""
         ...
 
+    def stop(self, grace: float) -> str | None:
+        """Stop Triton's process (SIGTERM, SIGKILL past ``grace`` s) for its supervisor to
+        start again: None once it is gone; else why it could not be (not visible, not
+        allowed to signal it)."""
+        ...
+
 
 class UtilizationSource(Protocol):
     """GPU utilisation for the overload watcher: Triton's /metrics or a Prometheus query."""

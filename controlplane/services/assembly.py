@@ -25,6 +25,7 @@ from controlplane.ports import (
     Staging,
     Telemetry,
     Triton,
+    TritonProcesses,
 )
 from controlplane.services.bluegreen import BlueGreen, Bounds
 from controlplane.services.deploy import DeployService
@@ -95,6 +96,7 @@ def assemble(
     rotation: Rotation | None = None,
     turns: FleetTurns | None = None,
     rolling_for: Callable[[str], RollingPolicy] = lambda _model: RollingPolicy(),
+    processes: TritonProcesses | None = None,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -135,6 +137,7 @@ def assemble(
             turns=turns,
             metrics=metrics,
             rolling_for=rolling_for,
+            processes=processes,
             **parts,
         )
         for always in (True, False)

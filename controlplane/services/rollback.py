@@ -45,6 +45,7 @@ from controlplane.domain.rollback import (
     choose_fallback,
     cooldown_until,
 )
+from controlplane.domain.turns import RollingPolicy
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Telemetry
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
@@ -86,8 +87,12 @@ class AutoRollback:
         telemetry: Telemetry = NO_TELEMETRY,
         fleet: FleetLedger | None = None,
         previous_of: Callable[[ModelRecord], str | None] | None = None,
+        rolling_for: Callable[[str], RollingPolicy | None] = lambda _model: None,
     ) -> None:
         self._telemetry = telemetry
+        # A model that may roll (strategy rolling or auto): its cold fallback may have to
+        # drain, unload and wait for the GPU memory before the load, and its budget says so.
+        self._rolling_for = rolling_for
         self._deploy = deploy
         self._client = client
         self._serving = serving
@@ -225,18 +230,27 @@ class AutoRollback:
 
     async def _fallback_budget(self, model: str, fallback: str, steps: _Steps) -> float:
         """A warm fallback (its slot still loaded) is a re-point: the short budget; a cold one
-        must be loaded, which no real GPU model does in 3 s: the cold budget. Recorded."""
+        must be loaded, which no real GPU model does in 3 s: the cold budget, and for a model
+        that may roll, the rolling update's waits on top (out of rotation, drain, the GPU
+        memory's return). Recorded."""
         warm = await self._deploy.is_warm(model, fallback)
-        budget = self._budgets.fallback if warm else self._budgets.cold_fallback
-        steps.detail["fallback_budget"] = {
-            "kind": "warm" if warm else "cold",
-            "seconds": budget,
-            "why": (
-                f"{fallback}'s slot is still loaded: a re-point"
-                if warm
-                else f"{fallback} must be loaded (rollback.cold_fallback_budget_seconds)"
-            ),
-        }
+        rolling = None if warm else self._rolling_for(model)
+        if warm:
+            kind, budget = "warm", self._budgets.fallback
+            why = f"{fallback}'s slot is still loaded: a re-point"
+        elif rolling is None:
+            kind, budget = "cold", self._budgets.cold_fallback
+            why = f"{fallback} must be loaded (rollback.cold_fallback_budget_seconds)"
+        else:
+            kind, budget = "rolling", self._budgets.cold_fallback + rolling.waits
+            why = (
+                f"{fallback} must be loaded, and {model} may fit once in GPU memory: this "
+                f"member may leave rotation, drain, unload and wait for the memory first "
+                f"(rollback.cold_fallback_budget_seconds {self._budgets.cold_fallback:g} s + "
+                f"{rolling.waits:g} s of rollout.unready_seconds twice, "
+                "drain_timeout_seconds and memory.return_seconds)"
+            )
+        steps.detail["fallback_budget"] = {"kind": kind, "seconds": budget, "why": why}
         return budget
 
     async def _move_fleet(

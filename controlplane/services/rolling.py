@@ -45,7 +45,7 @@ from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Strategy
 from controlplane.domain.turns import RollingPolicy
-from controlplane.ports import MetricsSource
+from controlplane.ports import MetricsSource, TritonProcesses
 from controlplane.services.bluegreen import BlueGreen
 from controlplane.services.fleet_turns import FleetTurns
 from controlplane.services.memory import check_headroom
@@ -59,6 +59,8 @@ from controlplane.timing import poll
 log = logging.getLogger(__name__)
 DRAIN_POLL = 0.2  # s between looks at Triton's pending requests
 MEMORY_POLL = 0.5  # s between looks at the GPU's figures
+LIVE_POLL = 0.5  # s between looks at Triton's liveness after a restart
+STOP_GRACE = 10.0  # s between SIGTERM and SIGKILL when restart-triton stops Triton
 
 
 class Rolling(BlueGreen):
@@ -72,6 +74,7 @@ class Rolling(BlueGreen):
         turns: FleetTurns | None,
         metrics: MetricsSource,
         rolling_for: Callable[[str], RollingPolicy],
+        processes: TritonProcesses | None = None,
         **blue_green: Any,
     ) -> None:
         super().__init__(**blue_green)
@@ -81,6 +84,7 @@ class Rolling(BlueGreen):
         self._turns = turns
         self._metrics = metrics
         self._rolling_for = rolling_for
+        self._processes = processes  # memory.on_not_returned: restart-triton stops Triton
 
     async def deploy(
         self, run: Run, snapshot: SlotSnapshot, *, revision: str | None, force: bool
@@ -289,6 +293,13 @@ class Rolling(BlueGreen):
 
             started = self._clock.monotonic()
             done = await poll(self._clock, back, every=MEMORY_POLL, timeout=policy.return_seconds)
+            restart: dict[str, Any] | None = None
+            if not done and policy.restart_triton:
+                restart = await self._restart_triton(tracker, policy)
+                if restart["restarted"]:
+                    done = await poll(
+                        self._clock, back, every=MEMORY_POLL, timeout=policy.return_seconds
+                    )
             tracker.detail(
                 need_bytes=need,
                 basis=basis,
@@ -296,8 +307,46 @@ class Rolling(BlueGreen):
                 gpu_used_bytes=seen,
                 waited_seconds=round(self._clock.monotonic() - started, 3),
             )
+            if restart is not None:
+                tracker.detail(restart_triton=restart)
             if not done:
-                raise MemoryNotReturned(_not_back(old, need, basis, before, seen, policy))
+                raise MemoryNotReturned(_not_back(old, need, basis, before, seen, policy, restart))
+
+    async def _restart_triton(
+        self, tracker: OperationTracker, policy: RollingPolicy
+    ) -> dict[str, Any]:
+        """``memory.on_not_returned: restart-triton``: stop Triton's process (what it held on
+        the GPU goes with it), for its supervisor (the kubelet, systemd) to start it again,
+        and wait until it answers live. Every model it served is unloaded by the restart;
+        the reconcile loop loads the others back. What happened, for the ``memory`` step."""
+        model = tracker.operation.model
+        started = self._clock.monotonic()
+        log.warning(
+            "%s: the GPU memory did not come back after the unload; restarting Triton "
+            "(memory.on_not_returned: restart-triton)",
+            model,
+            extra={"model": model, "operation_id": tracker.operation.id},
+        )
+        if self._processes is None:
+            why: str | None = "the daemon cannot see Triton's processes"
+        else:
+            why = await asyncio.to_thread(self._processes.stop, STOP_GRACE)
+        if why is not None:
+            return {"restarted": False, "why": why}
+        live = await poll(
+            self._clock, self._triton.is_live, every=LIVE_POLL, timeout=policy.restart_seconds
+        )
+        took = round(self._clock.monotonic() - started, 3)
+        if not live:
+            return {
+                "restarted": False,
+                "why": f"Triton was stopped but did not answer live within "
+                f"{policy.restart_seconds:g} s (memory.restart_seconds): is something "
+                "restarting it (the kubelet, systemd)?",
+                "seconds": took,
+            }
+        log.warning("%s: Triton is live again after %.1f s", model, took, extra={"model": model})
+        return {"restarted": True, "seconds": took}
 
     async def _restore(self, tracker: OperationTracker, active: Slot, exc: BaseException) -> None:
         """After a failure past the unload: the old release loaded again from its dir, the
@@ -351,16 +400,29 @@ def _not_back(
     before: dict[str, int] | None,
     seen: dict[str, int],
     policy: RollingPolicy,
+    restart: dict[str, Any] | None,
 ) -> str:
     used = ", ".join(
         f"GPU {uuid} used {headroom.size_text(before.get(uuid, 0) if before else 0)} before the "
         f"unload and {headroom.size_text(now)} now"
         for uuid, now in sorted(seen.items())
     )
-    return (
+    said = (
         f"the GPU memory {old.release} held did not come back within "
         f"{policy.return_seconds:g} s of its unload ({used}); the new release needs about "
         f"{headroom.size_text(need)} ({basis}). Not loading it (it would run out of memory): "
-        "this member stays out of rotation. Restart Triton (or set memory.on_not_returned: "
-        "restart-triton), then deploy again"
+        "this member stays out of rotation. "
+    )
+    if restart is None:
+        return (
+            said
+            + "Restart Triton (or set memory.on_not_returned: restart-triton), then deploy again"
+        )
+    if not restart["restarted"]:
+        return (
+            said + f"Triton could not be restarted: {restart['why']}. Restart it, then deploy again"
+        )
+    return said + (
+        "Triton was restarted and the memory is still not free: something else holds the GPU "
+        "(nvidia-smi shows what); free it, then deploy again"
     )

@@ -62,11 +62,19 @@ class MemorySettings(Group):
         "past it the update stops with memory_not_returned and the member stays out of "
         "rotation.",
     )
-    on_not_returned: Literal["stop"] = Field(
+    on_not_returned: Literal["stop", "restart-triton"] = Field(
         "stop",
         description="rolling, memory not returned: stop (no load; the member stays out of "
-        "rotation until a deploy of the model succeeds: restart Triton, then deploy again). "
-        "Restarting Triton from the daemon (restart-triton) is not available yet.",
+        "rotation until a deploy of the model succeeds: restart Triton, then deploy again), "
+        "or restart-triton (stop Triton's process, which must be visible: same host, or "
+        "shareProcessNamespace: true; its supervisor, the kubelet or systemd, starts it "
+        "again; wait for it, then go on; every model on the member reloads).",
+    )
+    restart_seconds: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="restart-triton: how long to wait for Triton to stop and be live again.",
     )
     audit: bool = Field(
         True,

@@ -183,7 +183,14 @@ class Settings(BaseSettings):
             drain_timeout=policy.drain_timeout_seconds,
             return_seconds=self.memory.return_seconds,
             allow_downtime=policy.allow_downtime,
+            restart_triton=self.memory.on_not_returned == "restart-triton",
+            restart_seconds=self.memory.restart_seconds,
         )
+
+    def may_roll(self, model: str) -> RollingPolicy | None:
+        """The rolling policy of a model whose updates may roll (strategy rolling or auto);
+        None for blue-green and inplace."""
+        return self.rolling(model) if Strategy(self.policy(model).strategy).may_roll else None
 
     def rollout(self, model: str) -> RolloutPolicy:
         rollout = self.policy(model).rollout

@@ -106,6 +106,7 @@ class Memory:
     figures: HostAndGpuMemory
     watch: MemoryWatch
     headroom: HeadroomPolicy
+    processes: ProcessAuditor  # Triton's processes, when visible (restart-triton stops it)
 
 
 def memory(b: Base) -> Memory:
@@ -131,7 +132,7 @@ def memory(b: Base) -> Memory:
         shm_backends=settings.shm_backends,
         shm_margin=settings.shm_margin_bytes,
     )
-    return Memory(figures, watch, headroom)
+    return Memory(figures, watch, headroom, audit)
 
 
 def ledger(b: Base, wake: Wake) -> FleetLedger | None:
@@ -189,6 +190,7 @@ def operations(b: Base, m: Memory, fleet: FleetLedger | None) -> Pipelines:
         ),
         rotation=b.rotation,
         rolling_for=settings.rolling,
+        processes=m.processes,
     )
 
 
@@ -212,6 +214,7 @@ def rollback(b: Base, ops: Pipelines, fleet: FleetLedger | None) -> AutoRollback
         fleet=fleet if settings.rollback.scope == "fleet" else None,
         # In a fleet, "previous" is the fleet's, as its sync last read it.
         previous_of=fleet.previous_of if fleet is not None else None,
+        rolling_for=settings.may_roll,
     )
 
 

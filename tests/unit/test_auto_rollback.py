@@ -17,6 +17,7 @@ from pathlib import Path
 
 from controlplane.domain.operations import OperationKind, OperationStatus, Trigger
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
+from controlplane.domain.turns import RollingPolicy
 from controlplane.services.deploy import DeployService
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from tests.support.fakes import (
@@ -73,6 +74,7 @@ async def rig(
     fallback: Mapping[str, str] | None = None,
     budgets: RollbackBudgets | None = None,
     triton: FakeTriton | None = None,
+    rolling: RollingPolicy | None = None,
 ) -> AsyncIterator[Rig]:
     async with deploy_service(
         tmp_path, triton or FakeTriton(), traffic=blue_green(), metrics=FakeMetrics()
@@ -87,6 +89,7 @@ async def rig(
             budgets=budgets or RollbackBudgets(fallback=2.0, cpu=2.0, cooldown=300.0),
             configured_fallback=configured.get,
             enabled=lambda _model: True,
+            rolling_for=lambda _model: rolling,
         )
         yield Rig(service, parts, rollback)
 
@@ -261,6 +264,30 @@ def test_a_chain_whose_every_step_hangs_ends_within_its_budgets(tmp_path: Path) 
 
     took = asyncio.run(scenario())
     assert took <= 0.3 + 0.3 + 1e-9, took  # the budgets on the fake clock: no grace needed
+
+
+def test_a_cold_fallback_of_a_model_that_may_roll_gets_the_rolling_waits_on_top(
+    tmp_path: Path,
+) -> None:
+    """A model that fits once goes back by a rolling update (out of rotation, drain, unload,
+    the GPU memory's return, load): its budget is a load's plus those waits, and says so."""
+    policy = RollingPolicy(unready_seconds=5, drain_timeout=60, return_seconds=60)
+
+    async def scenario() -> None:
+        async with rig(tmp_path, fallback={MODEL: "r3"}, rolling=policy) as r:
+            await r.serving_r2("r3")
+            async with r.parts.clock.autojump():
+                result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            assert result.acted
+            budget = (await r.last()).detail["fallback_budget"]
+            assert isinstance(budget, dict)
+            assert budget["kind"] == "rolling"
+            assert budget["seconds"] == RollbackBudgets().cold_fallback + 2 * 5 + 60 + 60
+            assert "may leave rotation, drain, unload and wait for the memory" in budget["why"]
+            assert (await record(r.parts)).active_release == "r3"
+
+    asyncio.run(scenario())
 
 
 async def _codes(r: Rig, record: RollbackRecord) -> list[tuple[str, str | None]]:

@@ -57,6 +57,9 @@ class VisibleTriton:
     def skipped(self) -> str | None:
         return None
 
+    def stop(self, grace: float) -> str | None:
+        return "the memory watch never stops Triton"
+
 
 class _CleanProbe:
     def __init__(self, slot: str) -> None:

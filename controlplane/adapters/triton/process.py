@@ -26,6 +26,7 @@ skipped); the calling process is never reported; each scan is one pass over the 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,7 @@ _NOT_VISIBLE = (
 _SKIPPED = (psutil.NoSuchProcess, psutil.AccessDenied, OSError)
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 _T = TypeVar("_T")
+KILL_WAIT = 10.0  # s for a SIGKILLed process to be gone
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,32 @@ def _cmdline(process: psutil.Process) -> tuple[str, ...]:
 def _rss(process: psutil.Process) -> int | None:
     # A zombie's memory reads as zeros: it has none, which is not "0 bytes resident".
     return _read(lambda: process.memory_info().rss, None) if _alive(process) else None
+
+
+def stop(pid: int, grace: float, *, poll: float = 0.1) -> str | None:
+    """SIGTERM ``pid``, then SIGKILL past ``grace`` s, and wait until it is gone (an exited
+    process its parent has not reaped yet counts as gone). None once it is; else why not."""
+    target = _process(pid)
+    if target is None:
+        return None
+    try:
+        target.terminate()
+        deadline = time.monotonic() + grace
+        while _alive(target) and time.monotonic() < deadline:
+            time.sleep(poll)
+        if _alive(target):
+            target.kill()
+            deadline = time.monotonic() + KILL_WAIT
+            while _alive(target) and time.monotonic() < deadline:
+                time.sleep(poll)
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        return (
+            f"not allowed to signal Triton's process (pid {pid}): run the daemon as Triton's "
+            "user, or give its container the KILL capability"
+        )
+    return None if not _alive(target) else f"Triton's process (pid {pid}) outlived SIGKILL"
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

@@ -246,6 +246,12 @@ class ProcessAuditor:
         """Why Triton's processes cannot be seen, or None when they can."""
         return process.find_triton(self._repository, pid=self._pid).skipped
 
+    def stop(self, grace: float) -> str | None:
+        lookup = process.find_triton(self._repository, pid=self._pid)
+        if lookup.process is None:
+            return f"Triton's process cannot be seen: {lookup.skipped}"
+        return process.stop(lookup.process.pid, grace)
+
 
 def _used_bytes(root: Path) -> int | None:
     """Bytes in use by the files directly under ``root`` (a tmpfs such as /dev/shm)."""
