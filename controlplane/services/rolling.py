@@ -113,10 +113,10 @@ class Rolling(BlueGreen):
             await self._load_and_switch(run, snapshot, prepared, target, active, sample)
             return
         policy = self._rolling_for(model)
-        await self._refuse_an_outage(tracker, model, policy)
-        assert self._turns is not None or policy.allow_downtime
+        outage = await self._refuse_an_outage(tracker, model, policy)
+        assert self._turns is not None or outage
         if self._turns is None:
-            await self._roll(run, snapshot, prepared, target, active, sample, policy, force)
+            await self._roll(run, snapshot, prepared, target, active, sample, policy, force, outage)
         else:
             async with self._turns.turn(
                 tracker,
@@ -125,7 +125,9 @@ class Rolling(BlueGreen):
                 max_unavailable=policy.max_unavailable,
                 timeout=policy.turn_timeout,
             ):
-                await self._roll(run, snapshot, prepared, target, active, sample, policy, force)
+                await self._roll(
+                    run, snapshot, prepared, target, active, sample, policy, force, outage
+                )
 
     async def _fits_beside(
         self, tracker: OperationTracker, prepared: PreparedRelease, force: bool
@@ -145,10 +147,12 @@ class Rolling(BlueGreen):
 
     async def _refuse_an_outage(
         self, tracker: OperationTracker, model: str, policy: RollingPolicy
-    ) -> None:
+    ) -> bool:
+        """Whether the update is an outage (no other member serves the model) that the
+        model accepts (``allow_downtime``); refused when it does not accept it."""
         others = 0 if self._turns is None else await self._turns.others_alive()
         if others > 0:
-            return
+            return False
         if not policy.allow_downtime:
             raise DowntimeRefused(
                 f"{model} fits once in GPU memory and no other member of the fleet serves it: "
@@ -157,6 +161,7 @@ class Rolling(BlueGreen):
                 f"outage), or set allow_downtime: true for {model} to accept the downtime"
             )
         tracker.detail(downtime="allowed (allow_downtime): no other member serves it")
+        return True
 
     async def _roll(
         self,
@@ -168,12 +173,15 @@ class Rolling(BlueGreen):
         sample: SmokeSample | None,
         policy: RollingPolicy,
         force: bool,
+        outage: bool,
     ) -> None:
+        """Out of rotation, the update; back in rotation after. ``outage``: no other member
+        serves the model (``allow_downtime``), so the record says how long it served nowhere."""
         tracker, model = run.tracker, run.model
         left = self._clock.monotonic()
         try:
             with self._rotation.out(model):
-                slot = await self._unload_and_load(
+                slot, not_serving = await self._unload_and_load(
                     run, prepared, target, active, sample, policy, force
                 )
         except (MemoryNotReturned, asyncio.CancelledError):
@@ -184,6 +192,8 @@ class Rolling(BlueGreen):
         async with tracker.step("record"):
             await self._record_rolled(tracker, snapshot, new=slot, old=active)
             tracker.detail(out_of_rotation_seconds=round(self._clock.monotonic() - left, 3))
+            if outage:
+                tracker.detail(downtime_seconds=not_serving)
         await self._rejoin(tracker, policy)
 
     async def _unload_and_load(
@@ -195,12 +205,14 @@ class Rolling(BlueGreen):
         sample: SmokeSample | None,
         policy: RollingPolicy,
         force: bool,
-    ) -> Slot:
+    ) -> tuple[Slot, float]:
         """Out of rotation: drain, unload, memory back, load, preflight, switch; the old
-        release restored on a failure past the unload. The new slot, serving."""
+        release restored on a failure past the unload. The new slot, serving, and the seconds
+        from the unload to the switch (when this member served neither release)."""
         tracker = run.tracker
         await self._drain(tracker, active, policy)
         before = await self._gpu_used()
+        unloaded = self._clock.monotonic()
         await self._unload_old(run, active)
         await self._memory_back(tracker, prepared, active, before, policy)
         try:
@@ -217,7 +229,7 @@ class Rolling(BlueGreen):
             if not isinstance(exc, asyncio.CancelledError):
                 await self._restore(tracker, active, exc)
             raise
-        return slot
+        return slot, round(self._clock.monotonic() - unloaded, 3)
 
     async def _rejoin(self, tracker: OperationTracker, policy: RollingPolicy) -> None:
         """Back in rotation: the turn is kept ``rollout.unready_seconds`` more, the load

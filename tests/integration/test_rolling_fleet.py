@@ -17,6 +17,7 @@ import pytest
 
 from devtools.launcher import RunningTriton
 from tests.support.fleet import Fleet, Member, running_fleet
+from tests.support.gpu_exporter import GIB
 from tests.support.grpc_load import LoadClient
 from tests.support.haproxy import RotationRecorder
 from tests.support.polling import eventually
@@ -119,6 +120,35 @@ def test_a_release_that_fails_to_load_goes_back_to_the_previous_on_that_member_o
     wanted = rolling.fleet.fleet()["models"][rolling.model]
     assert wanted["desired"] == "r1"  # the desired state did not move
     assert wanted["turns"] == []
+
+
+def test_auto_updates_a_model_that_fits_twice_blue_green_with_no_member_leaving_rotation(
+    fleet: Fleet, store: Path, tmp_path: Path
+) -> None:
+    write_big_release(store, fleet.model, "r1", k=1.0, hint=4 * GIB)
+    write_big_release(store, fleet.model, "r2", k=2.0, hint=4 * GIB)
+    with rolling_fleet(fleet, tmp_path, 2) as rolling:
+        first = rolling.deploy(rolling.members[0], "r1")
+        assert first.status_code == 200, first.text
+        rolling.haproxy.wait_until_up(timeout=30)
+        with (
+            RotationRecorder(rolling.haproxy) as rotation,
+            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
+        ):
+            load.wait_for_answers(20)
+            answer = rolling.deploy(rolling.members[0], "r2")
+            assert answer.status_code == 200, answer.text
+            load.wait_for_answers(20)
+        summary = load.stop()
+
+        assert summary.failures == (), summary.failures[:5]
+        assert rotation.max_out_at_once == 0, rotation.timeline
+        headroom = next(s for s in answer.json()["operation"]["steps"] if s["name"] == "headroom")
+        assert headroom["detail"]["strategy"] == "blue-green"
+        assert "drain" not in _steps(answer.json())
+        for member in rolling.members:
+            assert member.answer(rolling.model) == 2.0
+        assert summary.answers[2.0] > 0
 
 
 def _running_step(member: Member, model: str) -> str | None:

@@ -83,6 +83,34 @@ def test_a_fleet_of_one_refuses_an_update_that_would_be_an_outage(
     assert daemon.get("/readyz").status_code == 200
 
 
+def test_a_fleet_of_one_with_allow_downtime_rolls_and_records_the_downtime(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    write_big_release(store, model_name, "r1", k=1.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r2", k=2.0, hint=9 * GIB)
+    with GpuExporter() as exporter:
+        # 9 GiB a loaded slot of the model, of 16: r2 fits only once r1 is unloaded.
+        exporter.follow(triton.http_url, counts=lambda name: name.startswith(f"{model_name}__"))
+        config = _config(exporter, model_name, allow_downtime="true")
+        daemon = daemons(store, config=config)
+        assert daemon.deploy(model_name, "r1").status_code == 200
+        answer = daemon.deploy(model_name, "r2")
+
+    assert answer.status_code == 200, answer.text
+    steps = _steps(answer.json())
+    # The first headroom step chose (the second, after the unload, found room for the load).
+    chose = next(s for s in answer.json()["operation"]["steps"] if s["name"] == "headroom")
+    assert chose["detail"]["strategy"] == "rolling"
+    assert "allow_downtime" in chose["detail"]["downtime"]
+    names = [step["name"] for step in answer.json()["operation"]["steps"]]
+    assert names.index("drain") < names.index("unload") < names.index("load")
+    assert names.index("load") < names.index("switch") < names.index("record")
+    downtime = steps["record"]["detail"]["downtime_seconds"]
+    assert 0 < downtime <= steps["record"]["detail"]["out_of_rotation_seconds"]
+    assert infer_once(triton.grpc_url, model_name) == 2.0
+    assert daemon.get("/readyz").status_code == 200
+
+
 def test_memory_that_does_not_come_back_stops_the_update_before_any_load(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:
