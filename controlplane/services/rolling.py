@@ -9,8 +9,8 @@ order: fetch and verify while the old release serves, then, holding a turn out o
 drain (``/readyz`` 503 ``draining <model>``, ``rollout.unready_seconds`` for the load balancer
 to notice, then Triton's pending requests at 0, within ``drain_timeout_seconds``) -> unload
 (the old slot, its dir kept) -> memory (wait until the new release fits in the GPU memory the
-old one gave back, within ``memory.return_seconds``) -> load -> preflight -> switch -> record,
-and back in rotation.
+old one gave back, within ``memory.return_seconds``) -> load -> preflight (and ``stress`` when
+the model asks for it: on the new release alone) -> switch -> record, and back in rotation.
 
 ``auto`` checks the headroom first: blue-green when the new release fits beside the serving
 one, rolling when it does not; the ``strategy`` step says which and why.
@@ -220,6 +220,9 @@ class Rolling(BlueGreen):
             slot = await self._place_and_load(run, prepared, target, first=False)
             try:
                 signature = await self._alias.preflight(tracker, slot, sample)
+                # Alone: the serving release is unloaded, so no side-by-side comparison; errors
+                # and memory growth still refuse it.
+                await self._stress_test(run, slot, None, sample)
                 async with tracker.step("switch"):
                     await self._alias.switch(tracker, slot.name, signature, sample, back_to=None)
             except BaseException as exc:

@@ -21,7 +21,7 @@ from tests.support.gpu_exporter import GIB
 from tests.support.grpc_load import LoadClient
 from tests.support.haproxy import RotationRecorder
 from tests.support.polling import eventually
-from tests.support.rolling_fleet import RollingFleet, rolling_fleet, write_big_release
+from tests.support.rolling_fleet import GPU, RollingFleet, rolling_fleet, write_big_release
 from tests.support.triton_pool import unique_model
 
 pytestmark = pytest.mark.triton
@@ -149,6 +149,61 @@ def test_auto_updates_a_model_that_fits_twice_blue_green_with_no_member_leaving_
         for member in rolling.members:
             assert member.answer(rolling.model) == 2.0
         assert summary.answers[2.0] > 0
+
+
+@pytest.mark.parametrize("trigger", ["watcher", "api"])
+def test_a_rollback_of_a_rolling_model_takes_every_member_back_one_at_a_time(
+    fleet: Fleet, store: Path, tmp_path: Path, trigger: str
+) -> None:
+    """r2 rolled out everywhere; then one member's GPU runs at 0.99 (the overload watcher
+    rolls it back, and the fleet follows: rollback.scope fleet), or a person rolls back
+    through one member: every member goes back to r1 one turn at a time, 0 failed calls."""
+    write_big_release(store, fleet.model, "r1", k=1.0)
+    write_big_release(store, fleet.model, "r2", k=2.0)
+    watch = {
+        "CONTROLPLANE_ROLLBACK__WINDOW_SECONDS": "2",
+        "CONTROLPLANE_ROLLBACK__INTERVAL_SECONDS": "0.5",
+    }
+    with rolling_fleet(fleet, tmp_path, 3, **watch) as rolling:
+        for release in ("r1", "r2"):
+            answer = rolling.deploy(rolling.members[0], release)
+            assert answer.status_code == 200, answer.text
+        rolling.haproxy.wait_until_up(timeout=30)
+        overloaded = rolling.members[1]
+        with (
+            RotationRecorder(rolling.haproxy) as rotation,
+            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
+        ):
+            load.wait_for_answers(20)
+            if trigger == "watcher":
+                rolling.exporters[overloaded.name].set(**{GPU: 0.99})
+            else:
+                with overloaded.api.client() as client:
+                    asked = client.post(
+                        f"/v1/models/{rolling.model}/rollback",
+                        json={"wait": True, "fleet": True, "reason": "a person"},
+                    )
+                assert asked.status_code == 200, asked.text
+            rolling.fleet.wait_serving(rolling.model, "r1", 1.0, timeout=180)
+            eventually(
+                lambda: rolling.fleet.fleet()["models"][rolling.model]["turns"] == [], 30, "turns"
+            )
+            rolling.haproxy.wait_until_up(timeout=30)
+            load.wait_for_answers(20)
+        summary = load.stop()
+
+        assert summary.failures == (), summary.failures[:5]
+        assert rotation.max_out_at_once == 1, rotation.timeline
+        for member in rolling.members:
+            assert rotation.left_rotation(member.name) == 1, (member.name, rotation.timeline)
+        assert rolling.fleet.fleet()["models"][rolling.model]["desired"] == "r1"
+        view = overloaded.api.get(f"/v1/models/{rolling.model}").json()
+        assert [d["release"] for d in view["rollback"]["degraded"]] == ["r2"]
+        if trigger == "watcher":
+            last = view["rollback"]["last"]
+            assert (last["outcome"], last["to_release"]) == ("fallback", "r1"), last
+            budget = last["detail"]["fallback_budget"]
+            assert budget["kind"] == "rolling", budget  # a load and the rolling waits
 
 
 def _running_step(member: Member, model: str) -> str | None:

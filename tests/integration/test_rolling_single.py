@@ -111,6 +111,34 @@ def test_a_fleet_of_one_with_allow_downtime_rolls_and_records_the_downtime(
     assert daemon.get("/readyz").status_code == 200
 
 
+def test_a_rolling_update_runs_the_stress_test_and_a_refused_release_gives_way_to_the_old(
+    daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
+) -> None:
+    """Rolling (allow_downtime, a fleet of one): the new release, alone on the GPU, is
+    stress-tested before the switch; one that errs under load is refused and the release it
+    replaced is loaded back and serves."""
+    write_big_release(store, model_name, "r1", k=1.0, hint=9 * GIB)
+    write_big_release(store, model_name, "r2", k=2.0, hint=9 * GIB, fail_every=3)
+    with GpuExporter() as exporter:
+        exporter.follow(triton.http_url, counts=lambda name: name.startswith(f"{model_name}__"))
+        stress = "{stress: {enabled: true, seconds: 1.5, concurrency: 4}}"
+        config = _config(exporter, model_name, allow_downtime="true", preflight=stress)
+        daemon = daemons(store, config=config)
+        assert daemon.deploy(model_name, "r1").status_code == 200
+        refused = daemon.deploy(model_name, "r2")
+
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "preflight_failed"
+    assert "failed on purpose" in refused.json()["error"]["message"]
+    names = [step["name"] for step in refused.json()["operation"]["steps"]]
+    assert names.index("unload") < names.index("load") < names.index("stress")
+    assert names.index("stress") < names.index("restore")
+    assert "switch" not in names
+    assert infer_once(triton.grpc_url, model_name) == 1.0
+    assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "r1"
+    assert daemon.get("/readyz").status_code == 200
+
+
 def test_memory_that_does_not_come_back_stops_the_update_before_any_load(
     daemons: DaemonFactory, store: Path, model_name: str, triton: RunningTriton
 ) -> None:

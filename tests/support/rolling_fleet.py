@@ -26,6 +26,8 @@ from tests.support.models import write_scale_release, write_sha256sums
 
 TOTAL = 16 * GIB
 PER_RELEASE = 9 * GIB
+GPU = "GPU-0"  # the stand-in's one GPU: memory that follows Triton, and utilisation
+HEALTHY = 0.30  # its utilisation until a test overloads it
 UNREADY_SECONDS = 1.5  # HAProxy notices within 0.3 s (inter 300ms fall 1): room to spare
 
 
@@ -48,9 +50,11 @@ def write_big_release(
 
 
 def rolling_env(exporter: GpuExporter, **more: str) -> dict[str, str]:
-    """The environment of a member that reads its GPU from ``exporter``."""
+    """The environment of a member that reads its GPU from ``exporter``: its memory for the
+    headroom and rolling checks, its utilisation for the overload watcher."""
     return {
         "CONTROLPLANE_MEMORY__GPU_METRICS_URL": exporter.url,
+        "CONTROLPLANE_ROLLBACK__METRICS_URL": exporter.url,
         "CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__UNREADY_SECONDS": str(UNREADY_SECONDS),
         "CONTROLPLANE_MODEL_DEFAULTS__DRAIN_TIMEOUT_SECONDS": "10",
         "CONTROLPLANE_MEMORY__RETURN_SECONDS": "20",
@@ -101,12 +105,14 @@ def rolling_fleet(fleet: Fleet, workdir: Path, size: int, **env: str) -> Iterato
         exporters: dict[str, GpuExporter] = {}
         for _ in range(size):
             exporter = stack.enter_context(GpuExporter())
+            exporter.set(**{GPU: HEALTHY})
             member = fleet.add(extra_env=rolling_env(exporter, **env))
             exporter.follow(
                 member.triton.http_url,
                 total_bytes=TOTAL,
                 per_model_bytes=PER_RELEASE,
                 counts=_slots_of(fleet.model),
+                gpu=GPU,
             )
             exporters[member.name] = exporter
         backends = [
