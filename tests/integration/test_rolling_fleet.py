@@ -18,8 +18,6 @@ import pytest
 from devtools.launcher import RunningTriton
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GIB
-from tests.support.grpc_load import LoadClient
-from tests.support.haproxy import RotationRecorder
 from tests.support.polling import eventually
 from tests.support.rolling_fleet import GPU, RollingFleet, rolling_fleet, write_big_release
 from tests.support.triton_pool import unique_model
@@ -57,21 +55,15 @@ def _steps(answer: dict[str, Any]) -> list[str]:
 def test_a_rolling_rollout_takes_one_member_out_at_a_time_and_no_call_fails(
     rolling: RollingFleet,
 ) -> None:
-    with (
-        RotationRecorder(rolling.haproxy) as rotation,
-        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-    ):
-        load.wait_for_answers(20)
+    with rolling.watched() as watch:
         answer = rolling.deploy(rolling.members[1], "r2")
         assert answer.status_code == 200, answer.text
         rolling.haproxy.wait_until_up(timeout=30)
-        load.wait_for_answers(20)
-    summary = load.stop()
+        watch.load.wait_for_answers(20)
+    summary = watch.load.stop()
 
-    assert summary.failures == (), summary.failures[:5]
-    assert rotation.max_out_at_once == 1, rotation.timeline
+    watch.assert_each_left_once(m.name for m in rolling.members)
     for member in rolling.members:
-        assert rotation.left_rotation(member.name) == 1, (member.name, rotation.timeline)
         assert member.answer(rolling.model) == 2.0
     # Through the member that received it: it rolled first, said why, and took a turn.
     steps = _steps(answer.json())
@@ -96,25 +88,21 @@ def test_a_release_that_fails_to_load_goes_back_to_the_previous_on_that_member_o
 ) -> None:
     write_big_release(store, rolling.model, "bad", k=3.0, fail_init=True)
     through = rolling.members[0]
-    with (
-        RotationRecorder(rolling.haproxy) as rotation,
-        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-    ):
-        load.wait_for_answers(20)
+    with rolling.watched() as watch:
         answer = rolling.deploy(through, "bad")
         eventually(lambda: through.api.get("/readyz").status_code == 200, 30, "back in rotation")
         rolling.haproxy.wait_until_up(timeout=30)
-        load.wait_for_answers(20)
-    summary = load.stop()
+        watch.load.wait_for_answers(20)
+    summary = watch.load.stop()
 
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["code"] == "triton_load_failed"
     steps = _steps(answer.json())
     assert "restore" in steps
     assert summary.failures == (), summary.failures[:5]
-    assert rotation.left_rotation(through.name) == 1, rotation.timeline
+    assert watch.rotation.left_rotation(through.name) == 1, watch.rotation.timeline
     for member in rolling.members[1:]:
-        assert rotation.left_rotation(member.name) == 0, rotation.timeline
+        assert watch.rotation.left_rotation(member.name) == 0, watch.rotation.timeline
     for member in rolling.members:
         assert member.answer(rolling.model) == 1.0
     wanted = rolling.fleet.fleet()["models"][rolling.model]
@@ -131,18 +119,14 @@ def test_auto_updates_a_model_that_fits_twice_blue_green_with_no_member_leaving_
         first = rolling.deploy(rolling.members[0], "r1")
         assert first.status_code == 200, first.text
         rolling.haproxy.wait_until_up(timeout=30)
-        with (
-            RotationRecorder(rolling.haproxy) as rotation,
-            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-        ):
-            load.wait_for_answers(20)
+        with rolling.watched() as watch:
             answer = rolling.deploy(rolling.members[0], "r2")
             assert answer.status_code == 200, answer.text
-            load.wait_for_answers(20)
-        summary = load.stop()
+            watch.load.wait_for_answers(20)
+        summary = watch.load.stop()
 
         assert summary.failures == (), summary.failures[:5]
-        assert rotation.max_out_at_once == 0, rotation.timeline
+        assert watch.rotation.max_out_at_once == 0, watch.rotation.timeline
         headroom = next(s for s in answer.json()["operation"]["steps"] if s["name"] == "headroom")
         assert headroom["detail"]["strategy"] == "blue-green"
         assert "drain" not in _steps(answer.json())
@@ -160,21 +144,17 @@ def test_a_rollback_of_a_rolling_model_takes_every_member_back_one_at_a_time(
     through one member: every member goes back to r1 one turn at a time, 0 failed calls."""
     write_big_release(store, fleet.model, "r1", k=1.0)
     write_big_release(store, fleet.model, "r2", k=2.0)
-    watch = {
+    overload = {
         "CONTROLPLANE_ROLLBACK__WINDOW_SECONDS": "2",
         "CONTROLPLANE_ROLLBACK__INTERVAL_SECONDS": "0.5",
     }
-    with rolling_fleet(fleet, tmp_path, 3, **watch) as rolling:
+    with rolling_fleet(fleet, tmp_path, 3, **overload) as rolling:
         for release in ("r1", "r2"):
             answer = rolling.deploy(rolling.members[0], release)
             assert answer.status_code == 200, answer.text
         rolling.haproxy.wait_until_up(timeout=30)
         overloaded = rolling.members[1]
-        with (
-            RotationRecorder(rolling.haproxy) as rotation,
-            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-        ):
-            load.wait_for_answers(20)
+        with rolling.watched() as watch:
             if trigger == "watcher":
                 rolling.exporters[overloaded.name].set(**{GPU: 0.99})
             else:
@@ -189,13 +169,9 @@ def test_a_rollback_of_a_rolling_model_takes_every_member_back_one_at_a_time(
                 lambda: rolling.fleet.fleet()["models"][rolling.model]["turns"] == [], 30, "turns"
             )
             rolling.haproxy.wait_until_up(timeout=30)
-            load.wait_for_answers(20)
-        summary = load.stop()
+            watch.load.wait_for_answers(20)
 
-        assert summary.failures == (), summary.failures[:5]
-        assert rotation.max_out_at_once == 1, rotation.timeline
-        for member in rolling.members:
-            assert rotation.left_rotation(member.name) == 1, (member.name, rotation.timeline)
+        watch.assert_each_left_once(m.name for m in rolling.members)
         assert rolling.fleet.fleet()["models"][rolling.model]["desired"] == "r1"
         view = overloaded.api.get(f"/v1/models/{rolling.model}").json()
         assert [d["release"] for d in view["rollback"]["degraded"]] == ["r2"]
@@ -227,16 +203,8 @@ def test_a_member_killed_during_its_turn_converges_and_no_second_member_leaves(
     rolling: RollingFleet, phase: str
 ) -> None:
     followers = rolling.members[1:]
-    with (
-        RotationRecorder(rolling.haproxy) as rotation,
-        LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-    ):
-        load.wait_for_answers(20)
-        with rolling.members[0].api.client() as client:
-            started = client.post(
-                f"/v1/models/{rolling.model}/deploy", json={"release": "r2", "wait": False}
-            )
-        assert started.status_code == 202, started.text
+    with rolling.watched() as watch:
+        rolling.start_deploy(rolling.members[0], "r2")
 
         found: list[Member] = []
 
@@ -250,11 +218,11 @@ def test_a_member_killed_during_its_turn_converges_and_no_second_member_leaves(
         rolling.restart(victim)
         rolling.fleet.wait_serving(rolling.model, "r2", 2.0, timeout=120)
         rolling.haproxy.wait_until_up(timeout=30)
-        load.wait_for_answers(20)
-    summary = load.stop()
+        watch.load.wait_for_answers(20)
+    summary = watch.load.stop()
 
     assert summary.failures == (), summary.failures[:5]
-    assert rotation.max_out_at_once == 1, rotation.timeline
+    assert watch.rotation.max_out_at_once == 1, watch.rotation.timeline
     # The turn the killed process held was given up: none is left once all serve r2.
     eventually(
         lambda: rolling.fleet.fleet()["models"][rolling.model]["turns"] == [], 30, "turns back"

@@ -20,8 +20,6 @@ import pytest
 from devtools.launcher import RunningTriton
 from tests.conftest import TritonFactory
 from tests.support.fleet import Fleet, Member, running_fleet
-from tests.support.grpc_load import LoadClient
-from tests.support.haproxy import RotationRecorder
 from tests.support.polling import eventually
 from tests.support.rolling_fleet import rolling_fleet, write_big_release
 from tests.support.supervisor import TritonSupervisor
@@ -68,16 +66,8 @@ def test_memory_that_does_not_come_back_holds_that_member_out_and_the_rollout_st
         rolling.haproxy.wait_until_up(timeout=30)
         for member in rolling.members[1:]:
             rolling.exporters[member.name].keep_unloaded = True
-        with (
-            RotationRecorder(rolling.haproxy) as rotation,
-            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-        ):
-            load.wait_for_answers(20)
-            with rolling.members[0].api.client() as client:
-                started = client.post(
-                    f"/v1/models/{rolling.model}/deploy", json={"release": "r2", "wait": False}
-                )
-            assert started.status_code == 202, started.text
+        with rolling.watched() as watch:
+            rolling.start_deploy(rolling.members[0], "r2")
 
             def held() -> list[Member]:
                 return [
@@ -91,13 +81,13 @@ def test_memory_that_does_not_come_back_holds_that_member_out_and_the_rollout_st
             [other] = [m for m in rolling.members[1:] if m is not stuck]
             rolling.haproxy.wait_for_status(stuck.name, "DOWN", timeout=10)
             # The other waits: one member out already (held), at most one at a time.
-            load.wait_for_answers(50)
+            watch.load.wait_for_answers(50)
             fleet_view = rolling.fleet.fleet()
-        summary = load.stop()
+        summary = watch.load.stop()
 
         assert summary.failures == (), summary.failures[:5]
-        assert rotation.max_out_at_once == 1, rotation.timeline
-        assert rotation.left_rotation(other.name) == 0, rotation.timeline
+        assert watch.rotation.max_out_at_once == 1, watch.rotation.timeline
+        assert watch.rotation.left_rotation(other.name) == 0, watch.rotation.timeline
         assert other.answer(rolling.model) == 1.0
         assert len(_slot_ready(other, rolling.model)) == 1  # r1's slot, never unloaded
         assert _slot_ready(stuck, rolling.model) == []  # nothing loaded where memory is short
@@ -160,27 +150,18 @@ def test_restart_triton_frees_the_memory_that_did_not_come_back_and_the_rollout_
         assert first.status_code == 200, first.text
         rolling.haproxy.wait_until_up(timeout=30)
         exporter = rolling.exporters[leaking.name]
-        with (
-            TritonSupervisor(
-                leaking.triton, triton_cache, on_exit=exporter.release_kept
-            ) as kubelet,
-            RotationRecorder(rolling.haproxy) as rotation,
-            LoadClient(rolling.haproxy.frontend_url, rolling.model, pause=0.01) as load,
-        ):
+        kubelet = TritonSupervisor(leaking.triton, triton_cache, on_exit=exporter.release_kept)
+        with kubelet, rolling.watched() as watch:
             exporter.keep_unloaded = True
-            load.wait_for_answers(20)
             answer = rolling.deploy(leaking, "r2")
             rolling.haproxy.wait_until_up(timeout=30)
-            load.wait_for_answers(20)
-        summary = load.stop()
+            watch.load.wait_for_answers(20)
 
     assert answer.status_code == 200, answer.text
     assert kubelet.errors == []
     assert kubelet.restarts == 1
     memory = _steps(answer.json())["memory"]["detail"]
     assert memory["restart_triton"]["restarted"] is True, memory
-    assert summary.failures == (), summary.failures[:5]
-    assert rotation.max_out_at_once == 1, rotation.timeline
+    watch.assert_each_left_once(m.name for m in rolling.members)
     for member in rolling.members:
-        assert rotation.left_rotation(member.name) == 1, rotation.timeline
         assert member.answer(rolling.model) == 2.0

@@ -9,7 +9,7 @@ Tests and ``bench/rolling.py`` build it the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,8 @@ import httpx
 
 from tests.support.fleet import Fleet, Member
 from tests.support.gpu_exporter import GIB, GpuExporter
-from tests.support.haproxy import HAProxy
+from tests.support.grpc_load import LoadClient
+from tests.support.haproxy import HAProxy, RotationRecorder
 from tests.support.haproxy import Member as Backend
 from tests.support.models import write_scale_release, write_sha256sums
 
@@ -62,6 +63,24 @@ def rolling_env(exporter: GpuExporter, **more: str) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What a test watches during a rollout: clients calling the model through HAProxy, and
+    HAProxy's view of who is out of rotation."""
+
+    rotation: RotationRecorder
+    load: LoadClient
+
+    def assert_each_left_once(self, members: Iterable[str]) -> None:
+        """No call failed, never more than one member out of rotation at once, and each of
+        ``members`` left rotation exactly once. Stops the clients."""
+        summary = self.load.stop()
+        assert summary.failures == (), summary.failures[:5]
+        assert self.rotation.max_out_at_once == 1, self.rotation.timeline
+        for name in members:
+            assert self.rotation.left_rotation(name) == 1, (name, self.rotation.timeline)
+
+
 @dataclass
 class RollingFleet:
     fleet: Fleet
@@ -83,6 +102,25 @@ class RollingFleet:
         env = rolling_env(self.exporters[member.name], **self.env)
         port = urlsplit(member.api.url).port
         self.fleet.start(member, wait_ready=wait_ready, extra_env=env, port=port)
+
+    @contextmanager
+    def watched(self) -> Iterator[Watch]:
+        """Clients call the model through HAProxy (answering already when the block starts)
+        and HAProxy's rotation is recorded, until the block ends."""
+        with (
+            RotationRecorder(self.haproxy) as rotation,
+            LoadClient(self.haproxy.frontend_url, self.model, pause=0.01) as load,
+        ):
+            load.wait_for_answers(20)
+            yield Watch(rotation, load)
+
+    def start_deploy(self, via: Member, release: str) -> None:
+        """A deploy through ``via`` that does not wait (202)."""
+        with via.api.client() as client:
+            started = client.post(
+                f"/v1/models/{self.model}/deploy", json={"release": release, "wait": False}
+            )
+        assert started.status_code == 202, started.text
 
     def deploy(self, via: Member, release: str, **body: Any) -> httpx.Response:
         """A deploy through ``via`` that waits for every member (``"fleet": true``)."""
