@@ -19,14 +19,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from controlplane.domain.errors import MemoryNotReturned
+from controlplane.domain.rotation import OutReason
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Out:
+    kind: OutReason
     reason: str  # what /readyz says: "draining <model>", "memory_not_returned: ..."
-    held: bool = False  # kept out after its operation ended (memory not returned)
+
+    @property
+    def held(self) -> bool:
+        """Kept out after its operation ended (the memory did not come back)."""
+        return self.kind is OutReason.MEMORY_NOT_RETURNED
 
 
 class Rotation:
@@ -46,6 +52,15 @@ class Rotation:
         """Why this member is out of rotation, by model; empty: it is in."""
         return {model: out.reason for model, out in sorted(self._out.items())}
 
+    def kinds(self) -> dict[str, OutReason]:
+        """The kind of each reason of :meth:`reasons`, by model: what metrics select on."""
+        return {model: out.kind for model, out in sorted(self._out.items())}
+
+    def reason_of(self, model: str) -> str | None:
+        """Why ``model`` keeps this member out of rotation now; None: it does not."""
+        out = self._out.get(model)
+        return out.reason if out is not None else None
+
     def held(self, model: str) -> str | None:
         """Why ``model`` is held out of rotation after its operation ended; None: it is not."""
         out = self._out.get(model)
@@ -55,12 +70,13 @@ class Rotation:
     def out(self, model: str) -> Iterator[None]:
         """Out of rotation for ``model`` while the block runs; back after, unless the block
         ended with :class:`MemoryNotReturned` (then held out)."""
-        self._out[model] = Out(f"draining {model}")
+        self._out[model] = Out(OutReason.DRAINING, f"draining {model}")
         log.info("out of rotation: draining %s", model, extra={"model": model})
         try:
             yield
         except MemoryNotReturned as exc:
-            self._out[model] = Out(f"memory_not_returned: {exc.message}", held=True)
+            reason = f"memory_not_returned: {exc.message}"
+            self._out[model] = Out(OutReason.MEMORY_NOT_RETURNED, reason)
             log.error(
                 "staying out of rotation for %s: %s", model, exc.message, extra={"model": model}
             )
@@ -72,7 +88,8 @@ class Rotation:
 
     def release(self, model: str) -> None:
         """A later operation on ``model`` succeeded: a hold on it is over."""
-        if self._out.get(model, Out("")).held:
+        out = self._out.get(model)
+        if out is not None and out.held:
             self._back(model)
 
     def _back(self, model: str) -> None:

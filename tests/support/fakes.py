@@ -55,6 +55,7 @@ from controlplane.services.deploy import DeployService
 from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
 from controlplane.services.reconcile import Reconciler
+from controlplane.services.rotation import Rotation
 from controlplane.services.runner import OperationRunner
 from controlplane.services.slots import LoadSlots, SlotBook
 from controlplane.services.status import StatusService
@@ -326,6 +327,7 @@ class Parts:
     policy: TrafficPolicy
     reconciler: Reconciler
     client: OperationClient
+    rotation: Rotation  # what keeps this member out of rotation (the reconcile loop's holds)
 
     async def close(self) -> None:
         """Shut down as the daemon does: cancel and await operations, close the database."""
@@ -412,6 +414,7 @@ def make_deploy_service(
         policy=policy,
         reconciler=pipelines.reconciler,
         client=pipelines.client,
+        rotation=pipelines.rotation,
     )
     return pipelines.deploy, parts
 
