@@ -2,10 +2,11 @@
 scrape, turned into Prometheus metric families.
 
 Every family is yielded at every scrape, with no sample where there is nothing to say (no
-model, no fleet view), so ``# HELP`` and ``# TYPE`` always document it. Gauges that are a
-yes/no are 1 or 0; a per-model fact exists for every model the member manages or the fleet
-wants, so an alert on ``== 0`` sees a model that stopped being served rather than a series
-that vanished.
+model, no fleet view, no model out of rotation), so ``# HELP`` and ``# TYPE`` always document
+it. Gauges that are a yes/no are 1 or 0; a per-model fact exists for every model the member
+manages or the fleet wants, so an alert on ``== 0`` sees a model that stopped being served
+rather than a series that vanished. Being out of rotation is the exception: a sample (1, its
+``reason`` a label) exists only while it is so, as ``/readyz`` says it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,18 @@ class FiguresCollector(Collector):
             "automatically; deploying it by name clears it).",
             labels=["model", "release"],
         )
+        out = GaugeMetricFamily(
+            "controlplane_model_out_of_rotation",
+            "1 for each model that keeps this member out of rotation (/readyz answers 503), "
+            "by reason: draining (a rolling update drains, unloads and loads it here; back "
+            "when it ends) or memory_not_returned (held: the old release's GPU memory did not "
+            "come back, so nothing was loaded; until a deploy of the model succeeds). No "
+            "sample otherwise.",
+            labels=["model", "reason"],
+        )
         for model in figures.models:
+            if model.out_of_rotation is not None:
+                out.add_metric([model.name, model.out_of_rotation.value], 1)
             if model.active_release is not None:
                 active.add_metric([model.name], {"release": model.active_release})
             for slot in model.slots:
@@ -76,7 +88,7 @@ class FiguresCollector(Collector):
             cpu.add_metric([model.name], _flag(model.cpu_only))
             for release in model.degraded:
                 degraded.add_metric([model.name, release], 1)
-        yield from (active, slots, desired, cpu, degraded)
+        yield from (active, slots, desired, cpu, degraded, out)
 
     def _health(self, figures: Figures) -> Iterator[Metric]:
         yield GaugeMetricFamily(

@@ -9,6 +9,8 @@ into series: neither knows the other.
 Per model, "desired" means what this member should serve: the fleet's target for it
 (:meth:`~controlplane.domain.fleet.DesiredModel.target_for`) in a fleet, the release its own
 database names otherwise; and serving it means Triton does (as the last reconcile pass saw).
+Whether a model keeps this member out of rotation is the rotation's state now, by kind
+(:class:`~controlplane.domain.rotation.OutReason`).
 
 Pure: standard library only.
 """
@@ -22,6 +24,7 @@ from enum import StrEnum
 
 from controlplane.domain.fleet import MemberBeat
 from controlplane.domain.notifications import NotificationHealth
+from controlplane.domain.rotation import OutReason
 from controlplane.domain.slots import Slot
 
 
@@ -55,6 +58,7 @@ class ModelFigures:
     serving_desired: bool = True  # it serves what this member should serve of it
     cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
     degraded: tuple[str, ...] = ()  # its releases latched degraded here
+    out_of_rotation: OutReason | None = None  # why it keeps this member out; None: it does not
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 What serves (the database), whether it is what should serve (the last reconcile pass, and in a
 fleet the sync's last pass), the CPU-only mode and degraded latches (the slot records and the
-rollback book), the background jobs (the supervisor), and the fleet. A scrape must not hang on
+rollback book), the models that keep this member out of rotation (the rotation), the
+background jobs (the supervisor), and the fleet. A scrape must not hang on
 a Triton or a store that does not answer: each read that leaves the process is bounded, and a
 read that runs out shows as "not known" (Triton down; no fleet view), never as a guess.
 
@@ -35,6 +36,7 @@ from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Tr
 from controlplane.services.fleet import FleetService
 from controlplane.services.fleet_sync import FleetSync, SyncReport
 from controlplane.services.reconcile import PassReport
+from controlplane.services.rotation import Rotation
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT = 2.0  # s: the longest a scrape waits for Triton's liveness or the fleet view
@@ -58,6 +60,7 @@ class FigureReader:
         clock: Clock,
         last_pass: Callable[[], PassReport | None],
         jobs: Callable[[], Mapping[str, bool]],
+        rotation: Rotation,
         fleet: FleetSources | None = None,
         notifications: Callable[[], NotificationHealth] | None = None,
         timeout: float = READ_TIMEOUT,
@@ -69,6 +72,7 @@ class FigureReader:
         self._clock = clock
         self._last_pass = last_pass
         self._jobs = jobs
+        self._rotation = rotation
         self._fleet = fleet
         self._timeout = timeout
         self._view: FleetView | None = None
@@ -83,7 +87,8 @@ class FigureReader:
         records = {record.name: record for record in await self._serving.all()}
         last_pass = self._last_pass()
         sync = self._fleet.sync.last if self._fleet is not None else None
-        names = sorted(set(records) | set(sync.desired if sync is not None else ()))
+        out = self._rotation.kinds()
+        names = sorted(set(records) | set(sync.desired if sync is not None else ()) | set(out))
         degraded = await self._rollbacks.latched_of(names) if names else {}
         models = []
         for name in names:
@@ -96,6 +101,7 @@ class FigureReader:
                     serving_desired=_serving_desired(name, last_pass, sync),
                     cpu_only=record is not None and _cpu_only(record),
                     degraded=tuple(sorted(d.release for d in degraded.get(name, ()))),
+                    out_of_rotation=out.get(name),
                 )
             )
         return Figures(

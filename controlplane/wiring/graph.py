@@ -151,6 +151,7 @@ def _figures(
         clock=base.clock,
         last_pass=ops.reconciler.last_pass,
         jobs=supervisor.health,
+        rotation=base.rotation,
         notifications=watching.notifications,
         fleet=(
             FleetSources(sync, fleet_view, every=settings.fleet.heartbeat_seconds)

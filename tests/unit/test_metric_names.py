@@ -38,6 +38,7 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
+from controlplane.domain.rotation import OutReason
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.transfer import RetryCause
 from controlplane.ports import TritonMemory
@@ -82,7 +83,17 @@ def telemetry() -> PrometheusTelemetry:
     view = FleetView(T0, dict.fromkeys(MemberStanding, 1), {"resnet": False})
     telemetry.render(
         Figures(
-            models=(ModelFigures("resnet", "r2", (slot,), False, True, ("r2",)),),
+            models=(
+                ModelFigures(
+                    "resnet",
+                    "r2",
+                    (slot,),
+                    False,
+                    True,
+                    ("r2",),
+                    out_of_rotation=OutReason.MEMORY_NOT_RETURNED,
+                ),
+            ),
             triton_up=True,
             jobs={"reconcile": True, "fleet-sync": False},
             not_serving=1,

@@ -1,18 +1,31 @@
-"""A member out of rotation, and why: the rotation's own state by kind.
+"""A member out of rotation says so where an operator looks: the rotation's own state by
+kind, and ``/metrics`` (``controlplane_model_out_of_rotation``).
 
 A rolling update drains a model inside ``Rotation.out``; memory that does not come back ends
 the block with :class:`MemoryNotReturned`, which holds the member out. The tests drive that
-block directly (the rolling update's own path is in tests/integration/test_rolling_single.py).
+block directly (the rolling update's own path is in tests/integration/test_rolling_single.py)
+and read what each surface shows, over the real database, store and staging with a fake
+Triton.
 """
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.adapters.telemetry import PrometheusTelemetry
 from controlplane.domain.errors import MemoryNotReturned
 from controlplane.domain.rotation import OutReason
+from controlplane.services.deploy import DeployService
+from controlplane.services.figures import FigureReader
 from controlplane.services.rotation import Rotation
+from tests.support.fakes import Parts, deploy_service, started
+from tests.support.models import write_scale_release
 
+FAMILY = "controlplane_model_out_of_rotation"
 WHY = "the GPU memory r1 held did not come back within 60 s of its unload"
 
 
@@ -61,3 +74,59 @@ def test_any_other_failure_brings_the_member_back_at_once() -> None:
         raise RuntimeError("the load failed; the old release was restored")
 
     assert rotation.kinds() == {}
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+
+def _reader(parts: Parts) -> FigureReader:
+    return FigureReader(
+        serving=parts.repos.serving,
+        rollbacks=parts.repos.rollbacks,
+        triton=parts.triton,
+        clock=parts.clock,
+        last_pass=lambda: None,
+        jobs=dict,
+        rotation=parts.rotation,
+    )
+
+
+async def _scrape(reader: FigureReader) -> str:
+    telemetry = PrometheusTelemetry()
+    body, _ = telemetry.render(await reader.gather())
+    return body.decode()
+
+
+def _samples(text: str) -> dict[tuple[str, str], float]:
+    """(model, reason) -> value of the family's samples in a scrape's text."""
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == FAMILY]
+    return {(s.labels["model"], s.labels["reason"]): s.value for s in family.samples}
+
+
+async def _serving(service: DeployService, parts: Parts, *models: str) -> None:
+    for model in models:
+        write_scale_release(parts.store_path, model, "r1", k=1.0)
+        await service.wait((await started(service, model, "r1")).id)
+
+
+def test_metrics_show_each_model_that_keeps_the_member_out_and_why(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            await _serving(service, parts, "m", "n")
+            reader = _reader(parts)
+            before = await _scrape(reader)
+            with parts.rotation.out("m"):
+                draining = await _scrape(reader)
+            _hold(parts.rotation, "m")
+            held = await _scrape(reader)
+            parts.rotation.release("m")  # a later deploy of m succeeded
+            after = await _scrape(reader)
+
+            assert f"# HELP {FAMILY} " in before  # documented even with no sample
+            assert f"# TYPE {FAMILY} gauge" in before
+            assert _samples(before) == {}
+            assert _samples(draining) == {("m", "draining"): 1.0}
+            assert _samples(held) == {("m", "memory_not_returned"): 1.0}
+            assert _samples(after) == {}
+
+    asyncio.run(scenario())
