@@ -29,6 +29,9 @@ from controlplane.domain.traffic import Strategy
 from controlplane.domain.triton import TritonState
 
 READY, UNAVAILABLE = TritonState.READY, TritonState.UNAVAILABLE
+# How a drift the reconcile loop must leave alone begins (a model held out of rotation: its
+# repair would be the very load that was refused), in GET /v1/models/{name}'s ``drift``.
+NOT_REPAIRED = "not repaired: "
 
 
 class Action(StrEnum):

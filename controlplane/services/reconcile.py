@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from controlplane.domain.drift import Action, Assessment, Observed, assess
+from controlplane.domain.drift import NOT_REPAIRED, Action, Assessment, Observed, assess
 from controlplane.domain.errors import ControlPlaneError, OperationInProgress
 from controlplane.domain.operations import (
     REFUSE,
@@ -286,7 +286,7 @@ class Reconciler:
                 report.assessments[model] = self.last.assessments[model]
             return None
         if (held := self._held(model)) is not None:
-            report.failed[model] = f"not repaired: {held}"
+            report.failed[model] = f"{NOT_REPAIRED}{held}"
             return None
         strategy = self._deploy.strategy(model)
         snapshot = self._slots.snapshot_of(model, record, strategy.slot_names(model))

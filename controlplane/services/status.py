@@ -93,6 +93,7 @@ class StatusService:
         previous_of: Callable[[ModelRecord], str | None] | None = None,
         cooldown_until: Callable[[RollbackRecord | None], datetime | None] | None = None,
         drift: Callable[[str], str | None] | None = None,
+        out_of_rotation: Callable[[str], str | None] | None = None,
         catalog: StoreCatalog | None = None,
     ) -> None:
         self._catalog = catalog
@@ -101,6 +102,7 @@ class StatusService:
         self._previous_of = previous_of or (lambda record: record.previous_release)
         self._cooldown = cooldown_until or (lambda _last: None)
         self._drift = drift or (lambda _model: None)
+        self._out_of_rotation = out_of_rotation or (lambda _model: None)
         self._traffic = traffic or (lambda _model: TrafficPolicy(strategy=Strategy.INPLACE))
         self._serving = serving
         self._journal = journal
@@ -188,6 +190,7 @@ class StatusService:
             seen,  # the same object while the index is reused: compared by identity first
             tuple(self._holder(name) for name in page),
             tuple(self._drift(name) for name in page),
+            tuple(self._out_of_rotation(name) for name in page),
         )
 
     async def _records(self) -> dict[str, ModelRecord]:
@@ -345,6 +348,7 @@ class StatusService:
             cooldown_until=self._cooldown(history.last_rollback),
             last_repair=history.last_repair,
             drift=self._drift(model),
+            out_of_rotation=self._out_of_rotation(model),
             cpu_only=any(s.state is SlotState.ACTIVE and s.cpu_only for s in slots),
             ignored_releases=listing.ignored,
             signer=history.signer,

@@ -39,6 +39,9 @@ class ModelView:
     cooldown_until: datetime | None = None
     last_repair: Operation | None = None  # the reconcile loop's last repair of this model
     drift: str | None = None  # what the last reconcile pass found wrong, if anything
+    # Why the model keeps this member out of rotation now ("draining m", "memory_not_returned:
+    # ..."), as /readyz says it; None: it does not.
+    out_of_rotation: str | None = None
     cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
     # Release dirs (or prefixes) the store's listing left out for their names (the first ones).
     ignored_releases: tuple[IgnoredName, ...] = ()

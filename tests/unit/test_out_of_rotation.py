@@ -1,5 +1,7 @@
-"""A member out of rotation says so where an operator looks: the rotation's own state by
-kind, and ``/metrics`` (``controlplane_model_out_of_rotation``).
+"""A member out of rotation says so everywhere an operator looks: the rotation's own state by
+kind, ``/metrics`` (``controlplane_model_out_of_rotation``), ``GET /v1/models/{name}``
+(``out_of_rotation``) and ``controlplane status`` (the status page's tag:
+test_status_page.py).
 
 A rolling update drains a model inside ``Rotation.out``; memory that does not come back ends
 the block with :class:`MemoryNotReturned`, which holds the member out. The tests drive that
@@ -17,12 +19,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.adapters.telemetry import PrometheusTelemetry
+from controlplane.api.schemas.model import model_json
+from controlplane.cli.status import model_lines
 from controlplane.domain.errors import MemoryNotReturned
 from controlplane.domain.rotation import OutReason
 from controlplane.services.deploy import DeployService
 from controlplane.services.figures import FigureReader
 from controlplane.services.rotation import Rotation
-from tests.support.fakes import Parts, deploy_service, started
+from controlplane.services.status import StatusService
+from tests.support.fakes import (
+    Parts,
+    deploy_service,
+    release_watcher,
+    started,
+    status_service,
+)
 from tests.support.models import write_scale_release
 
 FAMILY = "controlplane_model_out_of_rotation"
@@ -128,5 +139,71 @@ def test_metrics_show_each_model_that_keeps_the_member_out_and_why(tmp_path: Pat
             assert _samples(draining) == {("m", "draining"): 1.0}
             assert _samples(held) == {("m", "memory_not_returned"): 1.0}
             assert _samples(after) == {}
+
+    asyncio.run(scenario())
+
+
+# --- GET /v1/models/{name}, controlplane status ------------------------------------------------
+
+
+async def _status(service: DeployService, parts: Parts) -> StatusService:
+    """Status as the daemon wires it: the reconcile loop's drift, the rotation, and the
+    watcher's catalog (so a list is built again only when what it shows changed)."""
+    watcher = release_watcher(service, parts)
+    await watcher.scan()
+    return status_service(
+        service,
+        parts,
+        drift=parts.reconciler.drift_of,
+        out_of_rotation=parts.rotation.reason_of,
+        catalog=watcher.catalog,
+    )
+
+
+def test_a_held_model_says_why_in_status_and_the_cli_does_not_promise_a_repair(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            await _serving(service, parts, "m")
+            status = await _status(service, parts)
+            _hold(parts.rotation, "m")
+            await parts.triton.unload("m")  # the rolling update had unloaded it
+            await parts.reconciler.run_pass()  # leaves a held model alone
+
+            answer = model_json(await status.get_model("m"))
+            lines = model_lines(answer)
+            [listed] = (await status.list_models()).models
+
+            assert answer["out_of_rotation"] == f"memory_not_returned: {WHY}"
+            assert listed.out_of_rotation == answer["out_of_rotation"]
+            assert f"  rotation:  out: memory_not_returned: {WHY}" in lines
+            [drift] = [line for line in lines if line.startswith("  drift:")]
+            assert drift == f"  drift:     not repaired: memory_not_returned: {WHY}"
+
+    asyncio.run(scenario())
+
+
+def test_a_member_in_rotation_shows_no_rotation_line_and_a_drift_the_loop_repairs(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            await _serving(service, parts, "m")
+            status = await _status(service, parts)
+            _hold(parts.rotation, "m")
+            held = await status.list_models()  # a page of views is kept while nothing changes
+            parts.rotation.release("m")  # a later deploy of m succeeded
+            back = await status.list_models()
+            await parts.triton.unload("m")  # Triton lost it: the loop repairs that
+            await parts.reconciler.run_pass(wait=False)
+
+            lines = model_lines(model_json(await status.get_model("m")))
+
+            assert held.models[0].out_of_rotation is not None
+            assert back.models[0].out_of_rotation is None
+            assert not [line for line in lines if line.startswith("  rotation:")]
+            [drift] = [line for line in lines if line.startswith("  drift:")]
+            assert drift.endswith("(the reconcile loop repairs it)")
 
     asyncio.run(scenario())

@@ -255,6 +255,16 @@ def test_the_key_that_signed_the_serving_release_is_shown() -> None:
     assert fields["signer"] == "ci-2026"
 
 
+def test_the_status_page_tags_a_model_that_keeps_the_member_out_with_why() -> None:
+    held = "memory_not_returned: the GPU memory r1 held did not come back"
+    tree = Tree(content(_overview(_model(view=_view(out_of_rotation=held)))))
+    quiet = Tree(content(_overview(_model())))
+
+    [tag] = [e for e in tree.all("span") if e.text == "out of rotation"]
+    assert tag.attrs["title"] == held
+    assert not [e for e in quiet.all("span") if e.text == "out of rotation"]
+
+
 def test_the_plot_draws_samples_with_their_gaps_and_the_threshold() -> None:
     tree = Tree(gpu_plot(_history(0.2, 0.5, None, 0.9, 0.97, 0.99), (), "resnet"))
 

@@ -124,6 +124,9 @@ def _model(model: ModelOverview, overview: Overview) -> str:
         tags.append('<span class="tag warn">operation running</span>')
     if view.drift:
         tags.append(f'<span class="tag warn" title="{esc(view.drift)}">drift</span>')
+    if view.out_of_rotation:
+        why = esc(view.out_of_rotation)
+        tags.append(f'<span class="tag bad" title="{why}">out of rotation</span>')
     if model.converged is True:
         tags.append('<span class="tag ok">converged</span>')
     elif model.converged is False:

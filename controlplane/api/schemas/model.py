@@ -52,6 +52,7 @@ def model_json(view: ModelView) -> dict[str, Any]:
             ],
             "cooldown_until": iso(view.cooldown_until),
         },
+        "out_of_rotation": view.out_of_rotation,
         "drift": view.drift,
         "last_repair": None if view.last_repair is None else operation_json(view.last_repair),
     }
