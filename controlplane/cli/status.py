@@ -17,7 +17,6 @@ from controlplane.cli.client import Client, api_path
 from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption, model_name
 from controlplane.cli.output import Format, Out
 from controlplane.cli.watch import Look, watch
-from controlplane.domain.drift import NOT_REPAIRED
 from controlplane.domain.notifications import unreachable_line
 
 
@@ -130,13 +129,14 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
         )
     if view.get("running_operation"):
         lines.append(f"  running:   {view['running_operation']}")
-    if view.get("out_of_rotation"):
-        lines.append(f"  rotation:  out: {view['out_of_rotation']}")
+    out = view.get("out_of_rotation") or {}
+    if out:
+        lines.append(f"  rotation:  out: {out['message']}")
     lines += _fleet_lines(view.get("fleet"))
     drift = view.get("drift")
-    if drift:  # one the loop must leave alone (a held model) says so, and what to do
-        repairs = "" if drift.startswith(NOT_REPAIRED) else " (the reconcile loop repairs it)"
-        lines.append(f"  drift:     {drift}{repairs}")
+    if drift:  # a held model's the loop leaves alone: its own words say what to do
+        held = out.get("reason") == "memory_not_returned"
+        lines.append(f"  drift:     {drift}{'' if held else ' (the reconcile loop repairs it)'}")
     repair = view.get("last_repair")
     if repair:
         why = (repair.get("detail") or {}).get("why", "")

@@ -11,6 +11,7 @@ Pure: standard library only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -20,3 +21,17 @@ class OutReason(StrEnum):
 
     DRAINING = "draining"  # a rolling update drains, unloads and loads it: back when it ends
     MEMORY_NOT_RETURNED = "memory_not_returned"  # held: until a deploy of it succeeds
+
+
+@dataclass(frozen=True)
+class OutOfRotation:
+    """Why one model keeps this member out of rotation: its kind, and the words ``/readyz``
+    and status say (``draining <model>``, ``memory_not_returned: ...``)."""
+
+    kind: OutReason
+    reason: str
+
+    @property
+    def held(self) -> bool:
+        """Kept out after its operation ended (the memory did not come back)."""
+        return self.kind is OutReason.MEMORY_NOT_RETURNED

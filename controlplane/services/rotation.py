@@ -16,28 +16,16 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from controlplane.domain.errors import MemoryNotReturned
-from controlplane.domain.rotation import OutReason
+from controlplane.domain.rotation import OutOfRotation, OutReason
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Out:
-    kind: OutReason
-    reason: str  # what /readyz says: "draining <model>", "memory_not_returned: ..."
-
-    @property
-    def held(self) -> bool:
-        """Kept out after its operation ended (the memory did not come back)."""
-        return self.kind is OutReason.MEMORY_NOT_RETURNED
-
-
 class Rotation:
     def __init__(self, ready: asyncio.Event | None = None) -> None:
-        self._out: dict[str, Out] = {}
+        self._out: dict[str, OutOfRotation] = {}
         self._ready = ready  # set once start-up is done and the member converged; None: it is
 
     def why_out(self) -> str | None:
@@ -56,10 +44,9 @@ class Rotation:
         """The kind of each reason of :meth:`reasons`, by model: what metrics select on."""
         return {model: out.kind for model, out in sorted(self._out.items())}
 
-    def reason_of(self, model: str) -> str | None:
+    def out_of(self, model: str) -> OutOfRotation | None:
         """Why ``model`` keeps this member out of rotation now; None: it does not."""
-        out = self._out.get(model)
-        return out.reason if out is not None else None
+        return self._out.get(model)
 
     def held(self, model: str) -> str | None:
         """Why ``model`` is held out of rotation after its operation ended; None: it is not."""
@@ -70,13 +57,13 @@ class Rotation:
     def out(self, model: str) -> Iterator[None]:
         """Out of rotation for ``model`` while the block runs; back after, unless the block
         ended with :class:`MemoryNotReturned` (then held out)."""
-        self._out[model] = Out(OutReason.DRAINING, f"draining {model}")
+        self._out[model] = OutOfRotation(OutReason.DRAINING, f"draining {model}")
         log.info("out of rotation: draining %s", model, extra={"model": model})
         try:
             yield
         except MemoryNotReturned as exc:
             reason = f"memory_not_returned: {exc.message}"
-            self._out[model] = Out(OutReason.MEMORY_NOT_RETURNED, reason)
+            self._out[model] = OutOfRotation(OutReason.MEMORY_NOT_RETURNED, reason)
             log.error(
                 "staying out of rotation for %s: %s", model, exc.message, extra={"model": model}
             )

@@ -35,6 +35,7 @@ from controlplane.domain.names import validate_model_name
 from controlplane.domain.operations import Operation, OperationKind
 from controlplane.domain.releases import natural_key
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
+from controlplane.domain.rotation import OutOfRotation
 from controlplane.domain.slots import SlotState
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
@@ -93,7 +94,7 @@ class StatusService:
         previous_of: Callable[[ModelRecord], str | None] | None = None,
         cooldown_until: Callable[[RollbackRecord | None], datetime | None] | None = None,
         drift: Callable[[str], str | None] | None = None,
-        out_of_rotation: Callable[[str], str | None] | None = None,
+        out_of_rotation: Callable[[str], OutOfRotation | None] | None = None,
         catalog: StoreCatalog | None = None,
     ) -> None:
         self._catalog = catalog

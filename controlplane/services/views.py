@@ -13,6 +13,7 @@ from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import Operation
 from controlplane.domain.releases import ReleaseInfo
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
+from controlplane.domain.rotation import OutOfRotation
 from controlplane.domain.slots import Slot
 from controlplane.services.overload import OverloadView
 
@@ -41,7 +42,7 @@ class ModelView:
     drift: str | None = None  # what the last reconcile pass found wrong, if anything
     # Why the model keeps this member out of rotation now ("draining m", "memory_not_returned:
     # ..."), as /readyz says it; None: it does not.
-    out_of_rotation: str | None = None
+    out_of_rotation: OutOfRotation | None = None
     cpu_only: bool = False  # it serves as the rollback chain's CPU-only reload left it
     # Release dirs (or prefixes) the store's listing left out for their names (the first ones).
     ignored_releases: tuple[IgnoredName, ...] = ()

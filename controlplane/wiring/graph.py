@@ -111,7 +111,7 @@ def _status(
         previous_of=ledger.previous_of if ledger is not None else None,
         cooldown_until=chain.cooldown_after,
         drift=ops.reconciler.drift_of,
-        out_of_rotation=base.rotation.reason_of,
+        out_of_rotation=base.rotation.out_of,
         catalog=watching.catalog,
     )
 

@@ -53,10 +53,10 @@ def test_a_rolling_update_is_out_as_draining_and_back_in_when_it_ends() -> None:
     rotation = Rotation()
 
     with rotation.out("m"):
-        during = (rotation.kinds(), rotation.reason_of("m"), rotation.held("m"))
+        during = (rotation.kinds(), _reason(rotation, "m"), rotation.held("m"))
 
     assert during == ({"m": OutReason.DRAINING}, "draining m", None)
-    assert (rotation.kinds(), rotation.reason_of("m"), rotation.why_out()) == ({}, None, None)
+    assert (rotation.kinds(), _reason(rotation, "m"), rotation.why_out()) == ({}, None, None)
 
 
 def test_memory_not_returned_holds_the_member_out_until_a_later_deploy_succeeds() -> None:
@@ -66,7 +66,7 @@ def test_memory_not_returned_holds_the_member_out_until_a_later_deploy_succeeds(
     with rotation.out("other"):
         both = rotation.kinds()
     rotation.release("other")  # a deploy of another model does not end the hold on m
-    held = (rotation.kinds(), rotation.reason_of("m"), rotation.held("m"))
+    held = (rotation.kinds(), _reason(rotation, "m"), rotation.held("m"))
     rotation.release("m")
 
     assert both == {"m": OutReason.MEMORY_NOT_RETURNED, "other": OutReason.DRAINING}
@@ -75,7 +75,7 @@ def test_memory_not_returned_holds_the_member_out_until_a_later_deploy_succeeds(
         f"memory_not_returned: {WHY}",
         f"memory_not_returned: {WHY}",
     )
-    assert (rotation.kinds(), rotation.reason_of("m"), rotation.why_out()) == ({}, None, None)
+    assert (rotation.kinds(), _reason(rotation, "m"), rotation.why_out()) == ({}, None, None)
 
 
 def test_any_other_failure_brings_the_member_back_at_once() -> None:
@@ -155,7 +155,7 @@ async def _status(service: DeployService, parts: Parts) -> StatusService:
         service,
         parts,
         drift=parts.reconciler.drift_of,
-        out_of_rotation=parts.rotation.reason_of,
+        out_of_rotation=parts.rotation.out_of,
         catalog=watcher.catalog,
     )
 
@@ -175,8 +175,11 @@ def test_a_held_model_says_why_in_status_and_the_cli_does_not_promise_a_repair(
             lines = model_lines(answer)
             [listed] = (await status.list_models()).models
 
-            assert answer["out_of_rotation"] == f"memory_not_returned: {WHY}"
-            assert listed.out_of_rotation == answer["out_of_rotation"]
+            assert answer["out_of_rotation"] == {
+                "reason": "memory_not_returned",
+                "message": f"memory_not_returned: {WHY}",
+            }
+            assert listed.out_of_rotation == parts.rotation.out_of("m")
             assert f"  rotation:  out: memory_not_returned: {WHY}" in lines
             [drift] = [line for line in lines if line.startswith("  drift:")]
             assert drift == f"  drift:     not repaired: memory_not_returned: {WHY}"
@@ -207,3 +210,8 @@ def test_a_member_in_rotation_shows_no_rotation_line_and_a_drift_the_loop_repair
             assert drift.endswith("(the reconcile loop repairs it)")
 
     asyncio.run(scenario())
+
+
+def _reason(rotation: Rotation, model: str) -> str | None:
+    out = rotation.out_of(model)
+    return None if out is None else out.reason

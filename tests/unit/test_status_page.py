@@ -23,6 +23,7 @@ from controlplane.domain.operations import (
     Trigger,
 )
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
+from controlplane.domain.rotation import OutOfRotation, OutReason
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.services.overload import GpuPoint, OverloadView
 from controlplane.services.overview import (
@@ -257,7 +258,8 @@ def test_the_key_that_signed_the_serving_release_is_shown() -> None:
 
 def test_the_status_page_tags_a_model_that_keeps_the_member_out_with_why() -> None:
     held = "memory_not_returned: the GPU memory r1 held did not come back"
-    tree = Tree(content(_overview(_model(view=_view(out_of_rotation=held)))))
+    out = OutOfRotation(OutReason.MEMORY_NOT_RETURNED, held)
+    tree = Tree(content(_overview(_model(view=_view(out_of_rotation=out)))))
     quiet = Tree(content(_overview(_model())))
 
     [tag] = [e for e in tree.all("span") if e.text == "out of rotation"]

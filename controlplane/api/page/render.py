@@ -125,7 +125,7 @@ def _model(model: ModelOverview, overview: Overview) -> str:
     if view.drift:
         tags.append(f'<span class="tag warn" title="{esc(view.drift)}">drift</span>')
     if view.out_of_rotation:
-        why = esc(view.out_of_rotation)
+        why = esc(view.out_of_rotation.reason)
         tags.append(f'<span class="tag bad" title="{why}">out of rotation</span>')
     if model.converged is True:
         tags.append('<span class="tag ok">converged</span>')

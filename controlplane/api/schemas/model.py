@@ -52,7 +52,9 @@ def model_json(view: ModelView) -> dict[str, Any]:
             ],
             "cooldown_until": iso(view.cooldown_until),
         },
-        "out_of_rotation": view.out_of_rotation,
+        "out_of_rotation": None
+        if view.out_of_rotation is None
+        else {"reason": view.out_of_rotation.kind.value, "message": view.out_of_rotation.reason},
         "drift": view.drift,
         "last_repair": None if view.last_repair is None else operation_json(view.last_repair),
     }
