@@ -8,6 +8,13 @@ the old release's GPU memory did not come back after its unload, nothing is load
 would run out of memory), and the member stays out, *held*, until someone acts (a deploy or
 rollback of the model that succeeds, or a restart of Triton and the daemon). The reconcile loop
 leaves a held model alone: its repair would be the very load that was refused.
+
+Back in rotation is not back in the load balancer's eyes at once: it sends the member requests
+again only after its own checks pass (HAProxy's ``rise``, a probe's success threshold). So for
+``rejoin_seconds`` after the member returns (a model's update ended, or it turned ready after
+a start: a member killed mid-update comes back that way) it still tells the fleet it is out
+(``rejoining``), while ``/readyz`` already answers 200: the next member does not leave while the
+balancer has this one out too.
 """
 
 from __future__ import annotations
@@ -19,22 +26,46 @@ from contextlib import contextmanager
 
 from controlplane.domain.errors import MemoryNotReturned
 from controlplane.domain.rotation import OutOfRotation, OutReason
+from controlplane.ports import Clock
 
 log = logging.getLogger(__name__)
 
 
 class Rotation:
-    def __init__(self, ready: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        ready: asyncio.Event | None = None,
+        *,
+        clock: Clock | None = None,
+        rejoin_seconds: float = 0.0,
+    ) -> None:
         self._out: dict[str, OutOfRotation] = {}
         self._ready = ready  # set once start-up is done and the member converged; None: it is
+        self._clock = clock  # None: no rejoin window
+        self._rejoin_seconds = rejoin_seconds
+        self._was_ready = ready is None or ready.is_set()
+        self._back_at: float | None = None  # monotonic time it last returned
 
     def why_out(self) -> str | None:
         """Why the load balancer sends this member nothing now, as the fleet counts members
-        out of rotation: ``starting`` (not converged yet), or the models that keep it out;
-        None: in rotation."""
+        out of rotation: ``starting`` (not converged yet), the models that keep it out, or
+        ``rejoining`` (back, but maybe not yet in the balancer's eyes); None: in rotation."""
         if self._ready is not None and not self._ready.is_set():
             return "starting"
-        return "; ".join(out.reason for _, out in sorted(self._out.items())) or None
+        if not self._was_ready:  # turned ready since the last look: it returns now
+            self._was_ready = True
+            self._returned()
+        reasons = "; ".join(out.reason for _, out in sorted(self._out.items()))
+        return reasons or ("rejoining" if self._rejoining() else None)
+
+    def _returned(self) -> None:
+        if self._clock is not None:
+            self._back_at = self._clock.monotonic()
+
+    def _rejoining(self) -> bool:
+        if self._clock is None or self._back_at is None:
+            return False
+        return self._clock.monotonic() - self._back_at < self._rejoin_seconds
 
     def reasons(self) -> dict[str, str]:
         """Why this member is out of rotation, by model; empty: it is in."""
@@ -81,4 +112,5 @@ class Rotation:
 
     def _back(self, model: str) -> None:
         if self._out.pop(model, None) is not None:
+            self._returned()
             log.info("back in rotation (%s)", model, extra={"model": model})

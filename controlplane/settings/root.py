@@ -187,6 +187,13 @@ class Settings(BaseSettings):
             restart_seconds=self.memory.restart_seconds,
         )
 
+    @property
+    def longest_unready_seconds(self) -> float:
+        """The longest ``rollout.unready_seconds`` of any model: how long a member that
+        returns to rotation still tells the fleet it is out (the balancer's time to notice)."""
+        policies = [self.model_defaults, *self.models.values()]
+        return max(policy.rollout.unready_seconds for policy in policies)
+
     def may_roll(self, model: str) -> RollingPolicy | None:
         """The rolling policy of a model whose updates may roll (strategy rolling or auto);
         None for blue-green and inplace."""

@@ -79,6 +79,7 @@ class Base:
 
 def base(settings: Settings, staging: StagingArea) -> Base:
     ready = asyncio.Event()
+    clock = SystemClock()
     telemetry = PrometheusTelemetry()
     triton = TritonDriver(
         settings.triton.grpc_url,
@@ -89,7 +90,7 @@ def base(settings: Settings, staging: StagingArea) -> Base:
     return Base(
         settings=settings,
         staging=staging,
-        clock=SystemClock(),
+        clock=clock,
         repos=SqliteRepos.open(settings.database_path),
         telemetry=telemetry,
         store=build_store(settings, telemetry),
@@ -97,7 +98,7 @@ def base(settings: Settings, staging: StagingArea) -> Base:
         tasks=TaskOwner(),
         readers={},
         ready=ready,
-        rotation=Rotation(ready),
+        rotation=Rotation(ready, clock=clock, rejoin_seconds=settings.longest_unready_seconds),
     )
 
 

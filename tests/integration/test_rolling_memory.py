@@ -103,6 +103,14 @@ def test_memory_that_does_not_come_back_holds_that_member_out_and_the_rollout_st
         steps = {s["name"] for s in failed["steps"]}
         assert {"drain", "unload", "memory"} <= steps
         assert "load" not in steps
+        view = stuck.api.get(f"/v1/models/{rolling.model}").json()
+        assert view["out_of_rotation"]["reason"] == "memory_not_returned", view
+        metrics = stuck.api.get("/metrics").text
+        series = (
+            f'controlplane_model_out_of_rotation{{model="{rolling.model}",'
+            'reason="memory_not_returned"} 1.0'
+        )
+        assert series in metrics, [m for m in metrics.splitlines() if "out_of_rotation" in m]
         members = {m["member"]: m for m in fleet_view["members"]}
         assert "memory_not_returned" in str(members[stuck.name]["out_of_rotation"])
         assert members[other.name]["out_of_rotation"] is None

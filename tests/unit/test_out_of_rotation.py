@@ -27,6 +27,7 @@ from controlplane.services.deploy import DeployService
 from controlplane.services.figures import FigureReader
 from controlplane.services.rotation import Rotation
 from controlplane.services.status import StatusService
+from tests.support.fake_clock import FakeClock
 from tests.support.fakes import (
     Parts,
     deploy_service,
@@ -57,6 +58,32 @@ def test_a_rolling_update_is_out_as_draining_and_back_in_when_it_ends() -> None:
 
     assert during == ({"m": OutReason.DRAINING}, "draining m", None)
     assert (rotation.kinds(), _reason(rotation, "m"), rotation.why_out()) == ({}, None, None)
+
+
+def test_a_member_back_in_rotation_tells_the_fleet_it_rejoins_for_the_balancers_time() -> None:
+    """Back from a drain, or ready after a start (a member killed mid-update comes back that
+    way): the fleet still counts it out for rejoin_seconds, the balancer's time to send it
+    requests again, so that the next member does not leave meanwhile."""
+    clock = FakeClock()
+    ready = asyncio.Event()
+    rotation = Rotation(ready, clock=clock, rejoin_seconds=1.5)
+
+    starting = rotation.why_out()
+    ready.set()
+    seen = [rotation.why_out()]
+    clock.advance(1.4)
+    seen.append(rotation.why_out())
+    clock.advance(0.2)
+    seen.append(rotation.why_out())
+    with rotation.out("m"):
+        seen.append(rotation.why_out())
+    clock.advance(1.0)
+    seen.append(rotation.why_out())
+    clock.advance(1.0)
+    seen.append(rotation.why_out())
+
+    assert starting == "starting"
+    assert seen == ["rejoining", "rejoining", None, "draining m", "rejoining", None]
 
 
 def test_memory_not_returned_holds_the_member_out_until_a_later_deploy_succeeds() -> None:
