@@ -3,7 +3,8 @@
 Owns the development set-up only: a state dir `.state/` in the working directory, Triton
 started with the launcher, the daemon started as a child process (`python -m controlplane
 serve`) configured through the environment, a "what to try next" guide, and an orderly stop
-(daemon first, then Triton) on Ctrl-C, SIGTERM or when either child dies. Production runs the
+(daemon first, then Triton) on Ctrl-C, SIGTERM or when the daemon dies; Triton is started
+again when it exits, as a pod's kubelet would. Production runs the
 daemon as a sidecar next to an existing Triton; nothing here is used there, and the wheel does
 not ship it. Run it from the checkout's root (`make run`), where `devtools` is importable.
 """
@@ -126,15 +127,29 @@ Try it:
 """
 
 
-def _supervise(triton: RunningTriton, daemon: subprocess.Popen[bytes]) -> int:
-    """Block until a child exits (1) or Ctrl-C / SIGTERM (0)."""
+def _supervise(triton: RunningTriton, daemon: subprocess.Popen[bytes], cache_dir: Path) -> int:
+    """Block until the daemon exits (1) or Ctrl-C / SIGTERM (0). Triton is started again when
+    it exits, on its ports, as the kubelet or systemd would (``memory.on_not_returned:
+    restart-triton`` stops it on purpose); 1 if it cannot be."""
     try:
         while True:
-            for name, process in (("the daemon", daemon), ("Triton", triton.process)):
-                code = process.poll()
-                if code is not None:
-                    print(f"{name} exited with code {code}; stopping", file=sys.stderr)
+            code = daemon.poll()
+            if code is not None:
+                print(f"the daemon exited with code {code}; stopping", file=sys.stderr)
+                return 1
+            code = triton.process.poll()
+            if code is not None:
+                print(f"Triton exited with code {code}; starting it again", file=sys.stderr)
+                log = triton.log_path.with_name(f"{triton.log_path.stem}-{int(time.time())}.log")
+                try:
+                    again = launch_triton(
+                        triton.repository, cache_dir=cache_dir, ports=triton.ports, log_path=log
+                    )
+                except TritonStartError as exc:
+                    print(f"Triton did not start again: {exc}; stopping", file=sys.stderr)
                     return 1
+                triton.process, triton.log_path = again.process, again.log_path
+                print(f"Triton is live again (log {log})", flush=True)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 daemon.wait(timeout=0.5)
     except KeyboardInterrupt:
@@ -169,7 +184,7 @@ def _run(state: Path) -> int:
                 print(f"{failure}; see its output above", file=sys.stderr)
                 return 1
             print(_guide(triton, api, log), flush=True)
-            return _supervise(triton, daemon)
+            return _supervise(triton, daemon, state / "triton-cache")
         finally:
             # A second Ctrl-C must not cut the clean stop short; it is bounded anyway.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
