@@ -48,6 +48,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "would_be_an_outage": 409,
     "invalid_transition": 409,
     "release_changed": 409,
+    "superseded": 409,
     "desired_state_conflict": 409,
     "request_too_large": 413,
     "unsupported_media_type": 415,

@@ -200,6 +200,13 @@ class ReleaseChanged(TransientError):
     code = "release_changed"
 
 
+class Superseded(TransientError):
+    """The fleet's desired release moved on while this member waited to follow it (for a turn
+    out of rotation): nothing was unloaded, and the member follows the new one instead."""
+
+    code = "superseded"
+
+
 class Interrupted(TransientError):
     """The work was cancelled before it finished (shutdown, or its operation was cut short)."""
 

@@ -165,7 +165,9 @@ class MemberState(StrEnum):
     SERVING = "serving"  # it serves its target
     CONVERGING = "converging"  # an operation towards the target runs, or is about to
     FAILED = "failed"  # its last attempt at the target failed; it serves what it had
-    HELD = "held"  # the target is latched degraded here (rollback.scope: member)
+    # the target is latched degraded here (rollback.scope: member), or this member is held out
+    # of rotation for the model (the GPU memory did not come back): no attempt until it changes
+    HELD = "held"
     UNLOADED = "unloaded"  # the target is 'unloaded', and nothing serves here
 
 
@@ -371,6 +373,7 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
                 "error": m.error,
                 "phase": m.progress.phase,
                 "took": [[step, seconds] for step, seconds in m.progress.took],
+                "failed": m.progress.failed,
             }
             for name, m in sorted(beat.models.items())
         },
@@ -449,6 +452,7 @@ def _member_model(m: Mapping[str, Any], what: str) -> MemberModel:
                 _took(pair, f"{what}.took[{i}]")
                 for i, pair in enumerate(listed(m.get("took") or [], f"{what}.took"))
             ),
+            failed=maybe_text(m.get("failed"), f"{what}.failed"),
         ),
     )
 

@@ -108,6 +108,7 @@ class Progress:
 
     phase: str | None = None  # the step running now (None: none runs)
     took: tuple[tuple[str, float], ...] = ()  # each phase done so far: (step, seconds)
+    failed: str | None = None  # the error code of the update, when it ended failed
 
     @property
     def summary(self) -> str:
@@ -115,7 +116,8 @@ class Progress:
         ``draining; turn 0.0 s, drain 5.1 s``; empty when it did not roll."""
         if self.phase is None and not self.took:
             return ""
-        now = _PHASE_WORDS.get(self.phase, self.phase) if self.phase else "done"
+        ended = f"failed ({self.failed})" if self.failed else "done"
+        now = _PHASE_WORDS.get(self.phase, self.phase) if self.phase else ended
         took = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self.took)
         return f"{now}; {took}" if took else now
 
@@ -133,4 +135,5 @@ def rolling_progress(operation: Operation | None) -> Progress:
         for step in operation.steps
         if step.name in ROLLING_PHASES and step.duration_seconds is not None
     )
-    return Progress(phase, took)
+    error = operation.error if operation.status is OperationStatus.FAILED else None
+    return Progress(phase, took, failed=error.code if error is not None else None)

@@ -268,7 +268,12 @@ def _state_json(state: MemberModel | None) -> dict[str, object]:
         # A rolling update here: the step running now, and how long each one done took.
         "rolling": None
         if not progress.took and progress.phase is None
-        else {"phase": progress.phase, "took": dict(progress.took), "summary": progress.summary},
+        else {
+            "phase": progress.phase,
+            "took": dict(progress.took),
+            "failed": progress.failed,
+            "summary": progress.summary,
+        },
     }
 
 

@@ -291,8 +291,15 @@ class FleetSync:
             return state(MemberState.HELD, error=f"{target} was rolled back on this member")
         retry = self._failures.get(model)
         failure = retry.note if retry is not None else None
+        out = self._rotation.held(model)
+        tried = failure is not None and failure.target == target
+        if out is not None and (failure is None or (tried and not _set_again(wanted, failure))):
+            # Held out of rotation: trying again would drain and wait for the same memory,
+            # in and out of "draining"; it waits for a person (a deploy, a restart of Triton),
+            # or for the fleet to want something else.
+            return state(MemberState.HELD, error=out)
         if failure is not None and failure.target == target:
-            if wanted.generation > failure.generation and wanted.trigger not in ("rollout", "turn"):
+            if _set_again(wanted, failure):
                 self._failures.succeeded(model)  # set again since: try again now
             elif self._failures.left(model) > 0 or report is None:
                 ended = MemberState.CONVERGING if failure.transient else MemberState.FAILED
@@ -467,3 +474,9 @@ class FleetSync:
             for model, state in self.last.states.items()
             if state.target is not None and state.release is None
         }
+
+
+def _set_again(wanted: DesiredModel, failure: _Failure) -> bool:
+    """The desired state was set again since ``failure`` (a person or CI deployed it anew), not
+    only its rollout or its turns moved: worth a new attempt at once."""
+    return wanted.generation > failure.generation and wanted.trigger not in ("rollout", "turn")

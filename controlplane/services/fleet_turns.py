@@ -24,7 +24,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from controlplane.domain.errors import ControlPlaneError, DesiredStateConflict, FleetTimeout
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    DesiredStateConflict,
+    FleetTimeout,
+    Superseded,
+)
+from controlplane.domain.operations import Trigger
 from controlplane.domain.turns import Turn
 from controlplane.ports import Clock, DesiredStates
 from controlplane.services.fleet_ledger import Member
@@ -61,12 +67,15 @@ class FleetTurns:
         timeout: float,
     ) -> AsyncIterator[None]:
         """Hold a turn for ``model`` (the ``turn`` step waits for one, up to ``timeout`` s),
-        given back when the block ends, however it ends."""
+        given back when the block ends, however it ends. An operation that follows the fleet
+        (trigger ``fleet``) whose release the fleet no longer wants here is :class:`Superseded`
+        instead: nothing has left rotation yet, and the member follows the new one."""
+        follows = tracker.operation.trigger is Trigger.FLEET
         async with tracker.step("turn"):
             started = self._clock.monotonic()
             waited_for: list[str] = []
             while True:
-                held = await self._try_take(model, release, max_unavailable)
+                held = await self._try_take(model, release, max_unavailable, follows=follows)
                 if held is None:
                     break
                 if held and held != waited_for:
@@ -102,12 +111,21 @@ class FleetTurns:
             1 for name, beat in beats.items() if name != self._member.name and beat.alive(now)
         )
 
-    async def _try_take(self, model: str, release: str | None, most: int) -> list[str] | None:
+    async def _try_take(
+        self, model: str, release: str | None, most: int, *, follows: bool
+    ) -> list[str] | None:
         """None once this member holds a turn; else who holds the turns it waits for."""
         current = await asyncio.to_thread(self._records.read, model)
         if current is None:
             return None  # no record: no fleet to keep serving (a first deploy)
         me = self._member
+        wanted = current.target_for(me.name)
+        if follows and wanted != release:
+            raise Superseded(
+                f"the fleet wants {wanted or 'it unloaded'} here now (generation "
+                f"{current.generation}), not {release}: following that instead, without "
+                "leaving rotation for a release already replaced"
+            )
         beats = await asyncio.to_thread(self._records.beats)
         now = self._clock.now()
         alive = {name: beat.incarnation for name, beat in beats.items() if beat.alive(now)}

@@ -247,8 +247,9 @@ class AutoRollback:
                 f"{fallback} must be loaded, and {model} may fit once in GPU memory: this "
                 f"member may leave rotation, drain, unload and wait for the memory first "
                 f"(rollback.cold_fallback_budget_seconds {self._budgets.cold_fallback:g} s + "
-                f"{rolling.waits:g} s of rollout.unready_seconds twice, "
-                "drain_timeout_seconds and memory.return_seconds)"
+                f"{rolling.waits:g} s of waits: rollout.unready_seconds twice, "
+                "drain_timeout_seconds, memory.return_seconds, and with restart-triton "
+                "memory.restart_seconds and the memory's return again)"
             )
         steps.detail["fallback_budget"] = {"kind": kind, "seconds": budget, "why": why}
         return budget

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.domain import headroom
-from controlplane.domain.errors import DowntimeRefused, MemoryNotReturned
+from controlplane.domain.errors import DowntimeRefused, MemoryNotReturned, TritonTimeout
 from controlplane.domain.slots import Slot, SlotState
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Strategy
@@ -52,7 +52,7 @@ from controlplane.services.memory import check_headroom
 from controlplane.services.prepare import PreparedRelease
 from controlplane.services.rotation import Rotation
 from controlplane.services.runner import Run
-from controlplane.services.slots import SlotSnapshot, serving_after, unload_best_effort
+from controlplane.services.slots import SlotSnapshot, serving_after
 from controlplane.services.tracker import OperationTracker
 from controlplane.timing import poll
 
@@ -272,12 +272,14 @@ class Rolling(BlueGreen):
             tracker.detail(slot=active.name, release=active.release)
             self.retire_timers.cancel(active.name)
             async with self._memory.unloading(active.name, tracker):
-                unloaded = await unload_best_effort(self._triton, active.name, self._bounds.unload)
-            if not unloaded:
-                raise MemoryNotReturned(
-                    f"Triton did not unload {active.name} within {self._bounds.unload:g} s, so "
-                    "its memory is still held; not loading the new release beside it"
-                )
+                try:  # Triton away (TritonUnavailable) is said as such, not as memory
+                    await self._triton.unload(active.name)
+                    await self._triton.wait_unavailable(active.name, self._bounds.unload)
+                except TritonTimeout as exc:
+                    raise MemoryNotReturned(
+                        f"Triton did not unload {active.name} within {self._bounds.unload:g} "
+                        "s, so its memory is still held; not loading the new release beside it"
+                    ) from exc
 
     async def _memory_back(
         self,
@@ -356,8 +358,8 @@ class Rolling(BlueGreen):
             return {
                 "restarted": False,
                 "why": f"Triton was stopped but did not answer live within "
-                f"{policy.restart_seconds:g} s (memory.restart_seconds): is something "
-                "restarting it (the kubelet, systemd)?",
+                f"{policy.restart_seconds:g} s (memory.restart_seconds): nothing restarted "
+                "it (the kubelet or systemd should)",
                 "seconds": took,
             }
         log.warning("%s: Triton is live again after %.1f s", model, took, extra={"model": model})

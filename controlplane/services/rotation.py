@@ -50,13 +50,13 @@ class Rotation:
         """Why the load balancer sends this member nothing now, as the fleet counts members
         out of rotation: ``starting`` (not converged yet), the models that keep it out, or
         ``rejoining`` (back, but maybe not yet in the balancer's eyes); None: in rotation."""
+        reasons = [out.reason for _, out in sorted(self._out.items())]
         if self._ready is not None and not self._ready.is_set():
-            return "starting"
+            return "; ".join(["starting", *reasons])  # an update of its own may run meanwhile
         if not self._was_ready:  # turned ready since the last look: it returns now
             self._was_ready = True
             self._returned()
-        reasons = "; ".join(out.reason for _, out in sorted(self._out.items()))
-        return reasons or ("rejoining" if self._rejoining() else None)
+        return "; ".join(reasons) or ("rejoining" if self._rejoining() else None)
 
     def _returned(self) -> None:
         if self._clock is not None:

@@ -55,6 +55,7 @@ class MemorySettings(Group):
     return_seconds: float = Field(
         60.0,
         gt=0,
+        allow_inf_nan=False,
         le=3600,
         description="rolling: after the old release unloaded, how long to wait for the GPU "
         "memory it held to come back (until the new release fits in what is free) before the "
@@ -73,6 +74,7 @@ class MemorySettings(Group):
     restart_seconds: float = Field(
         300.0,
         gt=0,
+        allow_inf_nan=False,
         le=3600,
         description="restart-triton: how long to wait for Triton to stop and be live again.",
     )

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_release_name, validate_slot_suffix
+from controlplane.domain.traffic import Strategy
 from controlplane.settings.group import Group
 
 
@@ -42,10 +43,13 @@ class RolloutSettings(Group):
     unready_seconds: float = Field(
         5.0,
         ge=0,
+        allow_inf_nan=False,
         le=600,
         description="rolling: after /readyz turns 503 (draining), how long a member waits "
-        "before it unloads, so that the load balancer stops sending it requests; the "
-        "readiness probe's period x failure threshold must be below it.",
+        "before it unloads, so that the load balancer stops sending it requests, and how long "
+        "it keeps its turn once back, so that the balancer sends it requests again before the "
+        "next member leaves; the readiness probe's period x failure threshold must be below "
+        "it. 0 leaves the balancer no time: calls fail (a warning at start).",
     )
 
 
@@ -175,6 +179,17 @@ class ModelPolicy(Group):
                 "preflight.stress.enabled needs strategy blue-green: under inplace the new "
                 "release replaces the serving one as it loads, so there is no moment to load-test "
                 "it before it takes traffic. Set strategy: blue-green, or turn stress off"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _downtime_is_rolling(self) -> ModelPolicy:
+        if self.allow_downtime and not Strategy(self.strategy).may_roll:
+            raise ValueError(
+                "allow_downtime is for strategy rolling or auto (a model that fits once in GPU "
+                f"memory, unloaded before the new release loads); strategy {self.strategy} "
+                "loads the new release beside the old one and never stops serving. Remove "
+                "allow_downtime, or set strategy: auto"
             )
         return self
 

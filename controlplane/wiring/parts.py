@@ -10,6 +10,7 @@ late, so what calls what is what this file shows.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from controlplane.adapters.triton.model_config import ProtobufConfigEditor
 from controlplane.adapters.triton.residue import ProcessAuditor
 from controlplane.domain.evaluator import Aggregate, EvaluatorConfig
 from controlplane.domain.notifications import NotificationHealth
+from controlplane.domain.traffic import Strategy
 from controlplane.ports import ModelStore, UtilizationSource
 from controlplane.services.assembly import Limits, Pipelines, assemble
 from controlplane.services.catalog import StoreCatalog
@@ -53,6 +55,9 @@ from controlplane.wiring.sources import (
 
 if TYPE_CHECKING:  # imported by the store's builder only when a queue is set: boto3 is heavy
     from controlplane.adapters.stores.sqs_events import SqsStoreEvents
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,34 @@ def memory(b: Base) -> Memory:
         shm_backends=settings.shm_backends,
         shm_margin=settings.shm_margin_bytes,
     )
+    _warn_of_rolling(b.settings, audit)
     return Memory(figures, watch, headroom, audit)
+
+
+def _warn_of_rolling(settings: Settings, audit: ProcessAuditor) -> None:
+    """Settings that a rolling update would find wanting only once a member is out of
+    rotation, said at start."""
+    policies = {"model_defaults": settings.model_defaults, **settings.models}
+    for name, policy in policies.items():
+        if Strategy(policy.strategy).may_roll and policy.rollout.unready_seconds < 1:
+            log.warning(
+                "%s: rollout.unready_seconds is %g: a rolling update unloads before a load "
+                "balancer can notice the member left rotation, and the next member may leave "
+                "while this one is still out in its eyes (calls fail). Give the balancer's "
+                "time to drop a member (the readiness probe's period x failure threshold)",
+                name,
+                policy.rollout.unready_seconds,
+            )
+    if settings.memory.on_not_returned == "restart-triton":
+        hidden = audit.skipped()
+        if hidden is not None:
+            log.warning(
+                "memory.on_not_returned is restart-triton, but Triton's process cannot be "
+                "seen now (%s): unless it is only starting, a rolling update whose memory does "
+                "not come back will stop instead. Run the daemon where it sees Triton (the "
+                "same host, or shareProcessNamespace: true in the pod)",
+                hidden,
+            )
 
 
 def ledger(b: Base, wake: Wake) -> FleetLedger | None:

@@ -10,6 +10,7 @@ and goes on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,16 @@ def _slot_ready(member: Member, model: str) -> list[str]:
         for entry in index.json()
         if entry["name"].startswith(f"{model}__") and entry.get("state") == "READY"
     )
+
+
+def _stays_held(member: Member, model: str, *, seconds: float) -> None:
+    """``member`` says it is held out of rotation for ``model`` at every look for ``seconds``."""
+    series = f'controlplane_model_out_of_rotation{{model="{model}",reason="memory_not_returned"}}'
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        assert "memory_not_returned" in member.api.get("/readyz").text
+        assert series in member.api.get("/metrics").text
+        time.sleep(0.25)
 
 
 @pytest.fixture
@@ -80,6 +91,10 @@ def test_memory_that_does_not_come_back_holds_that_member_out_and_the_rollout_st
             [stuck] = held()
             [other] = [m for m in rolling.members[1:] if m is not stuck]
             rolling.haproxy.wait_for_status(stuck.name, "DOWN", timeout=10)
+            # Held, it does not try again (each try would drain and wait for the memory anew,
+            # in and out of "draining"): over the fleet sync's first backoffs (2 s, 4 s) it
+            # stays held, for /readyz as for the alert's series.
+            _stays_held(stuck, rolling.model, seconds=8)
             # The other waits: one member out already (held), at most one at a time.
             watch.load.wait_for_answers(50)
             fleet_view = rolling.fleet.fleet()
@@ -95,7 +110,7 @@ def test_memory_that_does_not_come_back_holds_that_member_out_and_the_rollout_st
 
         # Said where operators look: the operation (with the figures), /readyz, the fleet.
         operations = stuck.api.get(f"/v1/operations?model={rolling.model}").json()["operations"]
-        failed = next(o for o in operations if o["status"] == "failed")
+        [failed] = [o for o in operations if o["status"] == "failed"]  # one try, no retries
         assert failed["error"]["code"] == "memory_not_returned", failed
         message = failed["error"]["message"]
         assert "the GPU memory r1 held did not come back" in message

@@ -276,7 +276,9 @@ def test_every_field_of_a_heartbeat_survives_storage() -> None:
                 target="r3",
                 generation=9,
                 error="boom",
-                progress=Progress("load", (("turn", 0.5), ("drain", 5.25), ("unload", 0.3))),
+                progress=Progress(
+                    "load", (("turn", 0.5), ("drain", 5.25), ("unload", 0.3)), failed="x"
+                ),
             ),
             "n": MemberModel(None, MemberState.UNLOADED),
         },
@@ -914,3 +916,5 @@ def test_a_rolling_progress_says_its_phase_and_how_long_each_took() -> None:
     assert (
         Progress(None, (("drain", 5.12), ("load", 7.0))).summary == "done; drain 5.1 s, load 7.0 s"
     )
+    failed = Progress(None, (("drain", 1.5), ("memory", 20.0)), failed="memory_not_returned")
+    assert failed.summary == "failed (memory_not_returned); drain 1.5 s, memory 20.0 s"

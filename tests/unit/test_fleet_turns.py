@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.domain.errors import FleetTimeout
+from controlplane.domain.errors import FleetTimeout, Superseded
 from controlplane.domain.fleet import DesiredModel
-from controlplane.domain.operations import OperationKind, StepStatus
+from controlplane.domain.operations import OperationKind, StepStatus, Trigger
 from controlplane.domain.turns import Turn
 from controlplane.services.fleet_turns import TURN_POLL, FleetTurns
 from controlplane.services.rotation import Rotation
@@ -230,3 +230,39 @@ def test_two_members_may_be_out_at_once_when_max_unavailable_says_so(tmp_path: P
             return turns_of(r)
 
     assert scenario(tmp_path, body) == [("b", "b-inc-1"), ("a", "a-inc-1")]
+
+
+def test_a_member_following_the_fleet_gives_up_waiting_once_the_fleet_wants_another_release(
+    tmp_path: Path,
+) -> None:
+    """It waited behind b for r2; meanwhile the fleet moved to r3: it leaves nothing (no turn
+    taken, no unload) and says so, to follow r3 instead."""
+
+    async def body(r: Rig) -> tuple[str, list[tuple[str, str]]]:
+        r.record("r2")
+        r.alive("a", "b")
+        holding(r, "b", "b-inc-1")
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        run = r.run(OperationKind.DEPLOY, "r2", trigger=Trigger.FLEET)
+
+        async def mine() -> None:
+            async with turns.turn(run.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+                raise AssertionError("took a turn for a release the fleet replaced")
+
+        task = asyncio.create_task(mine())
+        await r.clock.sleeping()
+        current = r.records.read(MODEL)
+        assert current is not None
+        r.records.desired[MODEL] = current.changed(
+            by="b", at=r.clock.now(), trigger="api", reason="r3, please", release="r3"
+        )
+        r.clock.advance(TURN_POLL)
+        with pytest.raises(Superseded) as raised:
+            await task
+        return raised.value.message, turns_of(r)
+
+    message, turns_then = scenario(tmp_path, body)
+
+    assert "the fleet wants r3 here now" in message
+    assert "not r2" in message
+    assert turns_then == [("b", "b-inc-1")]  # b's still; this member took none

@@ -908,6 +908,29 @@ def test_a_models_entry_that_breaks_a_rule_with_model_defaults_names_the_model(
     assert "models.m" not in message  # told once, where it is written
 
 
+def test_allow_downtime_on_a_model_that_never_rolls_is_refused_with_what_to_do(
+    required: Path, tmp_path: Path
+) -> None:
+    config = write_yaml(
+        tmp_path, {"models": {"m": {"strategy": "blue-green", "allow_downtime": True}}}
+    )
+
+    message = settings_error(config)
+
+    assert "models.m" in message
+    assert "allow_downtime is for strategy rolling or auto" in message
+    assert "Remove allow_downtime, or set strategy: auto" in message
+
+
+def test_a_rolling_wait_that_is_not_a_number_says_so(required: Path, tmp_path: Path) -> None:
+    config = write_yaml(tmp_path, {"model_defaults": {"rollout": {"unready_seconds": "nan"}}})
+
+    message = settings_error(config)
+
+    assert "model_defaults.rollout.unready_seconds" in message
+    assert "finite number" in message
+
+
 # --- signatures ---------------------------------------------------------------------------
 
 
