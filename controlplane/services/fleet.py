@@ -66,7 +66,10 @@ class FleetSnapshot:
             return False
         before, back = self.blind
         grace = 3 * beat.interval + BACK_AFTER_OUTAGE
-        return beat.alive(before) and (self.at - back).total_seconds() <= grace
+        # Alive at some moment of the blind stretch: a beat that landed just before the store
+        # went away may be newer than the last read before it.
+        alive_then = beat.alive(before) or before <= beat.at <= back
+        return alive_then and (self.at - back).total_seconds() <= grace
 
     def incarnations_alive(self) -> dict[str, str]:
         """Each live member's process (a turn held by another one holds nothing)."""
@@ -114,8 +117,9 @@ class FleetService:
                 desired = {model: one} if one is not None else {}
             beats = await asyncio.to_thread(self._records.beats)
         except ControlPlaneError as exc:
-            if self._away_since is None:
-                self._away_since = self._beats_at or self._clock.now()
+            if self._away_since is None:  # the store was read last then (by anyone here)
+                reads = [t for t in (self._beats_at, self._sync.last_read) if t is not None]
+                self._away_since = max(reads) if reads else self._clock.now()
             last = self._sync.last
             if last is None or (last.error is not None and self._sync.last_read is None):
                 raise
