@@ -70,7 +70,7 @@ from tests.support.models import write_scale_release
 MODEL = "fleet"
 SIZES = (1, 2, 3, 4)  # a fleet of one is the baseline
 POLLS = (10.0, 1.0)  # store.poll_interval_seconds: the default, and a short one
-BEAT = 5.0  # fleet.heartbeat_seconds, its default (the tests' Fleet would set 1 s)
+BEAT = 5.0  # fleet.keepalive_seconds: its default when measured, 60 s since (the tests set 1 s)
 RETIRED = 35.0  # s after a rollout: the old slot retired (retire_after_seconds 30 s + margin)
 
 

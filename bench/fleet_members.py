@@ -29,7 +29,7 @@ from devtools.launcher import RunningTriton, TritonPorts, launch_triton
 from tests.support.fleet import Member
 
 POLL_ENV = "CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS"
-BEAT_ENV = "CONTROLPLANE_FLEET__HEARTBEAT_SECONDS"
+BEAT_ENV = "CONTROLPLANE_FLEET__KEEPALIVE_SECONDS"
 
 
 def intervals(poll: float, beat: float) -> dict[str, str]:

@@ -64,7 +64,9 @@ from tests.support.rolling_fleet import RollingFleet, rolling_fleet, write_big_r
 MODEL = "rolling"
 SIZES = (2, 3, 4)
 UNREADY = 1.0  # rollout.unready_seconds for the bench (the default is 5 s, the tests' 1.5 s)
-POLL, BEAT = 10.0, 5.0  # store.poll_interval_seconds, fleet.heartbeat_seconds: the defaults
+# store.poll_interval_seconds (its default) and fleet.keepalive_seconds (5 s, its default
+# when this was measured; 60 s since)
+POLL, BEAT = 10.0, 5.0
 UNREADY_ENV = "CONTROLPLANE_MODEL_DEFAULTS__ROLLOUT__UNREADY_SECONDS"
 WORK = ("unload", "memory", "load", "preflight", "switch")  # besides the drain's own part
 SETTLE = 1.0  # s between rollouts: the last member's beat and HAProxy's rise behind us

@@ -15,6 +15,8 @@
 #                            the signature tests and docs/signatures.md
 #   haproxy                  /usr/sbin/haproxy, the load balancer in front of a fleet's members
 #                            in the rolling-update tests (tests/support/haproxy.py)
+#   faketime                 libfaketime, preloaded into daemons whose clocks the fleet tests
+#                            run 10 minutes ahead or behind (tests/integration/test_fleet_clocks.py)
 #
 # kubectl is not one of them: Debian's is 1.20, and `make install` puts kubectl 1.32 into
 # .venv/bin (tools/install-k8s-tools.py).
@@ -33,6 +35,7 @@ NEEDED=(
     chromedriver:chromium-driver
     openssl:openssl
     haproxy:haproxy
+    faketime:faketime
 )
 
 # library:package pairs: shared libraries, found by their soname in the linker's cache.

@@ -78,6 +78,12 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
             f"{member['member']:<24} {'yes' if member['alive'] else 'NO':<6} "
             f"{seen:<21} {member.get('overload') or '-':<9} {served or '-'}"
         )
+        if ahead := member.get("clock_ahead_seconds"):
+            way = "ahead of" if ahead > 0 else "behind"
+            lines.append(
+                f"{'':<24} its clock is {abs(ahead)} s {way} the one of the member answering "
+                "(times it writes are off by that much; liveness goes by the store's)"
+            )
     return lines
 
 

@@ -46,6 +46,12 @@ from controlplane.domain.turns import Progress, Turn, turn_for_storage, turn_fro
 
 RESERVED_PREFIX = "_controlplane"  # model names start with a letter or digit: no collision
 SCHEMA = 1
+# The longest keepalive a member's beat is believed for (fleet.keepalive_seconds' bound): a
+# record that claims more cannot keep a member alive any longer than that.
+MAX_KEEPALIVE = 300.0
+# S3's timestamps (LastModified, the Date of an answer) are whole seconds: two of them, each
+# up to a second short, may make a beat look that much older than it is.
+STAMP_SLACK = 2.0
 
 
 class RolloutPhase(StrEnum):
@@ -188,7 +194,7 @@ class MemberBeat:
     member: str
     incarnation: str
     at: datetime
-    interval: float  # seconds between its beats: 3 missed and it is not alive
+    interval: float  # its keepalive: seconds between beats while nothing changes
     version: str
     models: Mapping[str, MemberModel] = field(default_factory=dict)
     overload: str | None = None  # the overload verdict: healthy, breach, unknown; None: off
@@ -198,18 +204,36 @@ class MemberBeat:
     # Why its load balancer sends it nothing now (starting, draining a model); empty: in
     # rotation. Rolling updates count such members as out (rollout.max_unavailable).
     out_of_rotation: str | None = None
+    # When it landed in the store, on the reader's clock: the store's own timestamp of the
+    # record (S3's LastModified, the file's mtime) moved by how far the store's clock is from
+    # the reader's. Not stored: the store gives it. None: not read from the store (this
+    # member's own beat, as it is now), so ``at`` stands for it.
+    landed: datetime | None = None
+
+    @property
+    def seen(self) -> datetime:
+        """When the fleet last heard of this member, on the reader's clock."""
+        return self.landed if self.landed is not None else self.at
 
     def alive(self, now: datetime) -> bool:
-        """Beat within its last three intervals, as ``now``'s clock sees it; a beat dated
-        further ahead than that (a clock running fast, a hand edit) is no sign of life, or a
-        member that died would stay alive for as long as the stamp is ahead."""
-        window = timedelta(seconds=3 * self.interval)
-        return -window <= now - self.at <= window
+        """Heard of within three keepalives (and the store timestamps' resolution) as ``now``'s
+        clock sees it. Judged from when the beat landed in the store, never from the time its
+        writer put in it: a member whose clock runs ahead would stay alive after its death for
+        as long as it is ahead (a beat dated 2099, for ever), and one whose clock runs behind
+        would be taken for dead while it serves. A beat known only by its own date (this
+        member's) and dated further ahead than the window is no sign of life either."""
+        window = timedelta(seconds=3 * min(self.interval, MAX_KEEPALIVE))
+        if self.landed is None:
+            return -window <= now - self.at <= window
+        return now - self.landed <= window + timedelta(seconds=STAMP_SLACK)
 
-    def ahead(self, now: datetime) -> float | None:
-        """Seconds this beat is dated ahead of ``now`` beyond its window (None: it is not)."""
-        early = (self.at - now).total_seconds()
-        return early if early > 3 * self.interval else None
+    def skew(self) -> float | None:
+        """Seconds its writer's clock is ahead of the reader's (negative: behind), as far as
+        one beat tells (its date against when it landed); None when it was not read from the
+        store."""
+        if self.landed is None:
+            return None
+        return (self.at - self.landed).total_seconds()
 
     def serves(self, model: str, release: str | None) -> bool:
         state = self.models.get(model)

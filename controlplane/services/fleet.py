@@ -37,6 +37,9 @@ WAIT_POLL = 0.25
 # After an outage of the store, how long (beyond three beats) the others have to beat again:
 # their writes may be in the store's backoff (5 s apart at most) when it comes back.
 BACK_AFTER_OUTAGE = 10.0
+# A member's clock this far (s) from the store's is shown: beyond what a write's latency and
+# the timestamps' whole seconds account for.
+CLOCK_SAID = 5.0
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class FleetSnapshot:
         grace = 3 * beat.interval + BACK_AFTER_OUTAGE
         # Alive at some moment of the blind stretch: a beat that landed just before the store
         # went away may be newer than the last read before it.
-        alive_then = beat.alive(before) or before <= beat.at <= back
+        alive_then = beat.alive(before) or before <= beat.seen <= back
         return alive_then and (self.at - back).total_seconds() <= grace
 
     def incarnations_alive(self) -> dict[str, str]:
@@ -143,7 +146,6 @@ class FleetService:
         desired = {**desired, **{m: self._sync.generations.seen[m] for m in behind}}
         broken = {
             **(self._records.unreadable() if model is None else {}),
-            **self._dated_ahead(beats, now),
             **{f"{self._records.where}/desired/{m}.json": why for m, why in behind.items()},
         }
         gaps = [g for g in (self._blind, self._sync.store_gap) if g is not None]
@@ -152,19 +154,6 @@ class FleetService:
         return FleetSnapshot(
             now, self.member, desired, beats, broken=broken, read_at=started, blind=blind
         )
-
-    def _dated_ahead(self, beats: dict[str, MemberBeat], now: datetime) -> dict[str, str]:
-        """Heartbeats dated ahead of this member's clock: not counted alive, and said."""
-        found = {}
-        for name, beat in beats.items():
-            early = beat.ahead(now)
-            if early is not None:
-                found[f"{self._records.where}/members/{name}.json"] = (
-                    f"the heartbeat of {name} is dated {beat.at.isoformat()}, {early:.0f} s "
-                    "ahead of this member's clock, so it is not counted alive: check the "
-                    "clocks' time sync, or delete the record if the member is gone"
-                )
-        return found
 
     async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
         """Return once every live member serves ``release`` of ``model`` (the rollout, if
@@ -281,11 +270,20 @@ def _state_json(state: MemberModel | None) -> dict[str, object]:
     }
 
 
+def clock_ahead(beat: MemberBeat) -> int | None:
+    """How far the member's clock is ahead of this member's (negative: behind), in whole
+    seconds, when it is further than a store's timestamps can tell; None: not that far, or
+    not known. Shown, not acted on: liveness never uses the member's clock."""
+    skew = beat.skew()
+    return None if skew is None or abs(skew) <= CLOCK_SAID else round(skew)
+
+
 def member_json(beat: MemberBeat, alive: bool) -> dict[str, object]:
     return {
         "member": beat.member,
         "alive": alive,
-        "last_seen": beat.at.isoformat(),
+        "last_seen": beat.seen.isoformat(),  # when its last beat landed, on this clock
+        "clock_ahead_seconds": clock_ahead(beat),
         "version": beat.version,
         "stale": beat.stale,
         "overload": beat.overload,

@@ -19,7 +19,7 @@ Invariants:
   member does not go back to a release it rolled back from, until someone sets it again.
 * A model with an operation of this member's own running is left to it.
 
-It also writes this member's heartbeat every ``fleet.heartbeat_seconds`` and when what it says
+It also writes this member's heartbeat every ``fleet.keepalive_seconds`` and when what it says
 changes (:mod:`.heartbeat`), and does the fleet's upkeep (:mod:`.fleet_upkeep`): it advances
 canary rollouts and, on its first pass, records what serves here that the fleet has no record of.
 """

@@ -115,7 +115,7 @@ async def forget_departed(records: DesiredStates, member: str, now: datetime) ->
     gone = [
         name
         for name, beat in beats.items()
-        if name != member and (now - beat.at).total_seconds() > DEPARTED_AFTER
+        if name != member and (now - beat.seen).total_seconds() > DEPARTED_AFTER
     ]
     for name in gone:
         try:

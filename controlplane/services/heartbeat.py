@@ -1,11 +1,13 @@
 """This member's heartbeat in the fleet's records: written when due, or when it says something new.
 
-Every member writes one every ``fleet.heartbeat_seconds`` (three missed and it is not alive), and
-at once when what it says changes (what it serves and how, its GPU verdict, whether it is stale),
-so a rollout sees a member converge without waiting for its next beat. It is not written more
-often than that: each write is a temp file, an fsync and a rename in the shared store (on a local
-store also inotify events for every member's watch), and the sync pass that asks for one runs
-every poll interval, five times per beat at a 1 s poll.
+Every member writes one at once when what it says changes (what it serves and how, its GPU
+verdict, whether it is stale or in rotation), so a rollout sees a member converge without waiting,
+and else every ``fleet.keepalive_seconds`` (60 s): an idle fleet writes one object per member per
+keepalive, whatever the number of models. The others judge it alive for three keepalives after
+the beat *landed*, by the store's timestamps (:attr:`MemberBeat.landed`), so the time a member
+writes into its beat is never trusted for that. A beat is not written more often than the sync
+pass asks: each write is a temp file, an fsync and a rename in a shared directory (with inotify
+events for every member's watch) or one PutObject.
 
 Two daemons given the same member name (a copied config, a fixed ``CONTROLPLANE_FLEET__MEMBER``
 in a Deployment with several replicas) would write one heartbeat in turns, and the fleet would

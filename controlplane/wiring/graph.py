@@ -155,7 +155,7 @@ def _figures(
         rotation=base.rotation,
         notifications=watching.notifications,
         fleet=(
-            FleetSources(sync, fleet_view, every=settings.fleet.heartbeat_seconds)
+            FleetSources(sync, fleet_view, every=settings.fleet.keepalive_seconds)
             if sync is not None and fleet_view is not None
             else None
         ),
@@ -180,7 +180,7 @@ def _fleet_sync(
         rollbacks=base.repos.rollbacks,
         clock=base.clock,
         poll_interval=settings.store.poll_interval_seconds,
-        beat_interval=settings.fleet.heartbeat_seconds,
+        beat_interval=settings.fleet.keepalive_seconds,
         overload=overload.verdict if overload is not None else None,
         wake=wake,
         rotation=ops.rotation,

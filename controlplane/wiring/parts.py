@@ -174,7 +174,7 @@ def ledger(b: Base, wake: Wake) -> FleetLedger | None:
     if not settings.fleet.enabled:
         return None
     return FleetLedger(
-        records=build_records(settings, b.store),
+        records=build_records(settings, b.store, clock=b.clock.now),
         member=Member(settings.member_name, uuid.uuid4().hex[:12], __version__, settings.fleet_url),
         clock=b.clock,
         rollout_for=settings.rollout,

@@ -7,6 +7,7 @@ boto3 is imported only when the store is S3, so a daemon on a directory store ne
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
@@ -61,15 +62,18 @@ def build_store_events(
     )
 
 
-def build_records(settings: Settings, store: ModelStore) -> DesiredStates:
-    """Where the fleet's desired state and heartbeats live: beside the releases."""
+def build_records(
+    settings: Settings, store: ModelStore, *, clock: Callable[[], datetime]
+) -> DesiredStates:
+    """Where the fleet's desired state and heartbeats live: beside the releases. ``clock``:
+    the daemon's, on which the heartbeats read are said to have landed."""
     if settings.store.scheme == "s3":
         from controlplane.adapters.stores.s3 import S3Store
         from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 
         assert isinstance(store, S3Store)
-        return S3DesiredStates(store)
-    return LocalDesiredStates(settings.store.local_path)
+        return S3DesiredStates(store, clock=clock)
+    return LocalDesiredStates(settings.store.local_path, clock=clock)
 
 
 def build_utilization_source(

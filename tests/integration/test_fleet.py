@@ -19,7 +19,7 @@ import pytest
 
 from devtools.launcher import RunningTriton
 from tests.integration.test_cli import cli
-from tests.support.fleet import Fleet, Member, running_fleet
+from tests.support.fleet import BEAT, Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GpuExporter
 from tests.support.inference import LoadGenerator
 from tests.support.models import write_scale_release, write_sha256sums
@@ -268,9 +268,10 @@ def test_records_written_by_hand_with_nan_or_a_time_without_a_zone_are_listed_no
 def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_followed(
     fleet: Fleet, store: Path
 ) -> None:
-    """Found from outside: a dead member whose heartbeat was dated a year ahead stayed alive
-    (a --fleet deploy waited on it to its timeout), and a desired state put back to an older
-    generation (a restored backup, a lagging replica) moved the fleet back without a word."""
+    """Found from outside: a dead member whose heartbeat was dated 2099 stayed alive for ever
+    (every --fleet deploy waited on it to its timeout), and a desired state put back to an
+    older generation (a restored backup, a lagging replica) moved the fleet back without a
+    word. A beat lives by when it landed in the store (the file's mtime), whatever its date."""
     write_scale_release(store, fleet.model, "r1", k=1.0)
     write_scale_release(store, fleet.model, "r2", k=2.0)
     member = fleet.add()
@@ -287,9 +288,18 @@ def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_foll
 
     view = fleet.fleet(via=member)
     said = {r["record"].rsplit("/", 2)[-1]: r["error"] for r in view["unreadable_records"]}
-    assert "ahead of this member's clock" in said["ghost.json"], said
     assert "went back from generation 2" in said[f"{fleet.model}.json"], said
-    assert {m["member"]: m["alive"] for m in view["members"]} == {"m1": True, "ghost": False}
+    [ghost] = [m for m in view["members"] if m["member"] == "ghost"]
+    assert ghost["clock_ahead_seconds"] > 70 * 365 * 86400, ghost  # said, not believed
+    assert "its clock is" in cli(member.api.url, "fleet").stdout
+    # Alive for three keepalives after it landed (and the timestamps' slack), then dead.
+    eventually(
+        lambda: not _alive(fleet, member)["ghost"],
+        3 * BEAT + 2 + 10,
+        "the ghost being seen dead three keepalives after its beat landed",
+    )
+    assert _alive(fleet, member) == {"m1": True, "ghost": False}
+    view = fleet.fleet(via=member)
     assert view["models"][fleet.model]["desired"] == "r2"
     assert member.answer(fleet.model) == 2.0  # not moved back
     assert "went back from generation 2" in member.api.log()
@@ -299,6 +309,10 @@ def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_foll
     )
     assert answer.status_code == 200, answer.text
     assert member.answer(fleet.model) == 1.0
+
+
+def _alive(fleet: Fleet, member: Member) -> dict[str, bool]:
+    return {m["member"]: m["alive"] for m in fleet.fleet(via=member)["members"]}
 
 
 def _two_passes(member: Member, model: str) -> None:

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -331,10 +332,49 @@ def test_heartbeats_round_trip_and_are_forgotten(
     direct.put_object(Bucket=bucket, Key=f"{members}/bad.json", Body=b"[]")
     direct.put_object(Bucket=bucket, Key=f"{members}/c.json", Body=encode_beat(heartbeat("b")))
 
-    assert records.beats() == {"a": newer, "b": heartbeat("b")}
+    assert as_written(records.beats()) == {"a": newer, "b": heartbeat("b")}
     records.forget("a")
     records.forget("never-seen")
-    assert records.beats() == {"b": heartbeat("b")}
+    assert as_written(records.beats()) == {"b": heartbeat("b")}
+
+
+def as_written(beats: dict[str, MemberBeat]) -> dict[str, MemberBeat]:
+    """Heartbeats as their writers wrote them: without when they landed, which the store adds."""
+    return {name: replace(beat, landed=None) for name, beat in beats.items()}
+
+
+@pytest.mark.parametrize("reader_ahead", [-600.0, 0.0, 600.0])
+def test_a_heartbeat_lands_when_s3_stored_it_on_the_readers_clock_whatever_it_says(
+    proxy: FaultProxy, direct: Any, bucket: str, reader_ahead: float
+) -> None:
+    """LastModified against the Date of the same answer, both S3's clock, moved onto the
+    reader's: a writer 10 minutes ahead and a record dated 2099 land now, for a reader whose
+    clock is 10 minutes off either way too. A listing that finds nothing new GETs nothing."""
+    client = s3_client(proxy.endpoint)
+    clock = lambda: datetime.now(UTC) + timedelta(seconds=reader_ahead)  # noqa: E731
+    reader = S3DesiredStates(S3Store(f"s3://{bucket}/{PREFIX}", client=client), clock=clock)
+    reader.beat(heartbeat("reader"))
+    ahead = replace(heartbeat("ahead"), at=datetime.now(UTC) + timedelta(minutes=10))
+    members = f"{PREFIX}/_controlplane/members"
+    direct.put_object(Bucket=bucket, Key=f"{members}/ahead.json", Body=encode_beat(ahead))
+    dated = {**json.loads(encode_beat(heartbeat("ghost"))), "at": "2099-01-01T00:00:00+00:00"}
+    direct.put_object(Bucket=bucket, Key=f"{members}/ghost.json", Body=json.dumps(dated))
+
+    read = reader.beats()
+    now = clock()
+
+    for name in ("reader", "ahead", "ghost"):
+        # S3's timestamps are whole seconds: up to a second short each.
+        assert -1 <= (now - read[name].seen).total_seconds() < 3, name
+        assert read[name].alive(now)
+        assert not read[name].alive(read[name].seen + timedelta(seconds=3 * 5.0 + 2.5))
+    one = reader.beat_of("ghost")
+    assert one is not None
+    assert -1 <= (now - one.seen).total_seconds() < 3
+    gets = proxy.gets(members)
+    assert set(reader.beats()) == {"reader", "ahead", "ghost"}
+    assert proxy.gets(members) == gets  # unchanged ETags: listed, not fetched again
+    client.close()
 
 
 def test_the_records_live_under_controlplane_and_list_models_never_lists_them(

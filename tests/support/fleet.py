@@ -72,7 +72,7 @@ class Fleet:
         """(Re)start ``member``'s daemon on its own database, as its pod's sidecar would."""
         extra = {
             "CONTROLPLANE_FLEET__MEMBER": member.name,
-            "CONTROLPLANE_FLEET__HEARTBEAT_SECONDS": str(BEAT),
+            "CONTROLPLANE_FLEET__KEEPALIVE_SECONDS": str(BEAT),
             "CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": str(POLL),
             **self.env,
             **kwargs.pop("extra_env", {}),

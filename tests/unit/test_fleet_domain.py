@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from controlplane.domain.fleet import (
+    MAX_KEEPALIVE,
     Claim,
     Degraded,
     DesiredModel,
@@ -288,7 +289,8 @@ def test_every_field_of_a_heartbeat_survives_storage() -> None:
         name_conflict="another daemon writes heartbeats as member-a",
         out_of_rotation="draining m; memory_not_returned: m2",
     )
-    assert non_default_fields(record) == []
+    # Every field but when it landed, which the store tells and the record never holds.
+    assert non_default_fields(record) == ["landed"]
     assert non_default_fields(record.models["m"]) == []
     assert non_default_fields(record.models["m"].progress) == []
 
@@ -867,23 +869,49 @@ def test_a_plain_api_address_is_taken_as_written(url: str, taken: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("offset", "alive", "ahead"),
+    ("offset", "alive"),
     [
-        (0.0, True, None),
-        (-30.0, True, None),  # three intervals of 10 s back: the last beat that counts
-        (-31.0, False, None),
-        (30.0, True, None),  # a clock a little fast
-        (31.0, False, 31.0),  # dated further ahead than its window: no sign of life
-        (365 * 86400.0, False, 365 * 86400.0),
+        (0.0, True),
+        (-30.0, True),  # three keepalives of 10 s back: the last beat that counts
+        (-31.0, False),
+        (30.0, True),  # a clock a little fast
+        (31.0, False),  # dated further ahead than its window: no sign of life
     ],
 )
-def test_a_beat_is_alive_within_its_window_either_side_of_the_readers_clock(
-    offset: float, alive: bool, ahead: float | None
+def test_a_beat_known_only_by_its_own_date_is_alive_within_its_window(
+    offset: float, alive: bool
 ) -> None:
     stamped = beat("b", at=T0 + timedelta(seconds=offset))
 
     assert stamped.alive(T0) is alive
-    assert stamped.ahead(T0) == ahead
+    assert stamped.skew() is None  # not read from a store: nothing to tell a skew by
+
+
+@pytest.mark.parametrize("writer_ahead", [-600.0, 0.0, 60.0, 600.0, 73 * 365 * 86400.0])
+def test_a_beat_read_from_the_store_lives_by_when_it_landed_whatever_its_writers_clock(
+    writer_ahead: float,
+) -> None:
+    """A member 10 minutes behind is alive while it beats; one ahead (or a beat dated 2099)
+    is dead three keepalives after its last beat landed, not when its own date runs out."""
+    landed = T0 - timedelta(seconds=5)
+    written = dataclasses.replace(
+        beat("b", at=landed + timedelta(seconds=writer_ahead)), landed=landed
+    )
+
+    assert written.alive(T0)
+    # Three keepalives of 10 s, and 2 s for the store's timestamps, which are whole seconds.
+    assert written.alive(landed + timedelta(seconds=32))
+    assert not written.alive(landed + timedelta(seconds=32.5))
+    assert written.skew() == writer_ahead
+    assert written.seen == landed
+
+
+def test_a_keepalive_claimed_beyond_the_bound_keeps_a_member_no_longer_than_the_bound() -> None:
+    landed = T0
+    claims = dataclasses.replace(beat("b", at=T0), interval=1e9, landed=landed)
+
+    assert claims.alive(T0 + timedelta(seconds=3 * MAX_KEEPALIVE))
+    assert not claims.alive(T0 + timedelta(seconds=3 * MAX_KEEPALIVE + 3))
 
 
 def test_a_desired_state_that_went_back_is_not_followed_until_a_new_generation() -> None:

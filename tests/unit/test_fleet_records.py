@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -67,6 +68,11 @@ def heartbeat(member: str, release: str = "r1") -> MemberBeat:
         models={MODEL: MemberModel(release, MemberState.SERVING, target=release, generation=1)},
         overload="healthy",
     )
+
+
+def as_written(beats: dict[str, MemberBeat]) -> dict[str, MemberBeat]:
+    """Heartbeats as their writers wrote them: without when they landed, which the store adds."""
+    return {name: replace(beat, landed=None) for name, beat in beats.items()}
 
 
 @pytest.fixture
@@ -290,6 +296,7 @@ def test_threads_bumping_the_generation_lose_no_update_and_readers_see_whole_rec
 CHILD = """
 import json, sys
 from datetime import timedelta
+from dataclasses import replace
 from pathlib import Path
 from controlplane.adapters.stores.fleet_local import LocalDesiredStates
 from controlplane.domain.errors import DesiredStateConflict
@@ -513,7 +520,7 @@ def test_heartbeats_round_trip_and_a_new_beat_replaces_the_last(
     newer = heartbeat("a", release="r2")
     records.beat(newer)
 
-    assert records.beats() == {"a": newer, "b": heartbeat("b")}
+    assert as_written(records.beats()) == {"a": newer, "b": heartbeat("b")}
 
 
 def test_a_heartbeat_that_is_not_one_hides_only_that_member(
@@ -527,7 +534,7 @@ def test_a_heartbeat_that_is_not_one_hides_only_that_member(
     beat_file(root, "d").write_text(json.dumps(listed))
     caplog.set_level(logging.WARNING)
 
-    assert records.beats() == {"a": heartbeat("a")}
+    assert as_written(records.beats()) == {"a": heartbeat("a")}
     logged = sorted(r.getMessage() for r in caplog.records)
     assert len(logged) == 3
     for member in ("b", "c", "d"):
@@ -573,7 +580,7 @@ def test_a_heartbeat_of_json_python_reads_but_json_has_not_hides_that_member_onl
     records.beat(heartbeat("a"))
     beat_file(root, "b").write_bytes(edited(encode_beat(heartbeat("b")), b'"interval"', shape))
 
-    assert records.beats() == {"a": heartbeat("a")}
+    assert as_written(records.beats()) == {"a": heartbeat("a")}
     assert list(records.unreadable()) == [str(beat_file(root, "b"))]
 
 
@@ -694,3 +701,46 @@ def test_member_records_that_cannot_be_used_are_listed_and_logged_once(
     (members / "copied.json").unlink()
     records.beats()
     assert records.unreadable() == {}
+
+
+def skewed(seconds: float) -> Callable[[], datetime]:
+    """A reader's clock ``seconds`` ahead of this machine's (behind, when negative)."""
+    return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("reader_ahead", [-600.0, 0.0, 600.0])
+def test_a_heartbeat_lands_when_its_file_was_written_on_the_readers_clock_whatever_it_says(
+    root: Path, reader_ahead: float
+) -> None:
+    """The store's mtime dates a beat, moved onto the reader's clock by the offset measured at
+    the reader's own beat: a writer 10 minutes ahead, and a record dated 2099 by hand, land
+    now; a reader whose clock is off sees them land now on its own clock."""
+    reader = LocalDesiredStates(root, clock=skewed(reader_ahead))
+    reader.beat(heartbeat("reader"))
+    LocalDesiredStates(root).beat(
+        replace(heartbeat("ahead"), at=datetime.now(UTC) + timedelta(minutes=10))
+    )
+    dated = json.loads(encode_beat(heartbeat("ghost")))
+    beat_file(root, "ghost").write_text(json.dumps({**dated, "at": "2099-01-01T00:00:00+00:00"}))
+
+    read = reader.beats()
+    now = datetime.now(UTC) + timedelta(seconds=reader_ahead)
+
+    for name in ("reader", "ahead", "ghost"):
+        assert abs((read[name].seen - now).total_seconds()) < 2, name
+        assert read[name].alive(now)
+        assert not read[name].alive(now + timedelta(seconds=3 * 5.0 + 3))  # 3 keepalives of 5 s
+    skew = read["ahead"].skew()  # the writer's clock against the reader's
+    assert skew is not None
+    assert abs(skew - (600 - reader_ahead)) < 2
+    assert (read["ghost"].skew() or 0) > 70 * 365 * 86400
+
+
+def test_a_reader_that_has_not_beaten_yet_asks_the_store_for_its_clock(root: Path) -> None:
+    LocalDesiredStates(root).beat(heartbeat("other"))
+    reader = LocalDesiredStates(root, clock=skewed(-600))  # no beat of its own yet
+
+    landed = reader.beats()["other"].seen
+
+    assert abs((landed - (datetime.now(UTC) - timedelta(minutes=10))).total_seconds()) < 2
+    assert list((root / "_controlplane").glob(".clock-*")) == []  # the probe is gone

@@ -964,3 +964,16 @@ def test_the_keyring_is_a_path_or_a_list_from_yaml_and_the_environment(
     settings = load_settings(config)
     assert settings.store.keyring == [Path("/k")]
     assert settings.require_signature("any")
+
+
+def test_the_old_heartbeat_seconds_is_read_as_the_keepalive_and_said_to_be_renamed(
+    required: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert load_settings().fleet.keepalive_seconds == 60.0
+    monkeypatch.setenv("CONTROLPLANE_FLEET__HEARTBEAT_SECONDS", "7")
+
+    with pytest.warns(FutureWarning, match="now fleet.keepalive_seconds"):
+        assert load_settings().fleet.keepalive_seconds == 7.0
+
+    monkeypatch.setenv("CONTROLPLANE_FLEET__KEEPALIVE_SECONDS", "8")
+    assert "give only keepalive_seconds" in settings_error()

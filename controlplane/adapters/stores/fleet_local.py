@@ -20,7 +20,10 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from controlplane.adapters.stores.fleet_records import (
@@ -37,11 +40,12 @@ from controlplane.adapters.stores.fleet_records import (
     misnamed,
     named_as,
     require_named,
+    utc_now,
 )
 from controlplane.adapters.stores.local import missing_store
 from controlplane.adapters.stores.markers import read_at_most
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
-from controlplane.domain.fleet import DesiredModel, MemberBeat
+from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
 
 log = logging.getLogger(__name__)
@@ -52,11 +56,18 @@ _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 class LocalDesiredStates:
-    def __init__(self, root: Path) -> None:
+    """``clock``: the reader's time (the daemon's clock), on which heartbeats are said to
+    have landed (:attr:`MemberBeat.landed`, from each file's mtime)."""
+
+    def __init__(self, root: Path, *, clock: Callable[[], datetime] = utc_now) -> None:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
         self._bad_beats = BadBeats()
+        self._clock = clock
+        # How far the store's clock (its files' mtimes: this kernel's, or a file server's) is
+        # behind this reader's; measured at each write of this member's own heartbeat.
+        self._offset: timedelta | None = None
         # path -> (inode, size, mtime), and the record there or why it cannot be read
         self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
 
@@ -134,13 +145,14 @@ class LocalDesiredStates:
         self._require_root()
         path = self._members / f"{validate_member_name(beat.member)}{SUFFIX}"
         _write(path, encode_beat(beat))
+        with contextlib.suppress(OSError):  # measured at the next write, or by a probe
+            self._offset = self._clock() - _mtime(path.stat().st_mtime_ns)
 
     def beats(self) -> dict[str, MemberBeat]:
         found: dict[str, MemberBeat] = {}
         bad: dict[str, str] = {}
         for path in _records(self._members):
-            data = _read(path)
-            beat = None if data is None else decode_beat(data, str(path), path.name)
+            beat = self._read_beat(path)
             if isinstance(beat, MemberBeat):
                 found[beat.member] = beat
             elif beat is not None:
@@ -149,10 +161,38 @@ class LocalDesiredStates:
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:
-        path = self._members / f"{validate_member_name(member)}{SUFFIX}"
-        data = _read(path)
-        beat = None if data is None else decode_beat(data, str(path), path.name)
+        beat = self._read_beat(self._members / f"{validate_member_name(member)}{SUFFIX}")
         return beat if isinstance(beat, MemberBeat) else None
+
+    def _read_beat(self, path: Path) -> MemberBeat | str | None:
+        """The heartbeat in ``path``, landed when its file was last written (the mtime of
+        the file that was read, on this reader's clock); why it is not one; None: gone."""
+        try:
+            with path.open("rb") as stream:
+                written = os.fstat(stream.fileno()).st_mtime_ns
+                data = read_at_most(stream, MAX_RECORD_BYTES)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _translated(exc, path) from None
+        beat = decode_beat(data, str(path), path.name)
+        if not isinstance(beat, MemberBeat):
+            return beat
+        return replace(beat, landed=_mtime(written) + self._store_offset())
+
+    def _store_offset(self) -> timedelta:
+        """How far the store's clock is behind this reader's: from this member's last beat,
+        else from a file written to ask (a member reads the fleet before its first beat)."""
+        if self._offset is None:
+            probe = self._root / RESERVED_PREFIX / f".clock-{uuid.uuid4().hex}"
+            with _mapped(probe):
+                probe.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    probe.write_bytes(b"")
+                    self._offset = self._clock() - _mtime(probe.stat().st_mtime_ns)
+                finally:
+                    probe.unlink(missing_ok=True)
+        return self._offset
 
     def forget(self, member: str) -> None:
         path = self._members / f"{validate_member_name(member)}{SUFFIX}"
@@ -211,6 +251,10 @@ def _records(directory: Path) -> list[Path]:
         return []
     except OSError as exc:
         raise _translated(exc, directory) from None
+
+
+def _mtime(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, UTC)
 
 
 def _read(path: Path) -> bytes | None:

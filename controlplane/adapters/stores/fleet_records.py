@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.domain.errors import DesiredStateConflict, StoreError
@@ -27,6 +28,11 @@ DESIRED_DIR = f"{RESERVED_PREFIX}/desired"
 MEMBERS_DIR = f"{RESERVED_PREFIX}/members"
 SUFFIX = ".json"
 MAX_RECORD_BYTES = 1024 * 1024  # a record is a few KiB; anything larger is not ours
+
+
+def utc_now() -> datetime:
+    """The reader's clock, when no other is given."""
+    return datetime.now(UTC)
 
 
 def encode_desired(desired: DesiredModel) -> bytes:

@@ -27,8 +27,13 @@ when it is the very record this write carried, the write succeeded.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import botocore.exceptions  # type: ignore[import-untyped]
 
@@ -46,6 +51,7 @@ from controlplane.adapters.stores.fleet_records import (
     named_as,
     require_named,
     same_write,
+    utc_now,
 )
 from controlplane.adapters.stores.s3 import S3Store
 from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound, StoreError
@@ -63,8 +69,13 @@ class _LostRace(Exception):
 
 
 class S3DesiredStates:
-    def __init__(self, store: S3Store) -> None:
+    """``clock``: the reader's time (the daemon's clock), on which heartbeats are said to
+    have landed (:attr:`MemberBeat.landed`: an object's LastModified, moved by how far the
+    Date of the answer that gave it is from this reader's clock)."""
+
+    def __init__(self, store: S3Store, *, clock: Callable[[], datetime] = utc_now) -> None:
         self._store = store
+        self._clock = clock
         self._client = store.client
         self._bucket = store.bucket
         self._desired = f"{store.base}{DESIRED_DIR}/"
@@ -74,6 +85,7 @@ class S3DesiredStates:
         # key -> (ETag, the record there or why it cannot be read)
         self._seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
         self._bad_beats = BadBeats()  # member records the last listing could not use
+        self._beats_seen: dict[str, tuple[str, MemberBeat | str | None]] = {}  # key: ETag, beat
 
     @property
     def where(self) -> str:
@@ -149,23 +161,38 @@ class S3DesiredStates:
         self._store.request(lambda: self._put(key, body, {}), key)
 
     def beats(self) -> dict[str, MemberBeat]:
+        """One listing (which dates each record), and a GET only of the records whose ETag
+        changed since the last call."""
         found: dict[str, MemberBeat] = {}
         bad: dict[str, str] = {}
-        for key in self._keys(self._members):
-            data = self._bytes(key)
-            beat = None if data is None else decode_beat(data, self._url(key), _name(key))
+        seen: dict[str, tuple[str, MemberBeat | str | None]] = {}
+        for key, (etag, landed) in self._dated(self._members).items():
+            cached = self._beats_seen.get(key)
+            if cached is not None and cached[0] == etag:
+                beat = cached[1]
+            else:
+                fetched = self._fetch(key)
+                beat = (
+                    None
+                    if fetched is None
+                    else decode_beat(fetched.data, self._url(key), _name(key))
+                )
+            seen[key] = (etag, beat)
             if isinstance(beat, MemberBeat):
-                found[beat.member] = beat
+                found[beat.member] = replace(beat, landed=landed)
             elif beat is not None:
                 bad[self._url(key)] = beat
+        self._beats_seen = seen
         self._bad_beats.listing(bad)
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
-        data = self._bytes(key)
-        beat = None if data is None else decode_beat(data, self._url(key), _name(key))
-        return beat if isinstance(beat, MemberBeat) else None
+        fetched = self._fetch(key)
+        if fetched is None:
+            return None
+        beat = decode_beat(fetched.data, self._url(key), _name(key))
+        return replace(beat, landed=fetched.landed) if isinstance(beat, MemberBeat) else None
 
     def forget(self, member: str) -> None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
@@ -214,16 +241,14 @@ class S3DesiredStates:
 
     def _get(self, key: str, *, patient: bool = False) -> tuple[DesiredModel, str] | None:
         found = self._fetch(key, patient=patient)
-        return None if found is None else (decode_desired(found[0], self._url(key)), found[1])
+        if found is None:
+            return None
+        return decode_desired(found.data, self._url(key)), found.etag
 
-    def _bytes(self, key: str) -> bytes | None:
-        found = self._fetch(key)
-        return None if found is None else found[0]
+    def _fetch(self, key: str, *, patient: bool = False) -> _Fetched | None:
+        """The object; None when there is no such object."""
 
-    def _fetch(self, key: str, *, patient: bool = False) -> tuple[bytes, str] | None:
-        """The object's bytes and ETag; None when there is no such object."""
-
-        def get() -> tuple[bytes, str] | None:
+        def get() -> _Fetched | None:
             try:
                 response = self._client.get_object(Bucket=self._bucket, Key=key)
             except botocore.exceptions.ClientError as exc:
@@ -232,31 +257,56 @@ class S3DesiredStates:
                 raise
             body = response["Body"]
             try:
-                return bytes(body.read()), str(response["ETag"])
+                data = bytes(body.read())
             finally:
                 body.close()
+            landed = self._on_my_clock(response.get("LastModified"), response)
+            return _Fetched(data, str(response["ETag"]), landed)
 
         try:
-            found: tuple[bytes, str] | None = self._store.request(get, key, patient=patient)
+            found: _Fetched | None = self._store.request(get, key, patient=patient)
         except ReleaseNotFound:
             return None
         return found
 
-    def _keys(self, prefix: str) -> list[str]:
-        return sorted(self._listed(prefix))
-
-    def _listed(self, prefix: str) -> dict[str, str]:
-        """The records directly under ``prefix``: key -> ETag."""
-        listed: dict[str, str] = {}
+    def _dated(self, prefix: str) -> dict[str, tuple[str, datetime | None]]:
+        """The records directly under ``prefix``: key -> (ETag, when it landed)."""
+        listed: dict[str, tuple[str, datetime | None]] = {}
         for page in self._store.pages(prefix):
             for entry in page.get("Contents", []):
                 key = entry["Key"]
                 if key.endswith(SUFFIX) and "/" not in key[len(prefix) :]:
-                    listed[key] = str(entry.get("ETag", ""))
+                    landed = self._on_my_clock(entry.get("LastModified"), page)
+                    listed[key] = (str(entry.get("ETag", "")), landed)
         return dict(sorted(listed.items()))
+
+    def _on_my_clock(self, stamp: object, response: dict[str, Any]) -> datetime | None:
+        """The store's timestamp ``stamp`` on this reader's clock: as long before now as it
+        was before the answer's Date (both the store's clock, whatever the writer's and this
+        reader's say). None when the answer has neither."""
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        if not isinstance(stamp, datetime) or "date" not in headers:
+            return None
+        try:
+            answered = email.utils.parsedate_to_datetime(headers["date"])
+        except (TypeError, ValueError):
+            return None
+        if answered.tzinfo is None or stamp.tzinfo is None:
+            return None
+        return self._clock() - (answered - stamp)
+
+    def _listed(self, prefix: str) -> dict[str, str]:
+        """The records directly under ``prefix``: key -> ETag."""
+        return {key: etag for key, (etag, _) in self._dated(prefix).items()}
 
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{key}"
+
+
+class _Fetched(NamedTuple):
+    data: bytes
+    etag: str
+    landed: datetime | None  # when it was written, on the reader's clock
 
 
 def _name(key: str) -> str:
