@@ -125,9 +125,14 @@ class DesiredModel:
         journal says ``own``: the fleet's previous release while the member serves the fleet's
         release, its own otherwise. A member killed before it published, one that lost a race
         or lost its journal, went through releases the fleet never had (or forgot them); the
-        model view, the rollback and the fallback must all name the same release."""
-        if active is not None and active == self.release and self.previous:
-            return self.previous
+        model view, the rollback and the fallback must all name the same release. During a
+        canary rollout, a canary's previous is the rollout's stable release (a release deployed
+        over another canary's, not yet baked, must not go back to that one)."""
+        if active is not None and active == self.release:
+            if self.rollout.in_progress and self.rollout.stable:
+                return self.rollout.stable
+            if self.previous:
+                return self.previous
         return own
 
     def changed(

@@ -21,6 +21,11 @@ for nothing, and promoting on the bake's clock alone would pass a release no mem
 With no member to take its place, the live canaries go on alone (none: the rollout waits). A
 rollout that loses more than :data:`LOST_PER_CANARY` canaries per canary is stopped, as a canary
 in trouble stops it: a release that keeps its canaries vanishing reaches no other member.
+
+A rollback while a rollout is in progress (:func:`rollback_aim`), by hand or automatic, stops
+it the same way whichever member answers, canary or not: back to the stable release, and the
+canary's release is latched. The answering member's own history says nothing of the rollout: a
+member that is not a canary serves the stable release, and its own previous release is older.
 """
 
 from __future__ import annotations
@@ -77,6 +82,51 @@ def stable_release(desired: DesiredModel | None) -> str | None:
     if desired is None:
         return None
     return desired.rollout.stable if desired.rollout.in_progress else desired.release
+
+
+@dataclass(frozen=True)
+class RollbackAim:
+    """Where a rollback of one model goes, and what it leaves."""
+
+    to: str | None  # the release to serve (None: nothing to go back to)
+    away_from: str | None  # the release rolled back from, latched degraded (None: nothing left)
+    said: str = ""  # when it stops a canary rollout: what it did, in words
+
+    @property
+    def stops_rollout(self) -> bool:
+        return bool(self.said)
+
+
+def rollback_aim(
+    desired: DesiredModel | None,
+    *,
+    active: str | None,
+    previous: str | None,
+    to: str | None = None,
+) -> RollbackAim:
+    """The rollback a member that serves ``active`` (its own previous release: ``previous``)
+    makes of the fleet's ``desired`` model, to ``to`` or to what served before.
+
+    During a canary rollout (canary or baking), whatever this member is: to the rollout's
+    stable release, leaving the canary's (the desired release). Else to the previous release
+    (:meth:`~.fleet.DesiredModel.previous_for`), leaving ``active``."""
+    if desired is not None and desired.rollout.in_progress:
+        canary, stable = desired.release, desired.rollout.stable
+        if canary is not None and stable is not None:
+            target = to or stable
+            if target == canary:  # back to the canary's own release: nothing is left
+                return RollbackAim(target, None)
+            where = f"the stable {stable}" if target == stable else target
+            when = (
+                "during its bake"
+                if desired.rollout.phase is RolloutPhase.BAKING
+                else "before its bake, while its canaries took it on"
+            )
+            said = f"rolled back the canary {canary} to {where} {when}"
+            return RollbackAim(target, canary, said)
+    if to is None:
+        to = previous if desired is None else desired.previous_for(active, previous)
+    return RollbackAim(to, active if active != to else None)
 
 
 def advance(

@@ -13,6 +13,9 @@ strategy's (:mod:`.strategy`: ``inplace`` in :mod:`.inplace`, ``blue-green`` in
   (:class:`Unchanged`), as ``kubectl apply`` does; ``force`` loads it again.
 * A rollback a person asks for rejects the release it leaves: it is latched degraded, so it is
   neither the fallback nor pushed again by the watcher until someone deploys it by name.
+* In a fleet, a rollback during a canary rollout goes back to the rollout's stable release on
+  whichever member it reaches, and leaves the canary's release (``domain.rollout.
+  rollback_aim``), never that member's own previous release.
 * In a fleet, what a person, CI or the release watcher asks of this member is published to the
   fleet's desired state as the operation's last step, once it serves here
   (:mod:`.fleet_ledger`); what the fleet's sync asks (trigger ``fleet``), repairs, retires and
@@ -44,6 +47,7 @@ from controlplane.domain.operations import (
     housekeeping,
 )
 from controlplane.domain.publish import FleetBase, fleet_agrees, publishes
+from controlplane.domain.rollout import rollback_aim
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
 from controlplane.ports import (
@@ -324,19 +328,21 @@ class DeployService:
     def _rollback_target(
         self, snapshot: SlotSnapshot, base: FleetBase | None, to: str | None
     ) -> str:
-        if to not in (None, "", "previous"):
-            return validate_release_name(to or "")
+        """``to``, else what served before: the fleet's (:func:`rollback_aim`), so that during
+        a canary rollout every member, canary or not, goes back to the stable release."""
+        named = None if to in (None, "", "previous") else validate_release_name(to or "")
         model, active = snapshot.model, snapshot.active_release
+        record = base.record if base is not None else None
+        aim = rollback_aim(record, active=active, previous=snapshot.previous_release, to=named)
+        if aim.to is not None and (named is not None or aim.stops_rollout):
+            return aim.to
         if active is None:
             raise ModelNotFound(f"model {model!r} is not serving here; nothing to roll back")
-        previous = snapshot.previous_release
-        if base is not None and base.record is not None:  # the fleet's, as just read
-            previous = base.record.previous_for(active, previous)
-        if previous is None:
+        if aim.to is None:
             raise NoPreviousRelease(
                 f"model {model!r} has no previous release to roll back to; name one with 'to'"
             )
-        return previous
+        return aim.to
 
     async def wait(self, operation_id: str) -> Operation:
         """The operation once it has ended (the client's :meth:`~.operations.OperationClient.

@@ -156,10 +156,11 @@ class FleetService:
         )
 
     async def wait_for(self, model: str, release: str | None, timeout: float) -> FleetSnapshot:
-        """Return once every live member serves ``release`` of ``model`` (the rollout, if
-        any, complete); :class:`MemberFailed` when one cannot, :class:`DesiredStateConflict`
-        when the desired state moved to something else, :class:`FleetTimeout` past
-        ``timeout`` s. Each error's details carry every member's state."""
+        """Return once every live member serves ``release`` of ``model`` (no rollout in
+        progress: complete, or rolled back to ``release``); :class:`MemberFailed` when one
+        cannot, :class:`DesiredStateConflict` when the desired state moved to something else,
+        :class:`FleetTimeout` past ``timeout`` s. Each error's details carry every member's
+        state."""
         self._sync.wake.set()  # this member's own state first: beat it now
         deadline = self._clock.monotonic() + timeout
         while True:
@@ -201,7 +202,7 @@ class FleetService:
                     details=details,
                 )
             if (
-                wanted.rollout.phase is RolloutPhase.COMPLETE
+                not wanted.rollout.in_progress  # complete, or rolled back to this release
                 and snapshot.converged(model)
                 and not _turns_held(wanted, snapshot)
             ):

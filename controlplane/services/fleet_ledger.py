@@ -30,7 +30,7 @@ from controlplane.domain.fleet import (
 )
 from controlplane.domain.operations import OperationKind
 from controlplane.domain.publish import FleetBase
-from controlplane.domain.rollout import RolloutPolicy, stable_release, start
+from controlplane.domain.rollout import RolloutPolicy, rollback_aim, stable_release, start
 from controlplane.ports import Clock, DesiredStates, FleetPeers, ModelRecord
 from controlplane.services.runner import Run
 
@@ -62,6 +62,7 @@ class Publication:
     base: DesiredModel | None  # the record read when the request arrived
     release: str | None  # None: unloaded
     latch: str | None = None  # a release rolled back from: latched degraded for the fleet
+    said: str = ""  # a rollback that stops a canary rollout: what it did, in words
 
 
 class FleetLedger:
@@ -88,6 +89,10 @@ class FleetLedger:
         """The desired state as just read by the fleet sync: what "previous" means here."""
         self._known = dict(desired)
 
+    def known(self, model: str) -> DesiredModel | None:
+        """The desired state of ``model`` as the fleet sync last read it (None: no record)."""
+        return self._known.get(model)
+
     def previous_of(self, record: ModelRecord) -> str | None:
         """What "previous" means for ``record`` here, from the desired state as last read
         (:meth:`DesiredModel.previous_for`)."""
@@ -113,11 +118,15 @@ class FleetLedger:
         )
 
     async def publish_result(self, run: Run, base: FleetBase, release: str | None) -> None:
-        """Publish what ``run`` made serve here; a rollback latches what it left."""
+        """Publish what ``run`` made serve here; a rollback latches what it left: during a
+        canary rollout the canary's release, whichever member ran it (:func:`rollback_aim`)."""
         operation = run.operation
-        rollback = operation.kind is OperationKind.ROLLBACK
-        latch = operation.from_release if rollback and operation.from_release != release else None
-        await self.publish(run, Publication(base.record, release, latch=latch))
+        if operation.kind is not OperationKind.ROLLBACK or release is None:
+            await self.publish(run, Publication(base.record, release))
+            return
+        aim = rollback_aim(base.record, active=operation.from_release, previous=None, to=release)
+        publication = Publication(base.record, release, latch=aim.away_from, said=aim.said)
+        await self.publish(run, publication)
 
     async def publish(self, run: Run, publication: Publication) -> DesiredModel:
         """The ``publish`` step: write the desired state this operation has made true here."""
@@ -138,6 +147,7 @@ class FleetLedger:
                         raise _lost_here(
                             lost, self.member.name, publication.release, current
                         ) from lost
+                    self._say(run, publication)
                     run.tracker.detail(generation=current.generation, already=current.set_by)
                     log.info(
                         "%s: the fleet's desired state already says %s (generation %d, set by %s)",
@@ -153,6 +163,7 @@ class FleetLedger:
                     f"{publication.release or 'unloaded'} (members taking turns out of rotation); "
                     "try again"
                 )
+            self._say(run, publication)
             run.tracker.detail(
                 generation=new.generation,
                 phase=new.rollout.phase.value,
@@ -234,7 +245,8 @@ class FleetLedger:
         """After an automatic rollback served ``to`` here (``rollback.scope: fleet``): latch
         ``away_from`` degraded for the fleet and move the desired state to ``to``, so that every
         member follows. Left alone when the desired state moved elsewhere meanwhile (a person
-        deployed another release); the record written, or None when nothing was written."""
+        deployed another release); the record written, or None when nothing was written.
+        A canary rollout in progress is stopped, and says how (:func:`rollback_aim`)."""
         for _attempt in range(ROLL_BACK_ATTEMPTS):
             now = self._clock.now()
             current = await self.read(model) or first_generation(
@@ -254,15 +266,17 @@ class FleetLedger:
                 )
                 return None
             rollout = current.rollout
+            said = rollback_aim(current, active=away_from, previous=None, to=to).said
+            why = f"{reason}; {said}" if said else reason
             if rollout.in_progress:
                 rollout = replace(
-                    rollout, phase=RolloutPhase.ROLLED_BACK, note=f"{self.member.name}: {reason}"
+                    rollout, phase=RolloutPhase.ROLLED_BACK, note=f"{self.member.name}: {why}"
                 )
             new = current.changed(
                 by=self.member.name,
                 at=now,
                 trigger=trigger,
-                reason=f"automatic rollback on {self.member.name}: {reason}",
+                reason=f"automatic rollback on {self.member.name}: {why}",
                 release=to,
                 previous=away_from,
                 degraded=current.latched(away_from, now, f"{self.member.name}: {reason}"),
@@ -286,6 +300,12 @@ class FleetLedger:
             f"the desired state of {model} kept changing under {ROLL_BACK_ATTEMPTS} attempts "
             f"to move it to {to}"
         )
+
+    @staticmethod
+    def _say(run: Run, publication: Publication) -> None:
+        """A rollback that stopped a canary rollout says so on its operation."""
+        if publication.said:
+            run.tracker.operation_detail({"rollout": publication.said})
 
     def _wake(self) -> None:
         """After this member changed what a member should serve: look again here, and wake
@@ -351,12 +371,13 @@ class FleetLedger:
                 generation=base.generation + 1,
             )
         elif base.rollout.in_progress and publication.latch == base.release:
+            by = f"by {operation.trigger.value} on {self.member.name}"
             rollout = Rollout(
                 RolloutPhase.ROLLED_BACK,
                 stable=base.rollout.stable,
                 canaries=base.rollout.canaries,
                 since_generation=base.rollout.since_generation,
-                note=f"rolled back by {operation.trigger.value} on {self.member.name}",
+                note=f"{publication.said}, {by}" if publication.said else f"rolled back {by}",
             )
         degraded = base.unlatched(release)  # a release served on purpose is no longer degraded
         latch = publication.latch
@@ -370,6 +391,7 @@ class FleetLedger:
             trigger=operation.trigger.value,
             reason=f"{operation.kind.value} of {what} by {operation.trigger.value} through "
             f"{self.member.name} (operation {operation.id})"
+            + (f": {publication.said}" if publication.said else "")
             + (f": {operation.cause.reason}" if operation.cause.reason else ""),
             release=release,
             previous=base.release if base.release != release else base.previous,

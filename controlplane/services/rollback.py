@@ -13,6 +13,12 @@ cold budget, sized for a load. The record says which applied. A step that runs p
 is cut short with the reason ``budget`` (its placement and slot are put back at once); the
 whole chain ends within the sum of its budgets plus the one-second grace of that clean-up.
 
+In a fleet (``rollback.scope: fleet``) during a canary rollout of the model, the chain stops
+the rollout on whichever member runs it: the fallback is the stable release, even where it
+serves already, and the canary's release is the one latched and rolled back from
+(:func:`~controlplane.domain.rollout.rollback_aim`, on the desired state as the fleet sync last
+read it, so that no store read eats into the budget).
+
 Automatic triggers (the overload watcher, an alert) are held back by the cooldown after the
 model's last automatic rollback and counted on it; a person (the runbook route) is not.
 Actions on one model are serialized here, so a watcher breach and an alert arriving together
@@ -45,6 +51,7 @@ from controlplane.domain.rollback import (
     choose_fallback,
     cooldown_until,
 )
+from controlplane.domain.rollout import RollbackAim, rollback_aim
 from controlplane.domain.turns import RollingPolicy
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Telemetry
 from controlplane.services.deploy import DeployService
@@ -118,13 +125,38 @@ class AutoRollback:
         return self.fallback_of(record, await self._book.latched(model))
 
     def fallback_of(self, record: ModelRecord, degraded: Iterable[DegradedRelease]) -> str | None:
-        """:meth:`fallback` from what was read already (status reads many models at once)."""
+        """:meth:`fallback` from what was read already (status reads many models at once).
+        During a canary rollout (``rollback.scope: fleet``): the stable release, on every
+        member, even where it serves already (a rollback there stops the rollout)."""
+        return self._fallback(record, self._stopping(record), degraded)
+
+    def _fallback(
+        self,
+        record: ModelRecord,
+        stopping: RollbackAim | None,
+        degraded: Iterable[DegradedRelease],
+    ) -> str | None:
+        latched = {d.release for d in degraded}
+        if stopping is not None:
+            return stopping.to if stopping.to not in latched else None
         return choose_fallback(
             configured=self._configured_fallback(record.name),
             active=record.active_release,
             previous=self._previous_of(record),
-            degraded={d.release for d in degraded},
+            degraded=latched,
         )
+
+    def _stopping(self, record: ModelRecord) -> RollbackAim | None:
+        """With ``rollback.scope: fleet``, while the fleet (as its sync last read it) runs a
+        canary rollout of the model: the rollback that stops it, whatever serves here."""
+        if self._fleet is None:
+            return None
+        aim = rollback_aim(
+            self._fleet.known(record.name),
+            active=record.active_release,
+            previous=self._previous_of(record),
+        )
+        return aim if aim.stops_rollout else None
 
     async def candidates(self, *, automatic: bool = True) -> list[str]:
         """Models serving here that have a fallback (and, for automatic triggers, have
@@ -178,17 +210,23 @@ class AutoRollback:
                 note = f"in cooldown until {until.isoformat()}; counted"
                 log.info("rollback trigger for %s held back: %s", model, note)
                 return RollbackResult(model, False, last, note)
-            done = await self._chain(model, record.active_release, trigger=trigger, reason=reason)
+            done = await self._chain(record, record.active_release, trigger=trigger, reason=reason)
             return RollbackResult(model, done.outcome.acted, done, done.outcome.value)
 
     async def _chain(
-        self, model: str, active: str, *, trigger: Trigger, reason: str
+        self, record: ModelRecord, serving: str, *, trigger: Trigger, reason: str
     ) -> RollbackRecord:
-        started = self._clock.now()
-        await self._book.latch(DegradedRelease(model, active, started, reason))
-        log.warning("rolling back %s from %s: %s", model, active, reason, extra={"model": model})
+        model, started = record.name, self._clock.now()
+        # During a canary rollout the canary's release is what is rolled back from, whatever
+        # serves here (a member that is not a canary serves the stable release).
+        stopping = self._stopping(record)
+        away = (stopping.away_from if stopping is not None else None) or serving
+        await self._book.latch(DegradedRelease(model, away, started, reason))
+        log.warning("rolling back %s from %s: %s", model, away, reason, extra={"model": model})
         steps = _Steps()
-        fallback = await self.fallback(model)
+        if stopping is not None:
+            steps.detail["rollout"] = stopping.said
+        fallback = self._fallback(record, stopping, await self._book.latched(model))
         cause = Cause(reason=reason)
         deadline = self._clock.monotonic() + self._budgets.cpu
         outcome, target = RollbackOutcome.FAILED, None
@@ -206,18 +244,18 @@ class AutoRollback:
             on_cpu = partial(self._deploy.serve_on_cpu, model, trigger=trigger, cause=cause)
             attempt = await self._attempt(on_cpu, cpu_budget, "the CPU-only reload")
             if steps.note("cpu", attempt):
-                outcome, target = RollbackOutcome.CPU, active
+                outcome, target = RollbackOutcome.CPU, serving
         elapsed = (self._clock.now() - started).total_seconds()
         steps.detail["seconds"] = round(elapsed, 3)
         if outcome is RollbackOutcome.FALLBACK and target is not None and trigger in AUTOMATIC:
-            steps.detail["fleet"] = await self._move_fleet(model, active, target, trigger, reason)
+            steps.detail["fleet"] = await self._move_fleet(model, away, target, trigger, reason)
         done = RollbackRecord(
             id=uuid.uuid4().hex[:16],
             model=model,
             at=started,
             trigger=trigger,
             reason=reason,
-            from_release=active,
+            from_release=away,
             to_release=target,
             outcome=outcome,
             operation_ids=tuple(steps.operations),

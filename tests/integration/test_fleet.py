@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from devtools.launcher import RunningTriton
+from tests.integration.test_alert_webhook import notification
 from tests.integration.test_cli import cli
 from tests.support.fleet import BEAT, Fleet, Member, running_fleet
 from tests.support.gpu_exporter import GpuExporter
@@ -658,6 +659,89 @@ def test_a_breach_on_the_canary_rolls_it_back_and_the_release_reaches_no_other(
     # The release never reached the members that were not canaries.
     assert "r2" not in _releases_seen(first, fleet.model)
     assert "r2" not in _releases_seen(third, fleet.model)
+
+
+def _phase_is(fleet: Fleet, phase: str) -> bool:
+    return bool(fleet.fleet()["models"][fleet.model]["phase"] == phase)
+
+
+def test_a_rollback_during_a_bake_through_any_member_goes_back_to_the_stable_release(
+    fleet: Fleet, store: Path
+) -> None:
+    """Whichever member answers it, canary or not, a rollback while a canary bakes sends the
+    fleet back to the stable release and latches the canary's: never to the answering
+    member's own previous release, and never latching the stable release it serves."""
+    for k, release in enumerate(("r1", "r2", "r3"), start=1):
+        write_scale_release(store, fleet.model, release, k=float(k))
+    config = _rollback_config(fleet.model, canaries=1, bake=600)
+    first, second = (fleet.add(name, config=config) for name in ("m1", "m2"))
+    assert first.api.deploy(fleet.model, "r1").status_code == 200  # a first release: everywhere
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    rollback = f"/v1/models/{fleet.model}/rollback"
+
+    # Through the canary itself: r2 bakes on m2, which rolls it back, and waits for the fleet.
+    assert second.api.deploy(fleet.model, "r2").status_code == 200  # m2 goes first: the canary
+    eventually(partial(_phase_is, fleet, "baking"), 30, "r2 baking on m2")
+    answer = second.api.post(rollback, {"wait": True, "fleet": True})
+    assert answer.status_code == 200, answer.text
+    operation = answer.json()["operation"]
+    assert (operation["release"], operation["from_release"]) == ("r1", "r2")
+    said = "rolled back the canary r2 to the stable r1 during its bake"
+    assert operation["detail"]["rollout"] == said
+    assert answer.json()["fleet"]["desired"] == "r1"
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+
+    # m2 served r2 before r1: its own previous is r2 now. r3 bakes on m1, and m2, which is no
+    # canary and serves the stable r1, answers the rollback.
+    assert first.api.deploy(fleet.model, "r3").status_code == 200  # m1 goes first: the canary
+    eventually(partial(_phase_is, fleet, "baking"), 30, "r3 baking on m1")
+    assert [m.answer(fleet.model) for m in (first, second)] == [3.0, 1.0]
+    answer = second.api.post(rollback, {"wait": True})
+    assert answer.status_code == 200, answer.text
+    operation = answer.json()["operation"]
+    assert (operation["release"], operation["status"]) == ("r1", "succeeded")
+    assert operation["detail"]["rollout"] == (
+        "rolled back the canary r3 to the stable r1 during its bake"
+    )
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    model = fleet.fleet()["models"][fleet.model]
+    assert (model["desired"], model["phase"], model["set_by"]) == ("r1", "rolled_back", "m2")
+    assert sorted(d["release"] for d in model["degraded"]) == ["r2", "r3"]
+    assert "rolled back the canary r3 to the stable r1 during its bake" in model["rollout_note"]
+    assert "r2" not in _releases_seen(first, fleet.model)  # m2's own previous went nowhere
+
+
+def test_an_alert_on_a_member_that_is_no_canary_during_a_bake_rolls_the_canary_back(
+    fleet: Fleet, store: Path
+) -> None:
+    """An alert sent to any member (Alertmanager calls one address for the whole fleet) while a
+    canary bakes stops the bake: the fleet goes back to the stable release, and the canary's
+    is latched; the member that received it serves the stable release already."""
+    write_scale_release(store, fleet.model, "r1", k=1.0)
+    write_scale_release(store, fleet.model, "r2", k=2.0)
+    config = _rollback_config(fleet.model, canaries=1, bake=600)
+    first, second = (fleet.add(name, config=config) for name in ("m1", "m2"))
+    assert first.api.deploy(fleet.model, "r1").status_code == 200
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    assert first.api.deploy(fleet.model, "r2").status_code == 200  # m1 goes first: the canary
+    eventually(partial(_phase_is, fleet, "baking"), 30, "r2 baking on m1")
+
+    alert = second.api.post("/v1/alerts", notification(model=fleet.model))
+    assert alert.status_code == 200, alert.text
+    eventually(partial(_phase_is, fleet, "rolled_back"), 30, "the bake stopped")
+    fleet.wait_serving(fleet.model, "r1", 1.0)
+    model = fleet.fleet()["models"][fleet.model]
+    assert (model["desired"], model["set_by"]) == ("r1", "m2")
+    assert [d["release"] for d in model["degraded"]] == ["r2"]
+    last = second.api.get(f"/v1/models/{fleet.model}").json()["rollback"]["last"]
+    assert (last["outcome"], last["from_release"], last["to_release"]) == ("fallback", "r2", "r1")
+    # What it knew of the rollout when it acted (its fleet sync's last read), and what it
+    # wrote for the fleet, read again as it wrote it.
+    assert last["detail"]["rollout"].startswith("rolled back the canary r2 to the stable r1")
+    said = "rolled back the canary r2 to the stable r1 during its bake"
+    assert said in model["rollout_note"]
+    for member in (first, second):  # r1 is nobody's latch; r2 is everybody's
+        eventually(partial(_degraded_is, member, fleet.model, ["r2"]), 30, f"{member.name} r2")
 
 
 def test_overload_on_one_member_brings_every_member_back_to_the_fallback(

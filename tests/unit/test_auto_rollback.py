@@ -15,12 +15,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from controlplane.domain.fleet import DesiredModel, Rollout, RolloutPhase
 from controlplane.domain.operations import OperationKind, OperationStatus, Trigger
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
+from controlplane.domain.rollout import RolloutPolicy
 from controlplane.domain.turns import RollingPolicy
 from controlplane.services.deploy import DeployService
+from controlplane.services.fleet_ledger import FleetLedger, Member
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from tests.support.fakes import (
+    FakeDesiredStates,
     FakeMetrics,
     FakeTriton,
     LoadBlocks,
@@ -40,6 +44,7 @@ class Rig:
     service: DeployService
     parts: Parts
     rollback: AutoRollback
+    ledger: FleetLedger | None = None
 
     async def deploy(self, release: str) -> None:
         operation = await started(self.service, MODEL, release)
@@ -75,11 +80,23 @@ async def rig(
     budgets: RollbackBudgets | None = None,
     triton: FakeTriton | None = None,
     rolling: RollingPolicy | None = None,
+    fleet: FakeDesiredStates | None = None,
 ) -> AsyncIterator[Rig]:
+    """``fleet``: the fleet's records, with ``rollback.scope: fleet`` (this member is ``a``)."""
     async with deploy_service(
         tmp_path, triton or FakeTriton(), traffic=blue_green(), metrics=FakeMetrics()
     ) as (service, parts):
         configured = dict(fallback or {})
+        ledger = (
+            None
+            if fleet is None
+            else FleetLedger(
+                records=fleet,
+                member=Member("a", "a-1", "1.0"),
+                clock=parts.clock,
+                rollout_for=lambda _model: RolloutPolicy(),
+            )
+        )
         rollback = AutoRollback(
             deploy=service,
             client=parts.client,
@@ -90,8 +107,10 @@ async def rig(
             configured_fallback=configured.get,
             enabled=lambda _model: True,
             rolling_for=lambda _model: rolling,
+            fleet=ledger,
+            previous_of=ledger.previous_of if ledger is not None else None,
         )
-        yield Rig(service, parts, rollback)
+        yield Rig(service, parts, rollback, ledger)
 
 
 def test_a_warm_fallback_is_one_re_point_and_the_old_release_is_latched(tmp_path: Path) -> None:
@@ -346,5 +365,47 @@ def test_a_deploy_by_a_person_clears_the_latch(tmp_path: Path) -> None:
 
             assert (await r.degraded()) == []
             assert await r.rollback.fallback(MODEL) == "r1"
+
+    asyncio.run(scenario())
+
+
+def test_in_a_fleet_an_overload_during_a_bake_on_a_member_that_is_no_canary_stops_the_bake(
+    tmp_path: Path,
+) -> None:
+    """This member serves the stable r2 (its own previous is r1) while r3 bakes on member b:
+    the rollback goes back to r2 (it serves already) and latches r3 for the fleet; neither r1
+    nor r2 is touched."""
+
+    async def scenario() -> None:
+        records = FakeDesiredStates()
+        async with rig(tmp_path, fleet=records) as r:
+            await r.serving_r2()
+            assert r.ledger is not None
+            rollout = Rollout(RolloutPhase.BAKING, stable="r2", canaries=("b",), since_generation=4)
+            baking = DesiredModel(
+                MODEL, 4, "r3", "r2", "b", r.parts.clock.now(), "api", "", rollout=rollout
+            )
+            records.desired[MODEL] = baking
+            r.ledger.remember({MODEL: baking})  # as the fleet sync read it
+            assert await r.rollback.fallback(MODEL) == "r2"  # what the model view names
+
+            result = await r.rollback.act(MODEL, trigger=Trigger.WATCHER, reason=OVERLOAD)
+
+            assert result.acted
+            last = await r.last()
+            said = "rolled back the canary r3 to the stable r2 during its bake"
+            assert (last.outcome, last.from_release, last.to_release) == (
+                RollbackOutcome.FALLBACK,
+                "r3",
+                "r2",
+            )
+            assert last.detail["rollout"] == said
+            assert await r.operations(last) == []  # r2 serves here already: nothing to do here
+            assert (await record(r.parts)).active_release == "r2"
+            assert await r.degraded() == ["r3"]
+            fleet = records.desired[MODEL]
+            assert (fleet.release, fleet.rollout.phase) == ("r2", RolloutPhase.ROLLED_BACK)
+            assert [d.release for d in fleet.degraded] == ["r3"]
+            assert said in fleet.rollout.note
 
     asyncio.run(scenario())

@@ -32,7 +32,14 @@ from controlplane.domain.fleet import (
     first_generation,
 )
 from controlplane.domain.generations import Generations
-from controlplane.domain.rollout import RolloutPolicy, advance, stable_release, start
+from controlplane.domain.rollout import (
+    RollbackAim,
+    RolloutPolicy,
+    advance,
+    rollback_aim,
+    stable_release,
+    start,
+)
 from controlplane.domain.turns import Progress, Turn
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -141,6 +148,14 @@ def test_previous_is_the_fleets_while_the_member_serves_the_fleets_release() -> 
     # r3 served here only (a deploy killed before it published): the fleet's r1 is previous.
     assert desired("r2").previous_for("r2", own="r3") == "r1"
     assert desired("r2").previous_for("r2", own=None) == "r1"  # a journal lost
+
+
+def test_a_canary_s_previous_is_the_stable_release_of_its_rollout() -> None:
+    # r2 was deployed over r5, another canary release that never baked: not r5, but r1.
+    wanted = dataclasses.replace(desired(rollout=canary("a")), previous="r5")
+
+    assert wanted.previous_for("r2", own="r5") == "r1"
+    assert wanted.previous_for("r1", own="r0") == "r0"  # no canary: its own, as before
 
 
 def test_previous_is_the_members_own_where_the_fleet_says_nothing_of_what_serves() -> None:
@@ -795,6 +810,60 @@ def test_a_dead_canary_in_trouble_is_not_judged() -> None:
 
     assert after is not None
     assert after.rollout.phase is RolloutPhase.BAKING
+
+
+# --- a rollback during a rollout ---------------------------------------------------------------
+
+BAKED = "rolled back the canary r2 to the stable r1 during its bake"
+
+
+@pytest.mark.parametrize(
+    ("member", "active", "own"),
+    [
+        ("c", "r1", "r0"),  # no canary: it serves the stable release, its own previous is older
+        ("a", "r2", "r1"),  # the canary
+        ("d", None, None),  # a member where nothing serves yet
+    ],
+)
+def test_a_rollback_during_a_bake_goes_to_the_stable_release_whichever_member_answers(
+    member: str, active: str | None, own: str | None
+) -> None:
+    wanted = desired(rollout=canary("a", phase=RolloutPhase.BAKING, baking_since=T0))
+
+    aim = rollback_aim(wanted, active=active, previous=own)
+
+    assert aim == RollbackAim("r1", "r2", BAKED)
+    assert aim.stops_rollout
+
+
+def test_a_rollback_before_the_bake_says_the_canaries_were_taking_it_on() -> None:
+    wanted = desired(rollout=canary("a"))
+
+    aim = rollback_aim(wanted, active="r1", previous="r0")
+
+    assert (aim.to, aim.away_from) == ("r1", "r2")
+    assert aim.said == (
+        "rolled back the canary r2 to the stable r1 before its bake, while its canaries took it on"
+    )
+
+
+def test_a_rollback_to_a_named_release_during_a_rollout_still_leaves_the_canary_s() -> None:
+    wanted = desired(rollout=canary("a", phase=RolloutPhase.BAKING))
+
+    assert rollback_aim(wanted, active="r1", previous="r0", to="r0") == RollbackAim(
+        "r0", "r2", "rolled back the canary r2 to r0 during its bake"
+    )
+    # Back to the canary's own release: it leaves nothing, and stops nothing.
+    assert rollback_aim(wanted, active="r1", previous="r0", to="r2") == RollbackAim("r2", None)
+
+
+def test_outside_a_rollout_a_rollback_goes_to_the_previous_and_leaves_what_serves() -> None:
+    for done in (desired(), desired(rollout=canary("a", phase=RolloutPhase.COMPLETE))):
+        assert rollback_aim(done, active="r2", previous="r9") == RollbackAim("r1", "r2")
+        assert rollback_aim(done, active="r4", previous="r3") == RollbackAim("r3", "r4")
+    assert rollback_aim(None, active="r2", previous="r9") == RollbackAim("r9", "r2")
+    assert rollback_aim(None, active="r2", previous=None) == RollbackAim(None, "r2")
+    assert rollback_aim(None, active="r2", previous="r1", to="r2") == RollbackAim("r2", None)
 
 
 # --- generations -----------------------------------------------------------------------------

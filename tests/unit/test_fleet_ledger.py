@@ -35,6 +35,7 @@ from controlplane.domain.operations import (
     StepStatus,
     Trigger,
 )
+from controlplane.domain.publish import FleetBase
 from controlplane.domain.rollout import RolloutPolicy
 from controlplane.services.fleet_ledger import (
     ROLL_BACK_ATTEMPTS,
@@ -76,7 +77,14 @@ class Rig:
         for member in members:
             self.records.heartbeats[member] = beat(member, self.clock)
 
-    def run(self, kind: OperationKind, release: str | None, trigger: Trigger = Trigger.API) -> Run:
+    def run(
+        self,
+        kind: OperationKind,
+        release: str | None,
+        trigger: Trigger = Trigger.API,
+        *,
+        from_release: str | None = None,
+    ) -> Run:
         operation = Operation(
             id=f"op-{kind.value}-{release}",
             kind=kind,
@@ -85,6 +93,7 @@ class Rig:
             trigger=trigger,
             status=OperationStatus.RUNNING,
             created_at=self.clock.now(),
+            from_release=from_release,
         )
         return Run(OperationTracker(operation, self.repos.operations, self.clock))
 
@@ -271,6 +280,34 @@ def test_rolling_back_the_canary_release_stops_the_rollout(tmp_path: Path) -> No
     assert "a" in new.rollout.note
     assert [new.target_for(m) for m in ("a", "b")] == ["r1", "r1"]
     assert new.is_degraded("r2")
+
+
+BAKING = Rollout(RolloutPhase.BAKING, stable="r1", canaries=("b",), since_generation=6)
+
+
+@pytest.mark.parametrize("served", ["r1", "r2"], ids=["no canary, on the stable", "the canary"])
+def test_a_rollback_during_a_bake_through_any_member_latches_the_canary_s_release(
+    tmp_path: Path, served: str
+) -> None:
+    async def body(r: Rig) -> tuple[DesiredModel, Operation]:
+        base = replace(r.record("r2", generation=7), previous="r1", rollout=BAKING)
+        r.records.desired[MODEL] = base
+        run = r.run(OperationKind.ROLLBACK, "r1", from_release=served)
+        await r.ledger.publish_result(run, FleetBase(base), "r1")
+        stored = r.records.read(MODEL)
+        assert stored is not None
+        return stored, await r.journal(run)
+
+    new, operation = scenario(tmp_path, body)
+
+    said = "rolled back the canary r2 to the stable r1 during its bake"
+    assert (new.release, new.previous) == ("r1", "r2")
+    assert new.rollout.phase is RolloutPhase.ROLLED_BACK
+    assert [d.release for d in new.degraded] == ["r2"]  # never the stable r1
+    assert new.rollout.note == f"{said}, by api on a"
+    assert said in new.reason
+    assert operation.detail == {"rollout": said}
+    assert [new.target_for(m) for m in ("a", "b")] == ["r1", "r1"]
 
 
 def test_a_publish_that_lost_the_race_fails_naming_the_winner(tmp_path: Path) -> None:
@@ -508,7 +545,10 @@ def test_an_automatic_rollback_during_a_canary_stops_the_rollout(tmp_path: Path)
 
     assert new is not None
     assert new.rollout.phase is RolloutPhase.ROLLED_BACK
-    assert new.rollout.note == "a: overload"
+    assert new.rollout.note == (
+        "a: overload; rolled back the canary r2 to the stable r1 before its bake, while its "
+        "canaries took it on"
+    )
 
 
 @pytest.mark.parametrize(
