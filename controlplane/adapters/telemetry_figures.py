@@ -160,7 +160,21 @@ class FiguresCollector(Collector):
             "after an hour). No sample while this member cannot read them.",
             labels=["state"],
         )
+        refused = GaugeMetricFamily(
+            "controlplane_fleet_records_refused",
+            "Records of the fleet (under _controlplane/ in the store) this member refuses now, "
+            "by kind (desired: a model's desired state, its turns and latches inside it; "
+            "member: a heartbeat) and reason (not_json, missing_field, wrong_type, "
+            "out_of_range, not_a_time, time_without_zone, unknown_value, invalid_name, "
+            "misnamed, generation_went_back, release_not_found, signature_missing, "
+            "signature_invalid, unknown_signer). A refused desired state is not "
+            "acted on (its model keeps what serves), a refused heartbeat hides its member; "
+            "GET /v1/fleet says which and why. No sample when none is.",
+            labels=["kind", "reason"],
+        )
         if fleet is not None:
+            for (kind, reason), number in sorted(fleet.refused.items()):
+                refused.add_metric([kind.value, reason.value], number)
             for model, number in sorted(fleet.generations.items()):
                 generation.add_metric([model], number)
             if fleet.view is not None:
@@ -168,4 +182,4 @@ class FiguresCollector(Collector):
                     converged.add_metric([model], _flag(done))
                 for state in MemberStanding:
                     members.add_metric([state.value], fleet.view.members.get(state, 0))
-        yield from (generation, converged, members)
+        yield from (generation, converged, members, refused)

@@ -42,7 +42,7 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         if member.get("name_conflict") and member.get("alive"):
             lines.append(f"NAME CONFLICT on {member['member']}: {member['name_conflict']}")
     for broken in data.get("unreadable_records", []):
-        lines.append(f"UNREADABLE RECORD (no member acts on it): {one_line(broken['error'])}")
+        lines.append(refused_line(broken))
     lines.append("")
     lines.append(f"{'MODEL':<24} {'DESIRED':<16} {'GEN':>4} {'PHASE':<12} CONVERGED")
     for name, model in sorted(models.items()):
@@ -60,7 +60,7 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
             lines.append(f"{'':<24} degraded: {degraded}")
     if not models:
         lines.append(
-            "(no readable desired state: see the unreadable records above)"
+            "(no readable desired state: see the refused records above)"
             if data.get("unreadable_records")
             else "(no model has a desired state yet)"
         )
@@ -109,6 +109,13 @@ def model_across(data: dict[str, Any], model: str) -> dict[str, Any]:
             for member in data.get("members", [])
         ],
     }
+
+
+def refused_line(refused: dict[str, Any]) -> str:
+    """A record of the fleet a member refuses, in one line: why (a label) and in words. A
+    refused desired state: no member acts on its model; a refused heartbeat: its member is
+    not seen."""
+    return f"REFUSED RECORD ({refused.get('reason')}): {one_line(str(refused.get('error')))}"
 
 
 def one_line(text: str) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.client import Client, api_path
+from controlplane.cli.fleet import refused_line
 from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption, model_name
 from controlplane.cli.output import Format, Out
 from controlplane.cli.watch import Look, watch
@@ -80,6 +81,9 @@ def problems(health: dict[str, Any], model: str | None) -> list[str]:
     conflict = (health.get("fleet") or {}).get("name_conflict")
     if conflict and not model:  # one model's view says it under that model
         found.append(f"fleet: NAME CONFLICT: {conflict}")
+    for refused in (health.get("fleet") or {}).get("refused_records", []):
+        if not model:  # one model's view says its own under that model
+            found.append(refused_line(refused))
     queue = (health.get("store") or {}).get("notifications") or {}
     if queue.get("state") == "unreachable":
         found.append(unreachable_line(queue["queue"], queue.get("problem"), queue.get("since")))
@@ -171,6 +175,8 @@ def _fleet_lines(fleet: dict[str, Any] | None) -> list[str]:
         )
     if fleet.get("name_conflict"):
         lines.append(f"  fleet:     NAME CONFLICT: {fleet['name_conflict']}")
+    for refused in fleet.get("refused", []):
+        lines.append(f"  fleet:     {refused_line(refused)}")
     return lines
 
 

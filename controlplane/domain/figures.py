@@ -24,6 +24,7 @@ from enum import StrEnum
 
 from controlplane.domain.fleet import MemberBeat
 from controlplane.domain.notifications import NotificationHealth
+from controlplane.domain.refusals import RecordKind, Refusal, RefusalReason
 from controlplane.domain.rotation import OutReason
 from controlplane.domain.slots import Slot
 
@@ -68,6 +69,7 @@ class FleetView:
     at: datetime
     members: Mapping[MemberStanding, int]
     converged: Mapping[str, bool]  # per model: every live member serves its target
+    refused: Mapping[str, Refusal] = field(default_factory=dict)  # records refused, by where
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class FleetFigures:
     name_conflict: bool = False  # another daemon beats under this member's name
     generations: Mapping[str, int] = field(default_factory=dict)  # per model, as last read
     view: FleetView | None = None  # None: the fleet could not be read (or not yet)
+    # records refused now (the sync's last pass and the view's), by kind and reason
+    refused: Mapping[tuple[RecordKind, RefusalReason], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,21 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from controlplane.domain.names import (
+    validate_member_name,
+    validate_model_name,
+    validate_release_name,
+)
+from controlplane.domain.refusals import BadValue, RefusalReason
 from controlplane.domain.stored import (
+    choice,
     flag,
     json_object,
     listed,
+    maybe_named,
     maybe_text,
     moment,
-    names,
+    named,
     seconds,
     text,
     whole,
@@ -320,17 +328,41 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
     }
 
 
+def _schema(data: Mapping[str, Any]) -> None:
+    """A record of another schema (a newer daemon's) is not read as this one's."""
+    written = data.get("schema", SCHEMA)
+    if written != SCHEMA or isinstance(written, bool):
+        raise BadValue(
+            "schema",
+            RefusalReason.UNKNOWN_VALUE,
+            f"schema is {written!r:.60}, not {SCHEMA}: a record of another version of the daemon",
+        )
+
+
+def _release(value: object, what: str) -> str | None:
+    return maybe_named(value, what, validate_release_name)
+
+
+def _members(value: object, what: str) -> tuple[str, ...]:
+    return tuple(
+        named(name, f"{what}[{i}]", validate_member_name)
+        for i, name in enumerate(listed(value, what))
+    )
+
+
 def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
     """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours: a
-    field missing, of the wrong type, or out of range (:mod:`.stored`), so that no value
-    read here can fail later where it is used."""
+    field missing, of the wrong type, or out of range (:mod:`.stored`), a name no daemon would
+    write, a phase or schema this version does not know, so that no value read here can fail
+    later where it is used."""
+    _schema(data)
     rollout = json_object(data.get("rollout") or {}, "rollout")
     claim = json_object(data.get("claim") or {}, "claim")
     return DesiredModel(
-        model=text(data["model"], "model"),
+        model=named(data["model"], "model", validate_model_name),
         generation=whole(data["generation"], "generation"),
-        release=maybe_text(data["release"], "release"),
-        previous=maybe_text(data.get("previous"), "previous"),
+        release=_release(data["release"], "release"),
+        previous=_release(data.get("previous"), "previous"),
         set_by=text(data["set_by"], "set_by"),
         set_at=moment(data["set_at"], "set_at"),
         trigger=text(data["trigger"], "trigger"),
@@ -340,11 +372,11 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
             for i, d in enumerate(listed(data.get("degraded") or [], "degraded"))
         ),
         rollout=Rollout(
-            phase=RolloutPhase(
-                text(rollout.get("phase", RolloutPhase.COMPLETE.value), "rollout.phase")
+            phase=choice(
+                rollout.get("phase", RolloutPhase.COMPLETE.value), RolloutPhase, "rollout.phase"
             ),
-            stable=maybe_text(rollout.get("stable"), "rollout.stable"),
-            canaries=names(rollout.get("canaries") or [], "rollout.canaries"),
+            stable=_release(rollout.get("stable"), "rollout.stable"),
+            canaries=_members(rollout.get("canaries") or [], "rollout.canaries"),
             bake_seconds=seconds(rollout.get("bake_seconds") or 0.0, "rollout.bake_seconds"),
             baking_since=None
             if rollout.get("baking_since") is None
@@ -353,14 +385,14 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
                 rollout.get("since_generation") or 0, "rollout.since_generation"
             ),
             note=text(rollout.get("note") or "", "rollout.note"),
-            lost=names(rollout.get("lost") or [], "rollout.lost"),
+            lost=_members(rollout.get("lost") or [], "rollout.lost"),
         ),
         claim=None
         if not claim
         else Claim(
-            release=text(claim["release"], "claim.release"),
+            release=named(claim["release"], "claim.release", validate_release_name),
             revision=maybe_text(claim.get("revision"), "claim.revision"),
-            member=text(claim["member"], "claim.member"),
+            member=named(claim["member"], "claim.member", validate_member_name),
             incarnation=text(claim["incarnation"], "claim.incarnation"),
             at=moment(claim["at"], "claim.at"),
             failed=maybe_text(claim.get("failed"), "claim.failed"),
@@ -374,7 +406,7 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
 
 def _degraded(d: Mapping[str, Any], what: str) -> Degraded:
     return Degraded(
-        text(d["release"], f"{what}.release"),
+        named(d["release"], f"{what}.release", validate_release_name),
         moment(d["at"], f"{what}.at"),
         text(d.get("reason", ""), f"{what}.reason"),
     )
@@ -411,9 +443,13 @@ def beat_for_storage(beat: MemberBeat) -> dict[str, Any]:
 
 def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
     """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours (as
-    :func:`desired_from_storage` does)."""
+    :func:`desired_from_storage` does). What a newer daemon may say that this one does not know
+    (a GPU verdict, a rolling phase) is read as written: it is shown and compared, never acted
+    on as something else, and refusing it would hide every newer member while the fleet's
+    daemons are upgraded one by one."""
+    _schema(data)
     return MemberBeat(
-        member=text(data["member"], "member"),
+        member=named(data["member"], "member", validate_member_name),
         incarnation=text(data["incarnation"], "incarnation"),
         at=moment(data["at"], "at"),
         interval=seconds(data["interval"], "interval"),
@@ -424,7 +460,9 @@ def beat_from_storage(data: Mapping[str, Any]) -> MemberBeat:
         name_conflict=_text(data.get("name_conflict")),
         out_of_rotation=_text(data.get("out_of_rotation")),
         models={
-            name: _member_model(json_object(m, f"models.{name}"), f"models.{name}")
+            named(name, "models", validate_model_name): _member_model(
+                json_object(m, f"models.{name}"), f"models.{name}"
+            )
             for name, m in json_object(data.get("models") or {}, "models").items()
         },
     )
@@ -470,9 +508,9 @@ def _text(value: object, limit: int = 1000) -> str | None:
 
 def _member_model(m: Mapping[str, Any], what: str) -> MemberModel:
     return MemberModel(
-        release=maybe_text(m.get("release"), f"{what}.release"),
-        state=MemberState(text(m["state"], f"{what}.state")),
-        target=maybe_text(m.get("target"), f"{what}.target"),
+        release=_release(m.get("release"), f"{what}.release"),
+        state=choice(m["state"], MemberState, f"{what}.state"),
+        target=_release(m.get("target"), f"{what}.target"),
         generation=whole(m.get("generation", 0), f"{what}.generation"),
         error=maybe_text(m.get("error"), f"{what}.error"),
         progress=Progress(
@@ -489,5 +527,9 @@ def _member_model(m: Mapping[str, Any], what: str) -> MemberModel:
 def _took(value: object, what: str) -> tuple[str, float]:
     pair = listed(value, what)
     if len(pair) != 2:
-        raise ValueError(f"{what} has {len(pair)} items, not a step and its seconds")
+        raise BadValue(
+            what,
+            RefusalReason.WRONG_TYPE,
+            f"{what} has {len(pair)} items, not a step and its seconds",
+        )
     return text(pair[0], f"{what}[0]"), seconds(pair[1], f"{what}[1]")

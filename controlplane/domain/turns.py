@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from controlplane.domain.names import validate_member_name, validate_release_name
 from controlplane.domain.operations import Operation, OperationStatus
-from controlplane.domain.stored import maybe_text, moment, text
+from controlplane.domain.stored import maybe_named, moment, named, text
 
 # The steps of a rolling update that a member shows the fleet, in their order.
 ROLLING_PHASES = (
@@ -81,10 +82,10 @@ def turn_for_storage(turn: Turn) -> dict[str, Any]:
 
 def turn_from_storage(data: Mapping[str, Any], what: str) -> Turn:
     return Turn(
-        member=text(data["member"], f"{what}.member"),
+        member=named(data["member"], f"{what}.member", validate_member_name),
         incarnation=text(data["incarnation"], f"{what}.incarnation"),
         at=moment(data["at"], f"{what}.at"),
-        release=maybe_text(data.get("release"), f"{what}.release"),
+        release=maybe_named(data.get("release"), f"{what}.release", validate_release_name),
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from controlplane.domain.fleet import DesiredModel, MemberBeat
+from controlplane.domain.refusals import Refusal
 
 
 class DesiredStates(Protocol):
@@ -32,12 +33,13 @@ class DesiredStates(Protocol):
 
     def read_all(self) -> dict[str, DesiredModel]:
         """Every model's record, by model. A record that cannot be read is left out (and
-        logged): a model the fleet cannot read is not acted on."""
+        kept for :meth:`unreadable`): a model the fleet cannot read is not acted on."""
         ...
 
-    def unreadable(self) -> dict[str, str]:
-        """The records the last :meth:`read_all` left out (where each is, and why): shown to
-        operators, since no member acts on a model whose record cannot be read."""
+    def unreadable(self) -> dict[str, Refusal]:
+        """The records the last :meth:`read_all` and the last :meth:`beats` refused, by where
+        each is: shown to operators, since no member acts on a model whose record cannot be
+        read, and a member whose heartbeat cannot be read is not seen."""
         ...
 
     def swap(self, desired: DesiredModel) -> None:

@@ -34,6 +34,7 @@ from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.slots import SlotState
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo, Triton
 from controlplane.services.fleet import FleetService
+from controlplane.services.fleet_refusals import count
 from controlplane.services.fleet_sync import FleetSync, SyncReport
 from controlplane.services.reconcile import PassReport
 from controlplane.services.rotation import Rotation
@@ -117,6 +118,8 @@ class FigureReader:
         if self._fleet is None:
             return None
         member = self._fleet.sync
+        view = await self._fleet_view(self._fleet)
+        refused = {**member.refusals.book.now, **(view.refused if view is not None else {})}
         return FleetFigures(
             stale=member.stale,
             last_read=member.last_read,
@@ -125,7 +128,8 @@ class FigureReader:
                 model: wanted.generation
                 for model, wanted in (sync.desired.items() if sync is not None else ())
             },
-            view=await self._fleet_view(self._fleet),
+            view=view,
+            refused=count(refused),
         )
 
     async def _fleet_view(self, fleet: FleetSources) -> FleetView | None:
@@ -146,6 +150,7 @@ class FigureReader:
                 at=snapshot.at,
                 members=member_counts(snapshot.beats, snapshot.at),
                 converged={model: snapshot.converged(model) for model in snapshot.desired},
+                refused=snapshot.broken,
             )
             return self._view
 

@@ -29,7 +29,9 @@ from controlplane.domain.fleet import (
     RolloutPhase,
     converged,
 )
+from controlplane.domain.refusals import Refusal
 from controlplane.ports import Clock, DesiredStates
+from controlplane.services.fleet_refusals import refusal_json
 from controlplane.services.fleet_sync import FleetSync
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,8 @@ class FleetSnapshot:
     desired: dict[str, DesiredModel]
     beats: dict[str, MemberBeat]
     unreadable: str | None = None  # the store could not be read: this is what was read last
-    # records that were left out (where, why): no member acts on their models
-    broken: dict[str, str] = field(default_factory=dict)
+    # records refused (by where): no member acts on their models, or sees their members
+    broken: dict[str, Refusal] = field(default_factory=dict)
     read_at: datetime | None = None  # when the others' heartbeats were read (unreadable: last)
     # (the last read before the store went away, when it came back) for a store that was away
     # lately: the others could not beat meanwhile either
@@ -142,11 +144,16 @@ class FleetService:
             self._blind = (self._beats_at or started, now)
         self._beats, self._beats_at = dict(beats), now
         beats[self.member] = own
-        behind = self._sync.generations.behind(desired)  # shown as the sync follows them
-        desired = {**desired, **{m: self._sync.generations.seen[m] for m in behind}}
+        refusals = self._sync.refusals
+        behind = refusals.behind(desired)  # shown as the sync follows them
+        desired = {
+            **desired,
+            **{r.name: refusals.generations.seen[r.name] for r in behind.values()},
+        }
         broken = {
             **(self._records.unreadable() if model is None else {}),
-            **{f"{self._records.where}/desired/{m}.json": why for m, why in behind.items()},
+            **{w: r for w, r in refusals.found().items() if model in (None, r.name)},
+            **behind,
         }
         gaps = [g for g in (self._blind, self._sync.store_gap) if g is not None]
         blind = max(gaps, key=lambda gap: gap[1]) if gaps else None
@@ -333,7 +340,7 @@ def fleet_json(
         "store_error": snapshot.unreadable,
         "name_conflict": name_conflict,
         "unreadable_records": [
-            {"record": where, "error": why} for where, why in sorted(snapshot.broken.items())
+            refusal_json(where, r) for where, r in sorted(snapshot.broken.items())
         ],
         "members": [
             member_json(beat, snapshot.alive(beat))

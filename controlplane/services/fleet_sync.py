@@ -14,7 +14,13 @@ Invariants:
   only a record that says ``unloaded`` unloads. When the store cannot be read the member keeps
   serving what it has and reports itself stale (status, ``/metrics``, its heartbeat).
 * A target this member cannot serve is retried with backoff (2 s, doubling to 5 min) and
-  reported in its heartbeat; the release that serves keeps serving meanwhile.
+  reported in its heartbeat; the release that serves keeps serving meanwhile. A target the
+  store does not hold, or that is not signed where a signature is required, refuses the
+  record (:mod:`controlplane.domain.refusals`): tried once per generation of the record, not
+  again until it changes.
+* A record that cannot be read, or whose generation went back, is refused for its model only;
+  every refusal is logged once a minute (:mod:`.fleet_refusals`), counted and shown. No record
+  can make a pass raise: the job is never restarted for one.
 * A target latched degraded here after it was set (``rollback.scope: member``) is held: this
   member does not go back to a release it rolled back from, until someone sets it again.
 * A model with an operation of this member's own running is left to it.
@@ -41,13 +47,14 @@ from controlplane.domain.fleet import (
     MemberModel,
     MemberState,
 )
-from controlplane.domain.generations import Generations
 from controlplane.domain.operations import Cause, Trigger
+from controlplane.domain.refusals import RELEASE_REFUSALS, RecordKind, Refusal
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.domain.turns import rolling_progress
 from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
+from controlplane.services.fleet_refusals import SyncRefusals, refusal_json
 from controlplane.services.fleet_upkeep import advance_rollouts, forget_departed, seed
 from controlplane.services.heartbeat import HeartbeatWriter
 from controlplane.services.operations import Begin, Ended, OperationClient
@@ -126,8 +133,8 @@ class FleetSync:
         )
         self._follows: dict[str, asyncio.Task[None]] = {}
         self._seeded = False
-        self.generations = Generations()  # the newest desired state read, by model
-        self._told_behind: set[tuple[str, int]] = set()  # (model, generation) logged as behind
+        # what it refuses of the records it reads (and the newest generation read of each)
+        self.refusals = SyncRefusals(clock, where=self._records.where)
         self._pokes = PokeGap(POKE_GAP, clock)
 
     @property
@@ -230,7 +237,8 @@ class FleetSync:
             log.info("the fleet's desired state can be read again; following it")
         self.stale_since = None
         self.last_read = report.at
-        desired = self._screened(desired)
+        unreadable = await self._unreadable()
+        desired = self.refusals.screen(desired, unreadable)
         records = {record.name: record for record in await self._serving.all()}
         if not self._seeded:
             if await seed(self._records, self.member.name, self._clock, records, desired):
@@ -247,6 +255,7 @@ class FleetSync:
                     record.active_release, MemberState.SERVING, target=record.active_release
                 )
         self.last = report
+        self.refusals.say(unreadable)
         if await advance_rollouts(
             self._records, self.member.name, desired, report.at, own=self.heartbeat()
         ):
@@ -262,15 +271,20 @@ class FleetSync:
             )
         return report
 
-    def _screened(self, desired: dict[str, DesiredModel]) -> dict[str, DesiredModel]:
-        """``desired`` with each record that went back replaced by the newer one read before
-        (:mod:`~controlplane.domain.generations`), each such record logged once."""
-        for model, why in self.generations.behind(desired).items():
-            told = (model, desired[model].generation)
-            if told not in self._told_behind:
-                self._told_behind.add(told)
-                log.error("%s", why, extra={"model": model})
-        return self.generations.screen(desired)
+    async def _unreadable(self) -> dict[str, Refusal]:
+        """The records the store's last reads refused. Heartbeats are read by the views, the
+        rollouts and the upkeep, not at every pass; while one is refused they are read again
+        here, so that a record fixed (or deleted) is seen fixed at this pass, not at the next
+        read by someone else."""
+        unreadable = self._records.unreadable()
+        if any(r.kind is RecordKind.MEMBER for r in unreadable.values()):
+            try:
+                await asyncio.to_thread(self._records.beats)
+            except ControlPlaneError as exc:
+                log.debug("cannot read the members' heartbeats again: %s", exc)
+                return unreadable
+            unreadable = self._records.unreadable()
+        return unreadable
 
     async def _converge(
         self,
@@ -284,9 +298,13 @@ class FleetSync:
         state = partial(MemberModel, serving, target=target, generation=wanted.generation)
         if target == serving:
             self._failures.succeeded(model)
+            self.refusals.served(model)
             return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
         if model in self._follows or self._client.holder(model) is not None:
             return state(MemberState.CONVERGING)
+        refused = self.refusals.of_release(wanted, target)
+        if refused is not None:  # not again until the record changes
+            return state(MemberState.FAILED, error=refused.message)
         if await self._held(model, target, wanted):
             return state(MemberState.HELD, error=f"{target} was rolled back on this member")
         retry = self._failures.get(model)
@@ -352,6 +370,14 @@ class FleetSync:
         elif not outcome.succeeded:
             where = f" (operation {done.id})" if done is not None else ""
             error = f"{outcome.error}{where}"
+            refusal = RELEASE_REFUSALS.get(outcome.code or "")
+            if refusal is not None and target is not None:
+                # The store does not hold it, or it is not signed as required: refused until
+                # the record changes, not retried with backoff (each try reads the store to
+                # the same answer).
+                self._failures.succeeded(model)
+                self.refusals.refuse_release(wanted, target, refusal, error)
+                return
             self._failed(model, _Failure(target, wanted.generation, error, outcome.retryable))
 
     def _failed(self, model: str, failure: _Failure) -> None:
@@ -448,6 +474,12 @@ class FleetSync:
             "target": state.target if state is not None else None,
             "state": state.state.value if state is not None else None,
             "error": state.error if state is not None else None,
+            # its desired state's record as refused here (no member acts on a record refused)
+            "refused": [
+                refusal_json(where, refusal)
+                for where, refusal in sorted(self.refusals.book.now.items())
+                if refusal.kind is RecordKind.DESIRED and refusal.name == model
+            ],
         }
 
     # --- readiness --------------------------------------------------------------------------

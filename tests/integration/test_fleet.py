@@ -192,9 +192,7 @@ def test_a_record_no_member_can_read_is_shown_to_operators(fleet: Fleet, store: 
     assert "no member acts on this model until it is fixed" in shown["error"]
     table = cli(member.api.url, "fleet")
     assert table.returncode == 0, table.stderr
-    assert f"UNREADABLE RECORD (no member acts on it): the desired-state record {broken}" in (
-        table.stdout
-    )
+    assert f"REFUSED RECORD (not_json): the desired-state record {broken}" in table.stdout
 
     broken.unlink()
     assert fleet.fleet(via=member)["unreadable_records"] == []

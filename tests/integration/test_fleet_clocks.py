@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,15 @@ def alive(fleet: Fleet, via: Member) -> dict[str, bool]:
     return {m["member"]: m["alive"] for m in fleet.fleet(via=via)["members"]}
 
 
+def sees_all_alive(fleet: Fleet, via: Member) -> bool:
+    seen = alive(fleet, via)
+    return len(seen) == 3 and all(seen.values())
+
+
+def sees_dead(fleet: Fleet, via: Member, name: str) -> bool:
+    return alive(fleet, via).get(name) is False
+
+
 def test_members_ten_minutes_ahead_and_behind_are_alive_while_they_beat_and_dead_once_killed(
     fleet: Fleet, store: Path
 ) -> None:
@@ -68,9 +78,7 @@ def test_members_ten_minutes_ahead_and_behind_are_alive_while_they_beat_and_dead
     # Every member sees every other alive, whichever way its own clock is off.
     for via in members:
         eventually(
-            lambda via=via: all(alive(fleet, via).values()) and len(alive(fleet, via)) == 3,
-            30,
-            f"{via.name} seeing all three members alive",
+            partial(sees_all_alive, fleet, via), 30, f"{via.name} seeing all three members alive"
         )
 
     # A --fleet deploy waits for the member behind, and answers once it serves the release.
@@ -93,7 +101,7 @@ def test_members_ten_minutes_ahead_and_behind_are_alive_while_they_beat_and_dead
     killed = time.monotonic()
     for via in (true, behind):
         eventually(
-            lambda via=via: alive(fleet, via).get("ahead") is False,
+            partial(sees_dead, fleet, via, "ahead"),
             3 * BEAT + 2 + 15,
             f"{via.name} seeing the killed member ahead dead",
         )

@@ -45,6 +45,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.fleet import DesiredModel, MemberBeat
 from controlplane.domain.operations import Operation, Trigger, Unchanged
+from controlplane.domain.refusals import Refusal
 from controlplane.domain.smoke import SmokeSample
 from controlplane.domain.traffic import Signature, Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
@@ -540,6 +541,7 @@ class FakeDesiredStates:
         self.desired: dict[str, DesiredModel] = {}
         self.heartbeats: dict[str, MemberBeat] = {}
         self.written: list[DesiredModel] = []
+        self.refused: dict[str, Refusal] = {}  # what unreadable() says: records a read refused
         self._meanwhile: deque[Callable[[], DesiredModel]] = deque()
         self._lock = threading.Lock()
 
@@ -573,8 +575,8 @@ class FakeDesiredStates:
     def beat_of(self, member: str) -> MemberBeat | None:
         return self.heartbeats.get(member)
 
-    def unreadable(self) -> dict[str, str]:
-        return {}
+    def unreadable(self) -> dict[str, Refusal]:
+        return dict(self.refused)
 
     def forget(self, member: str) -> None:
         self.heartbeats.pop(member, None)

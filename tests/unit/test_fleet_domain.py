@@ -32,6 +32,7 @@ from controlplane.domain.fleet import (
     first_generation,
 )
 from controlplane.domain.generations import Generations
+from controlplane.domain.refusals import BadValue, RefusalReason, reason_of
 from controlplane.domain.rollout import (
     RollbackAim,
     RolloutPolicy,
@@ -1015,3 +1016,157 @@ def test_a_rolling_progress_says_its_phase_and_how_long_each_took() -> None:
     )
     failed = Progress(None, (("drain", 1.5), ("memory", 20.0)), failed="memory_not_returned")
     assert failed.summary == "failed (memory_not_returned); drain 1.5 s, memory 20.0 s"
+
+
+# --- refusals: each bad record says why, as a label, and which field ---------------------------
+
+
+TURN = {"member": "member-c", "incarnation": "inc-9", "at": T0.isoformat(), "release": "r3"}
+# (a change to a stored desired state, the reason it is refused for, the field at fault)
+REFUSED_DESIRED: dict[str, tuple[dict[str, Any], RefusalReason, str]] = {
+    "an unknown rollout phase": (
+        {"rollout": {**ROLLING, "phase": "halfway"}},
+        RefusalReason.UNKNOWN_VALUE,
+        "rollout.phase",
+    ),
+    "a newer schema": ({"schema": 2}, RefusalReason.UNKNOWN_VALUE, "schema"),
+    "set_at without a zone": ({"set_at": NAIVE}, RefusalReason.TIME_WITHOUT_ZONE, "set_at"),
+    "set_at not a time": ({"set_at": "soon"}, RefusalReason.NOT_A_TIME, "set_at"),
+    "a turn taken at a time without a zone": (
+        {"turns": [{**TURN, "at": NAIVE}]},
+        RefusalReason.TIME_WITHOUT_ZONE,
+        "turns[0].at",
+    ),
+    "a turn of a member no daemon is named": (
+        {"turns": [{**TURN, "member": "../x"}]},
+        RefusalReason.INVALID_NAME,
+        "turns[0].member",
+    ),
+    "a turn without its holder's process": (
+        {"turns": [{k: v for k, v in TURN.items() if k != "incarnation"}]},
+        RefusalReason.MISSING_FIELD,
+        "incarnation",
+    ),
+    "a latch set at a time without a zone": (
+        {"degraded": [{"release": "r0", "at": NAIVE, "reason": "x"}]},
+        RefusalReason.TIME_WITHOUT_ZONE,
+        "degraded[0].at",
+    ),
+    "a latch of a release that spells a path": (
+        {"degraded": [{"release": "../r0", "at": T0.isoformat()}]},
+        RefusalReason.INVALID_NAME,
+        "degraded[0].release",
+    ),
+    "a release that spells a path": (
+        {"release": "../../etc"},
+        RefusalReason.INVALID_NAME,
+        "release",
+    ),
+    "a model name with the slots' __": ({"model": "m__blue"}, RefusalReason.INVALID_NAME, "model"),
+    "a canary named with a slash": (
+        {"rollout": {**ROLLING, "canaries": ["a/b"]}},
+        RefusalReason.INVALID_NAME,
+        "rollout.canaries[0]",
+    ),
+    "generation NaN": ({"generation": math.nan}, RefusalReason.WRONG_TYPE, "generation"),
+    "generation negative": ({"generation": -1}, RefusalReason.OUT_OF_RANGE, "generation"),
+    "bake_seconds Infinity": (
+        {"rollout": {**ROLLING, "bake_seconds": math.inf}},
+        RefusalReason.OUT_OF_RANGE,
+        "rollout.bake_seconds",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(REFUSED_DESIRED))
+def test_a_refused_desired_state_says_why_and_in_which_field(shape: str) -> None:
+    change, reason, field = REFUSED_DESIRED[shape]
+    data = {**stored_desired(), **change}
+
+    with pytest.raises((TypeError, ValueError, KeyError)) as refused:
+        desired_from_storage(data)
+
+    assert reason_of(refused.value) == (reason, field)
+
+
+def test_an_unknown_phase_or_state_is_refused_naming_the_values_known() -> None:
+    with pytest.raises(BadValue) as phase:
+        desired_from_storage({**stored_desired(), "rollout": {**ROLLING, "phase": "halfway"}})
+    with pytest.raises(BadValue) as state:
+        beat_from_storage(
+            {**beat_for_storage(beat("a")), "models": {"m": {"release": "r2", "state": "dancing"}}}
+        )
+
+    assert str(phase.value) == (
+        "rollout.phase is 'halfway', not one of complete, canary, baking, rolled_back"
+    )
+    assert str(state.value).startswith("models.m.state is 'dancing', not one of serving,")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "field"),
+    [
+        ({"at": NAIVE}, RefusalReason.TIME_WITHOUT_ZONE, "at"),
+        ({"schema": 2}, RefusalReason.UNKNOWN_VALUE, "schema"),
+        ({"member": "a b"}, RefusalReason.INVALID_NAME, "member"),
+        ({"models": {"../m": {"state": "serving"}}}, RefusalReason.INVALID_NAME, "models"),
+        (
+            {"models": {"m": {"release": "r..2", "state": "serving"}}},
+            RefusalReason.INVALID_NAME,
+            "models.m.release",
+        ),
+        ({"interval": math.nan}, RefusalReason.OUT_OF_RANGE, "interval"),
+    ],
+)
+def test_a_refused_heartbeat_says_why_and_in_which_field(
+    change: dict[str, Any], reason: RefusalReason, field: str
+) -> None:
+    with pytest.raises((TypeError, ValueError)) as refused:
+        beat_from_storage({**beat_for_storage(beat("a", serving("r2"))), **change})
+
+    assert reason_of(refused.value) == (reason, field)
+
+
+def test_what_a_newer_daemon_may_say_of_itself_is_read_as_written() -> None:
+    """A GPU verdict or a rolling phase this version does not know is shown, never acted on as
+    something else: refusing it would hide every upgraded member during an upgrade."""
+    data = beat_for_storage(beat("a", serving("r2"), overload="thermal"))
+    data["models"]["m"]["phase"] = "warmup"
+
+    read = beat_from_storage(data)
+
+    assert read.overload == "thermal"
+    assert read.models["m"].progress.phase == "warmup"
+
+
+def test_a_put_back_record_is_followed_once_a_person_deploys_over_it() -> None:
+    """Read at generation 10, put back to 5: a deploy through the API writes 6 over the copy
+    (counting from the store), set after the 10 read before: followed, though lower. What the
+    daemons write over the copy on their own (a turn, a rollout's step) is not."""
+    newest = dataclasses.replace(desired("r10", generation=10), set_at=T0)
+    generations = Generations()
+    generations.screen({MODEL: newest})
+    put_back = dataclasses.replace(desired("r5", generation=5), set_at=T0 - timedelta(days=3))
+    assert generations.screen({MODEL: put_back})[MODEL].release == "r10"
+
+    turn = dataclasses.replace(put_back, generation=6, set_at=T0 + timedelta(1), trigger="turn")
+    assert generations.screen({MODEL: turn})[MODEL].release == "r10"
+    assert "went back from generation 10" in generations.behind({MODEL: turn})[MODEL]
+
+    deployed = dataclasses.replace(
+        put_back, generation=6, release="r11", set_at=T0 + timedelta(1), trigger="api"
+    )
+    assert generations.behind({MODEL: deployed}) == {}
+    assert generations.screen({MODEL: deployed})[MODEL].release == "r11"
+
+
+def test_a_model_whose_record_is_refused_is_not_forgotten() -> None:
+    """A hand edit gone wrong hides the record; the backup put back after it is still judged
+    against the newest read before."""
+    generations = Generations()
+    generations.screen({MODEL: desired("r2", generation=2)})
+
+    generations.screen({}, refused={MODEL})
+    put_back = {MODEL: desired("r1", generation=1)}
+
+    assert generations.screen(put_back)[MODEL].release == "r2"

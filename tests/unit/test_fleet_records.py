@@ -8,7 +8,6 @@ exclude other processes, so the threads of one process need a test of their own)
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from controlplane.domain.fleet import (
     desired_from_storage,
     first_generation,
 )
+from controlplane.domain.refusals import RecordKind, RefusalReason
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 MODEL = "m"
@@ -393,38 +393,42 @@ def test_processes_bumping_the_generation_lose_no_update(
 # --- reading every record --------------------------------------------------------------------
 
 
-def test_read_all_leaves_out_and_logs_a_record_that_cannot_be_read(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+def test_read_all_leaves_out_and_lists_a_record_that_cannot_be_read(
+    records: LocalDesiredStates, root: Path
 ) -> None:
     good = generation_one("good")
     records.swap(good)
     desired_file(root, "broken").write_bytes(b'{"model": "broken", "generation": ')
-    caplog.set_level(logging.ERROR)
 
     assert records.read_all() == {"good": good}
-    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(logged) == 1
-    assert str(desired_file(root, "broken")) in logged[0]
-    assert "no member acts on this model" in logged[0]
+    [(where, refusal)] = records.unreadable().items()
+    assert where == str(desired_file(root, "broken"))
+    assert (refusal.kind, refusal.name, refusal.reason) == (
+        RecordKind.DESIRED,
+        "broken",
+        RefusalReason.NOT_JSON,
+    )
+    assert where in refusal.message
+    assert "no member acts on this model" in refusal.message
 
 
 def test_a_record_is_read_again_only_when_it_changed(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+    records: LocalDesiredStates, root: Path
 ) -> None:
-    """Every member reads every poll: a bad record is reported once, not every few seconds,
+    """Every member reads every poll: a bad record is decoded once, not every few seconds,
     and a changed one (a rename over it, as every write is) is read again."""
     good = generation_one("good")
     records.swap(good)
     broken = desired_file(root, "broken")
     broken.write_bytes(b'{"model": "broken", "generation": ')
-    caplog.set_level(logging.ERROR)
 
+    records.read_all()
+    first = records.unreadable()[str(broken)]
     for _ in range(3):
         assert records.read_all() == {"good": good}
         # ... and said where and why for as long as it is broken (GET /v1/fleet shows it).
         assert list(records.unreadable()) == [str(broken)]
-        assert "no member acts on this model" in records.unreadable()[str(broken)]
-    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+        assert records.unreadable()[str(broken)] is first  # as decoded at the first read
 
     fixed = generation_one("broken")
     replacement = broken.with_name(".replacement")
@@ -438,7 +442,7 @@ def test_a_record_is_read_again_only_when_it_changed(
 
 
 def test_a_record_with_a_list_where_an_object_belongs_is_left_out_not_fatal(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+    records: LocalDesiredStates, root: Path
 ) -> None:
     # A hand-edited record must cost its own model only: the sync pass reads every model
     # through read_all and acts on none when it raises.
@@ -448,12 +452,14 @@ def test_a_record_with_a_list_where_an_object_belongs_is_left_out_not_fatal(
     data = json.loads(desired_file(root, "edited").read_bytes())
     data["rollout"] = ["canary"]
     desired_file(root, "edited").write_text(json.dumps(data))
-    caplog.set_level(logging.ERROR)
 
     assert records.read_all() == {"good": good}
-    assert any("rollout is a list, not an object" in r.getMessage() for r in caplog.records)
-    with pytest.raises(StoreError):
+    [refusal] = records.unreadable().values()
+    assert (refusal.reason, refusal.field) == (RefusalReason.WRONG_TYPE, "rollout")
+    assert "rollout is a list, not an object" in refusal.message
+    with pytest.raises(StoreError) as reading:
         records.read("edited")
+    assert reading.value.details["reason"] == "wrong_type"
 
 
 def test_reading_or_swapping_a_record_that_cannot_be_read_is_a_store_error_naming_it(
@@ -469,24 +475,22 @@ def test_reading_or_swapping_a_record_that_cannot_be_read_is_a_store_error_namin
         records.swap(generation_one())
 
     for caught in (reading, swapping):
-        assert caught.value.details == {"record": str(path)}
+        assert caught.value.details == {"record": str(path), "reason": "wrong_type", "field": None}
         assert "not an object" in str(caught.value)
     assert path.read_bytes() == b"[1, 2, 3]\n"  # left for a person to look at
 
 
-def test_read_all_skips_and_logs_a_record_under_another_model_s_name(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+def test_read_all_skips_and_lists_a_record_under_another_model_s_name(
+    records: LocalDesiredStates, root: Path
 ) -> None:
     records.swap(generation_one("a"))
     desired_file(root, "copy").write_bytes(desired_file(root, "a").read_bytes())
-    caplog.set_level(logging.WARNING)
 
     assert records.read_all() == {"a": generation_one("a")}
-    logged = [r.getMessage() for r in caplog.records]
-    assert len(logged) == 1
-    assert str(desired_file(root, "copy")) in logged[0]
-    assert "holds the record of 'a'" in logged[0]
-    assert list(records.unreadable()) == [str(desired_file(root, "copy"))]
+    [(where, refusal)] = records.unreadable().items()
+    assert where == str(desired_file(root, "copy"))
+    assert (refusal.name, refusal.reason) == ("copy", RefusalReason.MISNAMED)
+    assert "holds the record of 'a'" in refusal.message
 
 
 def test_nothing_is_read_from_a_store_that_has_no_records_yet(
@@ -524,7 +528,7 @@ def test_heartbeats_round_trip_and_a_new_beat_replaces_the_last(
 
 
 def test_a_heartbeat_that_is_not_one_hides_only_that_member(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+    records: LocalDesiredStates, root: Path
 ) -> None:
     records.beat(heartbeat("a"))
     beat_file(root, "b").write_bytes(b"not json")
@@ -532,13 +536,14 @@ def test_a_heartbeat_that_is_not_one_hides_only_that_member(
     listed = json.loads(encode_beat(heartbeat("d")))
     listed["models"] = [MODEL]
     beat_file(root, "d").write_text(json.dumps(listed))
-    caplog.set_level(logging.WARNING)
 
     assert as_written(records.beats()) == {"a": heartbeat("a")}
-    logged = sorted(r.getMessage() for r in caplog.records)
-    assert len(logged) == 3
-    for member in ("b", "c", "d"):
-        assert any(str(beat_file(root, member)) in message for message in logged)
+    refused = records.unreadable()
+    assert {where: (r.kind, r.name, r.reason) for where, r in refused.items()} == {
+        str(beat_file(root, "b")): (RecordKind.MEMBER, "b", RefusalReason.NOT_JSON),
+        str(beat_file(root, "c")): (RecordKind.MEMBER, "c", RefusalReason.MISNAMED),
+        str(beat_file(root, "d")): (RecordKind.MEMBER, "d", RefusalReason.WRONG_TYPE),
+    }
 
 
 # What a hand edit may leave in a record, which Python's JSON reader takes but JSON has not:
@@ -593,8 +598,9 @@ def test_a_heartbeat_with_a_time_without_a_zone_is_listed_saying_so(
     beat_file(root, "b").write_text(json.dumps(stored))
 
     assert records.beats() == {}
-    [why] = records.unreadable().values()
-    assert "at is '2026-01-01T12:00:00', a time without a zone" in why
+    [refusal] = records.unreadable().values()
+    assert (refusal.reason, refusal.field) == (RefusalReason.TIME_WITHOUT_ZONE, "at")
+    assert "at is '2026-01-01T12:00:00', a time without a zone" in refusal.message
 
 
 def test_forget_deletes_a_member_s_heartbeat(records: LocalDesiredStates) -> None:
@@ -677,25 +683,23 @@ def test_encoded_records_are_json_a_person_can_read() -> None:
     assert data.endswith(b"\n")
 
 
-def test_member_records_that_cannot_be_used_are_listed_and_logged_once(
-    records: LocalDesiredStates, root: Path, caplog: pytest.LogCaptureFixture
+def test_member_records_that_cannot_be_used_are_listed_until_fixed(
+    records: LocalDesiredStates, root: Path
 ) -> None:
     """A bad heartbeat hides one member: it is shown with the desired-state records that
-    cannot be read, and logged once, not at every read (anyone who may read GET /v1/fleet
-    would otherwise write warnings at will)."""
+    cannot be read, and not logged here (the fleet sync says it, once a minute: anyone who
+    may read GET /v1/fleet would otherwise write warnings at will)."""
     records.beat(heartbeat("good"))
     members = root / "_controlplane" / "members"
     (members / "garbled.json").write_bytes(b"{nope")
     (members / "copied.json").write_bytes((members / "good.json").read_bytes())
-    caplog.set_level(logging.WARNING)
 
     for _ in range(5):
         assert list(records.beats()) == ["good"]
     unreadable = records.unreadable()
     assert sorted(unreadable) == [str(members / "copied.json"), str(members / "garbled.json")]
-    assert "cannot be read" in unreadable[str(members / "garbled.json")]
-    assert "holds the record of 'good'" in unreadable[str(members / "copied.json")]
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+    assert "cannot be read" in unreadable[str(members / "garbled.json")].message
+    assert "holds the record of 'good'" in unreadable[str(members / "copied.json")].message
 
     (members / "garbled.json").unlink()
     (members / "copied.json").unlink()

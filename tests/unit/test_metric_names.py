@@ -37,6 +37,7 @@ from controlplane.domain.operations import (
     StepStatus,
     Trigger,
 )
+from controlplane.domain.refusals import RecordKind, RefusalReason
 from controlplane.domain.rollback import RollbackOutcome, RollbackRecord
 from controlplane.domain.rotation import OutReason
 from controlplane.domain.slots import Slot, SlotState
@@ -97,7 +98,14 @@ def telemetry() -> PrometheusTelemetry:
             triton_up=True,
             jobs={"reconcile": True, "fleet-sync": False},
             not_serving=1,
-            fleet=FleetFigures(False, T0, False, {"resnet": 4}, view),
+            fleet=FleetFigures(
+                False,
+                T0,
+                False,
+                {"resnet": 4},
+                view,
+                refused={(RecordKind.DESIRED, RefusalReason.TIME_WITHOUT_ZONE): 1},
+            ),
         )
     )
     return telemetry

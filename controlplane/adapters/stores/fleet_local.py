@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import tempfile
 import threading
@@ -31,14 +30,12 @@ from controlplane.adapters.stores.fleet_records import (
     MAX_RECORD_BYTES,
     MEMBERS_DIR,
     SUFFIX,
-    BadBeats,
     conflict,
     decode_beat,
     decode_desired,
     encode_beat,
     encode_desired,
-    misnamed,
-    named_as,
+    read_desired,
     require_named,
     utc_now,
 )
@@ -47,8 +44,8 @@ from controlplane.adapters.stores.markers import read_at_most
 from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
 from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
+from controlplane.domain.refusals import Refusal
 
-log = logging.getLogger(__name__)
 LOCK_WAIT = 10.0
 LOCK_POLL = 0.01
 _THREAD_LOCKS: dict[str, threading.Lock] = {}  # lock file (real path) -> its lock in this process
@@ -63,13 +60,13 @@ class LocalDesiredStates:
         self._root = root
         self._desired = root / DESIRED_DIR
         self._members = root / MEMBERS_DIR
-        self._bad_beats = BadBeats()
+        self._bad_beats: dict[str, Refusal] = {}  # the member records the last listing refused
+        # path -> (inode, size, mtime), and the record there or why it is refused
+        self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | Refusal | None]] = {}
         self._clock = clock
         # How far the store's clock (its files' mtimes: this kernel's, or a file server's) is
         # behind this reader's; measured at each write of this member's own heartbeat.
         self._offset: timedelta | None = None
-        # path -> (inode, size, mtime), and the record there or why it cannot be read
-        self._seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
 
     @property
     def where(self) -> str:
@@ -92,7 +89,7 @@ class LocalDesiredStates:
         every poll interval, so an idle fleet costs one stat per model."""
         self._require_root()
         found: dict[str, DesiredModel] = {}
-        seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | str | None]] = {}
+        seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | Refusal | None]] = {}
         for path in _records(self._desired):
             try:
                 stat = path.stat()
@@ -109,24 +106,17 @@ class LocalDesiredStates:
         self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return found
 
-    def unreadable(self) -> dict[str, str]:
-        desired = {str(path): why for path, (_, why) in self._seen.items() if isinstance(why, str)}
-        return {**desired, **self._bad_beats.found}
+    def unreadable(self) -> dict[str, Refusal]:
+        desired = {
+            str(path): why for path, (_, why) in self._seen.items() if isinstance(why, Refusal)
+        }
+        return {**desired, **self._bad_beats}
 
-    def _decode(self, path: Path) -> DesiredModel | str | None:
-        """The record in ``path``, or why it is not a readable record of its name (logged);
-        None when it is gone."""
+    def _decode(self, path: Path) -> DesiredModel | Refusal | None:
+        """The record in ``path``, or why it is not a readable record of its name; None when
+        it is gone."""
         data = _read(path)
-        if data is None:
-            return None
-        try:
-            desired = decode_desired(data, str(path))
-        except ControlPlaneError as exc:
-            log.error("%s", exc.message)
-            return exc.message
-        if not named_as(str(path), path.name, desired.model):
-            return misnamed(str(path), desired.model)
-        return desired
+        return None if data is None else read_desired(data, str(path), path.name)
 
     def swap(self, desired: DesiredModel) -> None:
         self._require_root()
@@ -150,21 +140,21 @@ class LocalDesiredStates:
 
     def beats(self) -> dict[str, MemberBeat]:
         found: dict[str, MemberBeat] = {}
-        bad: dict[str, str] = {}
+        bad: dict[str, Refusal] = {}
         for path in _records(self._members):
             beat = self._read_beat(path)
             if isinstance(beat, MemberBeat):
                 found[beat.member] = beat
             elif beat is not None:
                 bad[str(path)] = beat
-        self._bad_beats.listing(bad)
+        self._bad_beats = bad  # one assignment, as for the desired states
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:
         beat = self._read_beat(self._members / f"{validate_member_name(member)}{SUFFIX}")
         return beat if isinstance(beat, MemberBeat) else None
 
-    def _read_beat(self, path: Path) -> MemberBeat | str | None:
+    def _read_beat(self, path: Path) -> MemberBeat | Refusal | None:
         """The heartbeat in ``path``, landed when its file was last written (the mtime of
         the file that was read, on this reader's clock); why it is not one; None: gone."""
         try:

@@ -3,12 +3,16 @@
 ``_controlplane/desired/<model>.json`` holds a model's desired state and
 ``_controlplane/members/<member>.json`` a member's heartbeat: small JSON documents, written
 whole (an atomic rename, or one PutObject), so a reader sees the old one or the new one.
+
+A record that cannot be read whole as ours is a :class:`~controlplane.domain.refusals.Refusal`
+(what, why, which field): a listing leaves it out and keeps it for :meth:`~controlplane.ports.
+DesiredStates.unreadable`, and the fleet sync logs it (once a minute) and counts it. Nothing is
+logged here: every member reads every record every poll.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +26,15 @@ from controlplane.domain.fleet import (
     desired_for_storage,
     desired_from_storage,
 )
+from controlplane.domain.refusals import (
+    BadType,
+    BadValue,
+    RecordKind,
+    Refusal,
+    RefusalReason,
+    reason_of,
+)
 
-log = logging.getLogger(__name__)
 DESIRED_DIR = f"{RESERVED_PREFIX}/desired"
 MEMBERS_DIR = f"{RESERVED_PREFIX}/members"
 SUFFIX = ".json"
@@ -48,45 +59,74 @@ def _encode(data: dict[str, Any]) -> bytes:
 
 
 def decode_desired(data: bytes, where: str) -> DesiredModel:
-    """The record, or :class:`StoreError` naming the file and what to do."""
-    try:
-        return desired_from_storage(_decode(data))
-    except (ValueError, KeyError, TypeError) as exc:
+    """The record, or :class:`StoreError` naming the file and what to do (its details carry
+    the refusal's ``reason`` and ``field``)."""
+    found = read_desired(data, where, None)
+    if isinstance(found, Refusal):
         raise StoreError(
-            f"the desired-state record {where} cannot be read ({type(exc).__name__}: {exc}); "
+            found.message,
+            details={"record": where, "reason": found.reason.value, "field": found.field},
+        )
+    return found
+
+
+def read_desired(data: bytes, where: str, name: str | None) -> DesiredModel | Refusal:
+    """The desired state in the file ``name`` (``<model>.json``; None: read for its model by
+    name) at ``where``, or why it is refused: a bad record stops its own model only."""
+    try:
+        desired = desired_from_storage(_decode(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        reason, field = reason_of(exc)
+        return Refusal(
+            RecordKind.DESIRED,
+            _stem(where if name is None else name),
+            reason,
+            f"the desired-state record {where} cannot be read ({_why(exc)}); "
             "no member acts on this model until it is fixed: deploy a release of it through "
             "any member's API after deleting the record, or restore it",
-            details={"record": where},
-        ) from None
+            field,
+        )
+    if name is not None and name != f"{desired.model}{SUFFIX}":
+        return Refusal(
+            RecordKind.DESIRED, _stem(name), RefusalReason.MISNAMED, misnamed(where, desired.model)
+        )
+    return desired
 
 
-def decode_beat(data: bytes, where: str, name: str) -> MemberBeat | str:
-    """The heartbeat in the file ``name`` at ``where``, or why it is not one (a bad beat hides
-    one member; see :class:`BadBeats`)."""
+def decode_beat(data: bytes, where: str, name: str) -> MemberBeat | Refusal:
+    """The heartbeat in the file ``name`` at ``where``, or why it is refused (a bad beat hides
+    one member)."""
     try:
         beat = beat_from_storage(_decode(data))
     except (ValueError, KeyError, TypeError) as exc:
-        return (
-            f"the member record {where} cannot be read ({type(exc).__name__}: {exc}); that "
-            "member is not seen until it writes its next heartbeat, or delete the record"
+        reason, field = reason_of(exc)
+        return Refusal(
+            RecordKind.MEMBER,
+            _stem(name),
+            reason,
+            f"the member record {where} cannot be read ({_why(exc)}); that "
+            "member is not seen until it writes its next heartbeat, or delete the record",
+            field,
         )
     if name != f"{beat.member}{SUFFIX}":
-        return misnamed(where, beat.member)
+        return Refusal(
+            RecordKind.MEMBER, _stem(name), RefusalReason.MISNAMED, misnamed(where, beat.member)
+        )
     return beat
 
 
-class BadBeats:
-    """The member records the last listing could not use, each logged once (not at every read:
-    anyone who may read ``GET /v1/fleet`` would otherwise write warnings at will)."""
+def _why(exc: Exception) -> str:
+    """A parse's error in an operator's words: the field and what is wrong with it."""
+    if isinstance(exc, BadValue | BadType):
+        return str(exc)
+    if isinstance(exc, KeyError):
+        return f"no {exc.args[0]!r} field" if exc.args else "a field is missing"
+    return f"{type(exc).__name__}: {exc}"  # not JSON: the parser's own words say where
 
-    def __init__(self) -> None:
-        self.found: dict[str, str] = {}
 
-    def listing(self, found: dict[str, str]) -> None:
-        for where, why in found.items():
-            if self.found.get(where) != why:
-                log.warning("ignoring a member record: %s", why)
-        self.found = found
+def _stem(name: str) -> str:
+    """The model or member a record's file is named for."""
+    return name.rpartition("/")[2].removesuffix(SUFFIX)
 
 
 def _decode(data: bytes) -> dict[str, Any]:
@@ -95,28 +135,26 @@ def _decode(data: bytes) -> dict[str, Any]:
     is no ``ValueError``): every value a record holds is then checked where it is read
     (:mod:`controlplane.domain.stored`)."""
     if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"{len(data)} bytes, more than a record ever holds")
+        raise BadValue(
+            None, RefusalReason.NOT_JSON, f"{len(data)} bytes, more than a record ever holds"
+        )
     try:
         found = json.loads(data, parse_constant=_not_json)
     except RecursionError:
-        raise ValueError("JSON nested deeper than a record ever is") from None
+        raise BadValue(
+            None, RefusalReason.NOT_JSON, "JSON nested deeper than a record ever is"
+        ) from None
     if not isinstance(found, dict):
-        raise TypeError(f"a JSON {type(found).__name__}, not an object")
+        raise BadType(None, f"a JSON {type(found).__name__}, not an object")
     return found
 
 
 def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is no JSON number (JSON has no NaN or Infinity)")
-
-
-def named_as(where: str, name: str, holds: str) -> bool:
-    """Whether the record at ``where`` (named ``name``) is ``holds``'s, as records are read
-    only under their own name; else logged and left out (a record copied to seed another model
-    names the model it was copied from)."""
-    if name == f"{holds}{SUFFIX}":
-        return True
-    log.warning("ignoring the record: %s", misnamed(where, holds))
-    return False
+    raise BadValue(
+        None,
+        RefusalReason.NOT_JSON,
+        f"{constant} is no JSON number (JSON has no NaN or Infinity)",
+    )
 
 
 def misnamed(where: str, holds: str) -> str:
@@ -165,5 +203,5 @@ def require_named(desired: DesiredModel, model: str, where: str) -> None:
             f"the desired-state record {where} holds the record of {desired.model!r}, not of "
             f"{model!r}; no member acts on {model} until it is fixed (delete it, then deploy a "
             "release through any member)",
-            details={"record": where},
+            details={"record": where, "reason": RefusalReason.MISNAMED.value, "field": "model"},
         )

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,14 +40,12 @@ from controlplane.adapters.stores.fleet_records import (
     DESIRED_DIR,
     MEMBERS_DIR,
     SUFFIX,
-    BadBeats,
     conflict,
     decode_beat,
     decode_desired,
     encode_beat,
     encode_desired,
-    misnamed,
-    named_as,
+    read_desired,
     require_named,
     same_write,
     utc_now,
@@ -57,8 +54,8 @@ from controlplane.adapters.stores.s3 import S3Store
 from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound, StoreError
 from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
+from controlplane.domain.refusals import Refusal
 
-log = logging.getLogger(__name__)
 # A lost race: the precondition failed, or two conditional writes raced. (An If-Match on a key
 # deleted since it was read, NoSuchKey, is one too: see _put.)
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
@@ -82,10 +79,10 @@ class S3DesiredStates:
         self._members = f"{store.base}{MEMBERS_DIR}/"
         self._probe = f"{store.base}{RESERVED_PREFIX}/probe/{uuid.uuid4().hex}"
         self._enforced = False  # the store was seen to enforce conditional writes
-        # key -> (ETag, the record there or why it cannot be read)
-        self._seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
-        self._bad_beats = BadBeats()  # member records the last listing could not use
-        self._beats_seen: dict[str, tuple[str, MemberBeat | str | None]] = {}  # key: ETag, beat
+        # key -> (ETag, the record there or why it is refused)
+        self._seen: dict[str, tuple[str, DesiredModel | Refusal | None]] = {}
+        self._bad_beats: dict[str, Refusal] = {}  # member records the last listing refused
+        self._beats_seen: dict[str, tuple[str, MemberBeat | Refusal | None]] = {}  # ETag, beat
 
     @property
     def where(self) -> str:
@@ -104,7 +101,7 @@ class S3DesiredStates:
         every member reads every poll interval, so an idle fleet costs one LIST per member
         per poll, whatever the number of models."""
         records: dict[str, DesiredModel] = {}
-        seen: dict[str, tuple[str, DesiredModel | str | None]] = {}
+        seen: dict[str, tuple[str, DesiredModel | Refusal | None]] = {}
         for key, etag in self._listed(self._desired).items():
             cached = self._seen.get(key)
             if cached is not None and cached[0] == etag:
@@ -117,25 +114,17 @@ class S3DesiredStates:
         self._seen = seen  # one assignment: a concurrent reader sees the old or the new
         return records
 
-    def unreadable(self) -> dict[str, str]:
-        desired = {self._url(k): why for k, (_, why) in self._seen.items() if isinstance(why, str)}
-        return {**desired, **self._bad_beats.found}
+    def unreadable(self) -> dict[str, Refusal]:
+        desired = {
+            self._url(k): why for k, (_, why) in self._seen.items() if isinstance(why, Refusal)
+        }
+        return {**desired, **self._bad_beats}
 
-    def _read_record(self, key: str) -> DesiredModel | str | None:
-        """The record at ``key``, or why it is not a readable record of its name (logged);
-        None when it is gone."""
-        try:
-            found = self._get(key)
-        except ControlPlaneError as exc:
-            if exc.code != "store_error":
-                raise
-            log.error("%s", exc.message)
-            return exc.message
-        if found is None:
-            return None
-        if not named_as(self._url(key), _name(key), found[0].model):
-            return misnamed(self._url(key), found[0].model)
-        return found[0]
+    def _read_record(self, key: str) -> DesiredModel | Refusal | None:
+        """The record at ``key``, or why it is not a readable record of its name; None when it
+        is gone."""
+        fetched = self._fetch(key)
+        return None if fetched is None else read_desired(fetched.data, self._url(key), _name(key))
 
     def swap(self, desired: DesiredModel) -> None:
         key = f"{self._desired}{validate_model_name(desired.model)}{SUFFIX}"
@@ -164,8 +153,8 @@ class S3DesiredStates:
         """One listing (which dates each record), and a GET only of the records whose ETag
         changed since the last call."""
         found: dict[str, MemberBeat] = {}
-        bad: dict[str, str] = {}
-        seen: dict[str, tuple[str, MemberBeat | str | None]] = {}
+        bad: dict[str, Refusal] = {}
+        seen: dict[str, tuple[str, MemberBeat | Refusal | None]] = {}
         for key, (etag, landed) in self._dated(self._members).items():
             cached = self._beats_seen.get(key)
             if cached is not None and cached[0] == etag:
@@ -183,7 +172,7 @@ class S3DesiredStates:
             elif beat is not None:
                 bad[self._url(key)] = beat
         self._beats_seen = seen
-        self._bad_beats.listing(bad)
+        self._bad_beats = bad  # one assignment, as for the desired states
         return found
 
     def beat_of(self, member: str) -> MemberBeat | None:

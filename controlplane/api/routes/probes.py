@@ -17,6 +17,7 @@ from controlplane.api.deps import Reader, why_not_ready
 from controlplane.api.errors import error_body
 from controlplane.api.schemas.health import job_json, notifications_json
 from controlplane.domain.errors import TransientError
+from controlplane.services.fleet_refusals import refusal_json
 
 router = APIRouter()
 
@@ -45,6 +46,11 @@ async def healthz(c: Reader) -> dict[str, Any]:
             "member": c.fleet.member.name,
             "stale": c.fleet.stale,
             "name_conflict": c.fleet.name_conflict,
+            # the fleet's records this member refuses, as of its last pass
+            "refused_records": [
+                refusal_json(where, refusal)
+                for where, refusal in sorted(c.fleet.refusals.book.now.items())
+            ],
         }
     return body
 
