@@ -72,7 +72,8 @@ def status_lines(data: dict[str, Any], model: str | None) -> list[str]:
 
 def problems(health: dict[str, Any], model: str | None) -> list[str]:
     """What is wrong with the daemon itself: Triton cannot be reached (as the reconcile loop
-    last saw it), a name conflict in the fleet, jobs that are down."""
+    last saw it), a name conflict in the fleet, fleet records no member can act on, jobs that
+    are down."""
     found = []
     triton = health.get("triton") or {}
     if triton.get("problem"):
@@ -80,6 +81,9 @@ def problems(health: dict[str, Any], model: str | None) -> list[str]:
     conflict = (health.get("fleet") or {}).get("name_conflict")
     if conflict and not model:  # one model's view says it under that model
         found.append(f"fleet: NAME CONFLICT: {conflict}")
+    if not model:  # one model's view says its own under that model
+        for broken in (health.get("fleet") or {}).get("unreadable_records", []):
+            found.append(f"fleet: UNREADABLE RECORD (no member acts on it): {broken['error']}")
     queue = (health.get("store") or {}).get("notifications") or {}
     if queue.get("state") == "unreachable":
         found.append(unreachable_line(queue["queue"], queue.get("problem"), queue.get("since")))
@@ -171,6 +175,10 @@ def _fleet_lines(fleet: dict[str, Any] | None) -> list[str]:
         )
     if fleet.get("name_conflict"):
         lines.append(f"  fleet:     NAME CONFLICT: {fleet['name_conflict']}")
+    if fleet.get("unreadable"):
+        lines.append(
+            f"  fleet:     UNREADABLE RECORD (no member acts on it): {fleet['unreadable']}"
+        )
     return lines
 
 

@@ -11,8 +11,11 @@ same way. The reconcile loop below it keeps Triton true to what this member serv
 Invariants:
 
 * Nothing is ever unloaded because the store cannot be read, or because a model has no record:
-  only a record that says ``unloaded`` unloads. When the store cannot be read the member keeps
-  serving what it has and reports itself stale (status, ``/metrics``, its heartbeat).
+  only a record that says an unload left it unloaded unloads
+  (:meth:`~controlplane.domain.fleet.DesiredModel.unloads`; a null release written by hand is
+  refused where it is read, and this member keeps serving what it has). When the store cannot
+  be read the member keeps serving what it has and reports itself stale (status,
+  ``/metrics``, its heartbeat).
 * A target this member cannot serve is retried with backoff (2 s, doubling to 5 min) and
   reported in its heartbeat; the release that serves keeps serving meanwhile.
 * A target latched degraded here after it was set (``rollback.scope: member``) is held: this
@@ -36,6 +39,7 @@ from typing import TypeVar
 
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import (
+    RESERVED_PREFIX,
     DesiredModel,
     MemberBeat,
     MemberModel,
@@ -285,6 +289,11 @@ class FleetSync:
         if target == serving:
             self._failures.succeeded(model)
             return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
+        if target is None and not wanted.unloads(self.member.name):
+            # No release for this member, and no unload either (a claim on a new model, a
+            # canary rollout's others when nothing was stable): kept as it is.
+            self._failures.succeeded(model)
+            return state(MemberState.SERVING, target=serving)
         if model in self._follows or self._client.holder(model) is not None:
             return state(MemberState.CONVERGING)
         if await self._held(model, target, wanted):
@@ -448,7 +457,20 @@ class FleetSync:
             "target": state.target if state is not None else None,
             "state": state.state.value if state is not None else None,
             "error": state.error if state is not None else None,
+            "unreadable": self._unreadable(model),
         }
+
+    def unreadable_records(self) -> dict[str, str]:
+        """The records the last pass could not use (where each is, and why): no member acts on
+        a model whose record is among them."""
+        return self._records.unreadable()
+
+    def _unreadable(self, model: str) -> str | None:
+        """Why ``model``'s own record could not be used at the last pass; None when it could."""
+        own = f"{RESERVED_PREFIX}/desired/{model}.json"
+        return next(
+            (why for where, why in self.unreadable_records().items() if where.endswith(own)), None
+        )
 
     # --- readiness --------------------------------------------------------------------------
 

@@ -301,6 +301,62 @@ def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_foll
     assert member.answer(fleet.model) == 1.0
 
 
+def test_a_null_release_written_by_hand_unloads_nothing_while_the_other_models_converge(
+    fleet: Fleet, store: Path
+) -> None:
+    """Found by attacking a fleet from outside with write access to the bucket:
+    ``"release": null`` written into a model's desired-state record unloaded it on every
+    member. Such a record is now malformed: listed, logged and ignored, each member keeps
+    serving what it has, and the other models go on converging; an unload through the API
+    still unloads everywhere."""
+    other = f"{fleet.model}-b"
+    for model in (fleet.model, other):
+        write_scale_release(store, model, "r1", k=1.0)
+    write_scale_release(store, other, "r2", k=2.0)
+    first, second = fleet.add(), fleet.add()
+    for model in (fleet.model, other):
+        answer = first.api.post(
+            f"/v1/models/{model}/deploy", {"release": "r1", "wait": True, "fleet": True}
+        )
+        assert answer.status_code == 200, answer.text
+    record = store / "_controlplane" / "desired" / f"{fleet.model}.json"
+    wanted = json.loads(record.read_text())
+    edited = {**wanted, "release": None, "generation": wanted["generation"] + 1}
+    record.write_text(json.dumps(edited))
+
+    for member in (first, second):
+        _two_passes(member, fleet.model)
+        [shown] = fleet.fleet(via=member)["unreadable_records"]
+        assert shown["record"] == str(record)
+        assert "release is null but the record is no unload" in shown["error"], shown
+        assert member.answer(fleet.model) == 1.0
+        assert member.api.get(f"/v1/models/{fleet.model}").json()["active_release"] == "r1"
+        assert "release is null but the record is no unload" in member.api.log()
+    status = cli(first.api.url, "status", fleet.model)
+    assert status.returncode == 0, status.stderr
+    assert "fleet:     UNREADABLE RECORD (no member acts on it): the desired-state record" in (
+        status.stdout
+    )
+    everything = cli(first.api.url, "status")  # what is wrong, on stderr above the models
+    assert "fleet: UNREADABLE RECORD (no member acts on it)" in everything.stderr
+
+    # The other model follows a deploy, and an unload through the API, on every member.
+    answer = second.api.post(
+        f"/v1/models/{other}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(other, "r2", 2.0)
+    answer = second.api.post(f"/v1/models/{other}/unload", {"wait": True, "fleet": True})
+    assert answer.status_code == 200, answer.text
+    assert {m["member"]: m["state"] for m in answer.json()["fleet"]["members"]} == {
+        "m1": "unloaded",
+        "m2": "unloaded",
+    }
+    for member in (first, second):
+        assert member.api.get(f"/v1/models/{other}").json()["active_release"] is None
+        assert member.answer(fleet.model) == 1.0
+
+
 def _two_passes(member: Member, model: str) -> None:
     """Until the member's fleet sync has read the store twice since now (each pass does all
     it does with what it read before the next one reads)."""

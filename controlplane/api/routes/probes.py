@@ -45,6 +45,10 @@ async def healthz(c: Reader) -> dict[str, Any]:
             "member": c.fleet.member.name,
             "stale": c.fleet.stale,
             "name_conflict": c.fleet.name_conflict,
+            "unreadable_records": [
+                {"record": where, "error": why}
+                for where, why in sorted(c.fleet.unreadable_records().items())
+            ],
         }
     return body
 
