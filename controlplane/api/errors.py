@@ -55,6 +55,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "checksum_mismatch": 422,
     "signature_missing": 422,
     "signature_invalid": 422,
+    "signature_unbound": 422,
     "unknown_signer": 422,
     "invalid_release": 422,
     "invalid_model_config": 422,

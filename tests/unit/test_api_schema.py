@@ -32,6 +32,7 @@ LOAD_FAILURES = (
     "checksum_mismatch",
     "signature_missing",
     "signature_invalid",
+    "signature_unbound",
     "unknown_signer",
     "invalid_release",
     "invalid_model_config",
