@@ -28,6 +28,7 @@ DEPLOY_REFUSALS = (
     "invalid_name",
     "release_not_found",
     "release_incomplete",
+    "release_below_floor",
     "operation_in_progress",
     "store_error",
     "store_unavailable",

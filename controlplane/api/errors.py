@@ -57,6 +57,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "signature_invalid": 422,
     "signature_unbound": 422,
     "unknown_signer": 422,
+    "release_below_floor": 422,
     "invalid_release": 422,
     "invalid_model_config": 422,
     "triton_load_failed": 422,

@@ -16,6 +16,7 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── SignatureUnbound       signature_unbound (signed the old way: over SHA256SUMS
     │   │                                             alone, naming no model or release)
     │   ├── UnknownSigner          unknown_signer    (signed by a key not trusted now)
+    │   ├── ReleaseBelowFloor      release_below_floor (older than the model's min_release)
     │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
     │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
@@ -133,6 +134,12 @@ class UnknownSigner(PermanentError):
     yet valid) verifies the signature."""
 
     code = "unknown_signer"
+
+
+class ReleaseBelowFloor(PermanentError):
+    """The release sorts before the model's ``min_release``: it may not serve."""
+
+    code = "release_below_floor"
 
 
 class UnsafeRelease(PermanentError):

@@ -357,6 +357,58 @@ def test_a_null_release_written_by_hand_unloads_nothing_while_the_other_models_c
         assert member.answer(fleet.model) == 1.0
 
 
+def test_a_desired_state_below_the_floor_is_refused_while_every_member_keeps_serving(
+    fleet: Fleet, store: Path
+) -> None:
+    """Write access to the bucket can move a fleet back to an older release, signed or not, by
+    writing it into the desired state. With the model's min_release above it, each member
+    refuses it (release_below_floor, in its heartbeat and log) and keeps serving what it has;
+    a deploy of it through the API is refused the same way."""
+    for release, k in (("r1", 1.0), ("r2", 2.0), ("r3", 3.0)):
+        write_scale_release(store, fleet.model, release, k=k)
+    floor = f"models:\n  {fleet.model}:\n    min_release: r2\n"
+    first, second = fleet.add(config=floor), fleet.add(config=floor)
+    answer = first.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r3", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    refused = second.api.deploy(fleet.model, "r1")
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "release_below_floor"
+    assert "sorts before the model's min_release 'r2'" in refused.json()["error"]["message"]
+
+    record = store / "_controlplane" / "desired" / f"{fleet.model}.json"
+    wanted = json.loads(record.read_text())
+    downgrade = {
+        **wanted,
+        "release": "r1",
+        "previous": "r3",
+        "generation": wanted["generation"] + 1,
+    }
+    record.write_text(json.dumps(downgrade))
+
+    def refused_by_both() -> bool:
+        view = fleet.fleet(via=first)
+        states = [m["models"].get(fleet.model) or {} for m in view["members"]]
+        return len(states) == 2 and all(
+            s.get("state") == "failed" and "release_below_floor" in (s.get("error") or "")
+            for s in states
+        )
+
+    eventually(refused_by_both, 30, "both members refuse the release below the floor")
+    for member in (first, second):
+        assert member.answer(fleet.model) == 3.0
+        assert member.api.get(f"/v1/models/{fleet.model}").json()["active_release"] == "r3"
+        assert "sorts before the model's min_release 'r2'" in member.api.log()
+    # At the floor, a deploy through the API moves the fleet on.
+    answer = second.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(fleet.model, "r2", 2.0)
+
+
 def _two_passes(member: Member, model: str) -> None:
     """Until the member's fleet sync has read the store twice since now (each pass does all
     it does with what it read before the next one reads)."""

@@ -349,6 +349,7 @@ def make_deploy_service(
     load_slots: int = 2,
     max_release_bytes: int | None = None,
     store: Callable[[LocalStore], ModelStore] | None = None,
+    min_release: str | None = None,
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
@@ -396,6 +397,7 @@ def make_deploy_service(
             abandon_seconds=0.1,
             max_release_bytes=max_release_bytes,
         ),
+        floor_for=lambda _model: min_release,
     )
     parts = Parts(
         store_path=store_path,
@@ -468,6 +470,7 @@ async def deploy_service(
     load_slots: int = 2,
     max_release_bytes: int | None = None,
     store: Callable[[LocalStore], ModelStore] | None = None,
+    min_release: str | None = None,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
     service, parts = make_deploy_service(
@@ -480,6 +483,7 @@ async def deploy_service(
         load_slots=load_slots,
         max_release_bytes=max_release_bytes,
         store=store,
+        min_release=min_release,
     )
     try:
         yield service, parts

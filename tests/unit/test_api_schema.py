@@ -63,6 +63,7 @@ DEPLOY = (
     "invalid_name",
     "release_not_found",
     "release_incomplete",
+    "release_below_floor",
     "operation_in_progress",
     "store_error",
     "store_unavailable",
