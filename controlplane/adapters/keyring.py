@@ -12,11 +12,13 @@ The keyring is read again at every verification (it is a few small files), so a 
 retired while the daemon runs counts at the next deploy, with no restart; a keyring that cannot
 be read then refuses the signature, naming the path, and never trusts anything by default.
 
-The signatures are what plain openssl writes over the bytes of ``SHA256SUMS``: Ed25519 from
-``openssl pkeyutl -sign -rawin`` (64 raw bytes), ECDSA P-256 with SHA-256 from
-``openssl dgst -sha256 -sign`` (DER). ``cryptography`` reads and checks them
-(:mod:`.publisher_keys`), imported when a keyring is built: a daemon without one never loads it
-(10 MiB of an idle daemon).
+The signatures are what plain openssl writes over a release's statement (its model, its name,
+then the bytes of ``SHA256SUMS``: :func:`~controlplane.domain.signatures.statement`): Ed25519
+from ``openssl pkeyutl -sign -rawin`` (64 raw bytes), ECDSA P-256 with SHA-256 from
+``openssl dgst -sha256 -sign`` (DER). A signature that verifies over ``SHA256SUMS`` alone
+instead was made the old way, and is refused as such (``signature_unbound``).
+``cryptography`` reads and checks them (:mod:`.publisher_keys`), imported when a keyring is
+built: a daemon without one never loads it (10 MiB of an idle daemon).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from controlplane.domain.signatures import (
     Trust,
     judge,
     keyring_unreadable,
+    release_named,
+    signing_command,
+    statement,
     trust_of,
 )
 
@@ -89,20 +94,27 @@ class Keyring:
         keys = self._load()
         return [key.name for key in keys if key.trust(now).trust is Trust.TRUSTED]
 
-    def verify(self, data: bytes, signature: bytes, where: str) -> str:
-        """The name of the trusted key whose signature over ``data`` is ``signature``, or the
-        refusal (:class:`SignatureInvalid`, :class:`UnknownSigner`) that says why not."""
+    def verify_release(self, model: str, release: str, manifest: bytes, signature: bytes) -> str:
+        """The name of the trusted key whose ``signature`` is over ``release`` of ``model``
+        with the ``SHA256SUMS`` bytes ``manifest``, or the refusal (:class:`SignatureInvalid`,
+        :class:`SignatureUnbound`, :class:`UnknownSigner`) that says why not."""
         try:
             keys = self._load()
         except KeyringError as exc:
             raise keyring_unreadable(self.where, str(exc)) from None
         now = self._now()
-        verified = [key.name for key in keys if self._keys.verifies(key.key, data, signature)]
+        signed = statement(model, release, manifest)
+        verified = [key.name for key in keys if self._keys.verifies(key.key, signed, signature)]
+        unbound = []
+        if not verified:  # signed the old way? said so, rather than "does not verify"
+            unbound = [k.name for k in keys if self._keys.verifies(k.key, manifest, signature)]
         return judge(
-            where,
+            release_named(model, release),
             [key.trust(now) for key in keys],
             verified,
-            malformed=not verified and self._keys.malformed(signature),
+            unbound_by=unbound,
+            malformed=not verified and not unbound and self._keys.malformed(signature),
+            sign_again=signing_command(model, release),
         )
 
     def _load(self) -> list[_Key]:

@@ -189,7 +189,7 @@ class PrometheusTelemetry:
         self._signature_refusals = Counter(
             "controlplane_signature_refusals",
             "Releases refused for their signature, by code (signature_missing, "
-            "signature_invalid, unknown_signer).",
+            "signature_invalid, signature_unbound, unknown_signer).",
             ["code"],
             registry=r,
         )

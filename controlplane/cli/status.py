@@ -73,7 +73,8 @@ def status_lines(data: dict[str, Any], model: str | None) -> list[str]:
 
 def problems(health: dict[str, Any], model: str | None) -> list[str]:
     """What is wrong with the daemon itself: Triton cannot be reached (as the reconcile loop
-    last saw it), a name conflict in the fleet, jobs that are down."""
+    last saw it), a name conflict in the fleet, fleet records no member can act on, jobs that
+    are down."""
     found = []
     triton = health.get("triton") or {}
     if triton.get("problem"):

@@ -13,7 +13,10 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ChecksumMismatch       checksum_mismatch
     │   ├── SignatureMissing       signature_missing (a signature is required, none was published)
     │   ├── SignatureInvalid       signature_invalid (no key of the keyring verifies it)
+    │   ├── SignatureUnbound       signature_unbound (signed the old way: over SHA256SUMS
+    │   │                                             alone, naming no model or release)
     │   ├── UnknownSigner          unknown_signer    (signed by a key not trusted now)
+    │   ├── ReleaseBelowFloor      release_below_floor (older than the model's min_release)
     │   ├── UnsafeRelease          invalid_release   (symlinks, '..', absolute paths, extra files,
     │   │                                             Python that does not compile)
     │   ├── InvalidModelConfig     invalid_model_config
@@ -111,10 +114,19 @@ class SignatureMissing(PermanentError):
 
 
 class SignatureInvalid(PermanentError):
-    """``SHA256SUMS.sig`` is malformed, or no key of the keyring verifies it over the bytes of
-    ``SHA256SUMS`` (or the keyring cannot be read: nothing is trusted then)."""
+    """``SHA256SUMS.sig`` is malformed, or no key of the keyring verifies it over the release's
+    statement (its model, its name and the bytes of ``SHA256SUMS``), or the keyring cannot be
+    read: nothing is trusted then."""
 
     code = "signature_invalid"
+
+
+class SignatureUnbound(PermanentError):
+    """A key of the keyring verifies ``SHA256SUMS.sig`` over the bytes of ``SHA256SUMS`` alone,
+    not over the statement that names the model and the release: signed the old way, so it
+    would verify under any name the release is copied to."""
+
+    code = "signature_unbound"
 
 
 class UnknownSigner(PermanentError):
@@ -122,6 +134,12 @@ class UnknownSigner(PermanentError):
     yet valid) verifies the signature."""
 
     code = "unknown_signer"
+
+
+class ReleaseBelowFloor(PermanentError):
+    """The release sorts before the model's ``min_release``: it may not serve."""
+
+    code = "release_below_floor"
 
 
 class UnsafeRelease(PermanentError):

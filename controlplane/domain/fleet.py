@@ -12,8 +12,14 @@ Invariants:
   loser is told who won (:class:`~controlplane.domain.errors.DesiredStateConflict`).
 * What one member should serve is :meth:`DesiredModel.target_for`: the desired release, except
   during a canary rollout, where members that are not canaries keep the stable release.
-* ``release is None`` means unloaded on purpose; a model with no record at all is not the
-  fleet's to manage (nothing is unloaded because a record is missing or unreadable).
+* A member unloads a model only for a record that says so: ``release`` None *and*
+  ``unloaded`` naming the release an unload left (what an unload through the API writes, or a
+  canary rollout stopped with nothing stable to go back to). A null release without it is a
+  record from before any release (a claim or a turn on a new model: ``previous`` None), which
+  asks nothing of anyone; any other null release is refused as malformed where it is read
+  (:func:`desired_from_storage`), so a hand edit of ``"release": null`` unloads nothing. A
+  model with no record at all is not the fleet's to manage either (nothing is unloaded because
+  a record is missing or unreadable).
 * A release in ``degraded`` was rolled back from; nothing automatic promotes it again. A person
   deploying it by name clears it.
 
@@ -118,12 +124,22 @@ class DesiredModel:
     rollout: Rollout = field(default_factory=Rollout)
     claim: Claim | None = None
     turns: tuple[Turn, ...] = ()  # members out of rotation for a rolling update of it
+    # With ``release`` None: the release an unload left (the record is an unload on purpose).
+    unloaded: str | None = None
 
     def target_for(self, member: str) -> str | None:
-        """What ``member`` should serve."""
+        """What ``member`` should serve (None: nothing; :meth:`unloads` says whether that
+        asks it to unload what it serves)."""
         if self.rollout.in_progress and member not in self.rollout.canaries:
             return self.rollout.stable
         return self.release
+
+    def unloads(self, member: str) -> bool:
+        """Whether ``member`` is asked to serve nothing: its target is None and the record
+        is an unload on purpose. Any other None target (a record from before any release, a
+        canary rollout's others when nothing was stable) asks nothing: the member keeps what
+        it serves, as for a model with no record."""
+        return self.target_for(member) is None and self.unloaded is not None
 
     def is_degraded(self, release: str | None) -> bool:
         return release is not None and any(d.release == release for d in self.degraded)
@@ -325,6 +341,7 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
             "failed": claim.failed,
         },
         "turns": [turn_for_storage(turn) for turn in desired.turns],
+        "unloaded": desired.unloaded,
     }
 
 
@@ -354,8 +371,40 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
     """Raises ``KeyError``, ``TypeError`` or ``ValueError`` on a record that is not ours: a
     field missing, of the wrong type, or out of range (:mod:`.stored`), a name no daemon would
     write, a phase or schema this version does not know, so that no value read here can fail
-    later where it is used."""
+    later where it is used; or a null release no writer of ours makes (:func:`check_release`)."""
     _schema(data)
+    return check_release(_desired(data))
+
+
+def check_release(desired: DesiredModel) -> DesiredModel:
+    """``desired`` if its ``release`` and ``unloaded`` are as the daemon writes them, else
+    ``ValueError`` saying why. A null release is accepted as an unload on purpose only beside
+    ``unloaded`` (the release the unload left), or as a record from before any release:
+    ``previous`` None, nothing degraded, and a claim or a turn, the only writes that make one.
+    Anything else (``"release": null`` written by hand into a record) would unload the model on
+    every member, so it is refused: listed as unreadable, and no member acts on it."""
+    if desired.release is not None:
+        if desired.unloaded is not None:
+            raise ValueError(
+                f"unloaded is {desired.unloaded!r} but release is {desired.release!r}: only "
+                "an unloaded record (release null) names the release an unload left"
+            )
+        return desired
+    if desired.unloaded is not None:
+        return desired
+    claimed = desired.claim is not None or bool(desired.turns)
+    if desired.previous is None and not desired.degraded and claimed:
+        return desired  # before any release: a claim or a turn on a new model
+    raise ValueError(
+        "release is null but the record is no unload: an unload through a member's API "
+        "writes null with unloaded naming the release it unloaded, and members unload only "
+        "for that (a null release written by hand unloads nothing, and members keep serving "
+        "what they have). To unload the model, delete this record and unload it through any "
+        f"member's API (POST /v1/models/{desired.model}/unload)"
+    )
+
+
+def _desired(data: Mapping[str, Any]) -> DesiredModel:
     rollout = json_object(data.get("rollout") or {}, "rollout")
     claim = json_object(data.get("claim") or {}, "claim")
     return DesiredModel(
@@ -401,6 +450,7 @@ def desired_from_storage(data: Mapping[str, Any]) -> DesiredModel:
             turn_from_storage(json_object(t, f"turns[{i}]"), f"turns[{i}]")
             for i, t in enumerate(listed(data.get("turns") or [], "turns"))
         ),
+        unloaded=maybe_text(data.get("unloaded"), "unloaded"),
     )
 
 

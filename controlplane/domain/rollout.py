@@ -236,6 +236,8 @@ def _rolled_back(desired: DesiredModel, now: datetime, *, by: str, why: str) -> 
         reason=f"rollout of {desired.release} stopped: {why}",
         release=rollout.stable,
         previous=desired.release,
+        # Nothing was stable (a first release, or one after an unload): the canaries unload it.
+        unloaded=desired.release if rollout.stable is None else None,
         degraded=desired.latched(desired.release, now, f"rollout stopped: {why}"),
         rollout=replace(rollout, phase=RolloutPhase.ROLLED_BACK, note=why),
     )

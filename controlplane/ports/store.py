@@ -176,9 +176,11 @@ class StoreChanges:
 class SignatureVerifier(Protocol):
     """The keyring of publisher keys (:mod:`controlplane.adapters.keyring`)."""
 
-    def verify(self, data: bytes, signature: bytes, where: str) -> str:
-        """The name of the trusted key that signed ``data``, or :class:`SignatureInvalid` /
-        :class:`UnknownSigner` saying why there is none (``where`` names the release)."""
+    def verify_release(self, model: str, release: str, manifest: bytes, signature: bytes) -> str:
+        """The name of the trusted key whose ``signature`` is over ``release`` of ``model``
+        with these ``SHA256SUMS`` bytes (:func:`~controlplane.domain.signatures.statement`),
+        or :class:`SignatureInvalid`, :class:`SignatureUnbound` or :class:`UnknownSigner`
+        saying why there is none."""
         ...
 
 

@@ -50,5 +50,5 @@ class Telemetry(Protocol):
 
     def signature_refused(self, model: str, code: str) -> None:
         """A release of ``model`` was refused for its signature (``code``: signature_missing,
-        signature_invalid, unknown_signer)."""
+        signature_invalid, signature_unbound, unknown_signer)."""
         ...

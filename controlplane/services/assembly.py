@@ -97,6 +97,7 @@ def assemble(
     turns: FleetTurns | None = None,
     rolling_for: Callable[[str], RollingPolicy] = lambda _model: RollingPolicy(),
     processes: TritonProcesses | None = None,
+    floor_for: Callable[[str], str | None] = lambda _model: None,
 ) -> Pipelines:
     runner = OperationRunner(
         journal=journal,
@@ -161,6 +162,7 @@ def assemble(
         policy_for=policy_for,
         unload_seconds=limits.unload_seconds,
         fleet=fleet,
+        floor_for=floor_for,
     )
     reconciler = Reconciler(
         deploy=deploy,

@@ -11,6 +11,9 @@ strategy's (:mod:`.strategy`: ``inplace`` in :mod:`.inplace`, ``blue-green`` in
   bounded by :class:`~controlplane.services.runner.LoadSlots`.
 * Deploying the release that already serves, unchanged in the store, does nothing and says so
   (:class:`Unchanged`), as ``kubectl apply`` does; ``force`` loads it again.
+* No request, release watcher, rollback or fleet's desired state makes a release that sorts
+  before the model's floor (``min_release``) serve: it is refused before anything is recorded
+  (``release_below_floor``). Repairs put back what serves, floor or not.
 * A rollback a person asks for rejects the release it leaves: it is latched degraded, so it is
   neither the fallback nor pushed again by the watcher until someone deploys it by name.
 * In a fleet, a rollback during a canary rollout goes back to the rollout's stable release on
@@ -47,6 +50,7 @@ from controlplane.domain.operations import (
     housekeeping,
 )
 from controlplane.domain.publish import FleetBase, fleet_agrees, publishes
+from controlplane.domain.releases import check_floor
 from controlplane.domain.rollout import rollback_aim
 from controlplane.domain.traffic import Strategy, TrafficPolicy
 from controlplane.domain.triton import TritonState
@@ -91,8 +95,10 @@ class DeployService:
         policy_for: Callable[[str], TrafficPolicy],
         unload_seconds: float = 120.0,
         fleet: FleetLedger | None = None,
+        floor_for: Callable[[str], str | None] = lambda _model: None,
     ) -> None:
         self._unload_seconds = unload_seconds
+        self._floor_for = floor_for
         self._store = store
         self._staging = staging
         self._triton = triton
@@ -148,6 +154,8 @@ class DeployService:
         headroom check finds too little free memory. ``cause`` is recorded on the operation."""
         validate_model_name(model)
         validate_release_name(release)
+        if trigger is not Trigger.RECONCILE:  # a repair puts back what serves, floor or not
+            check_floor(model, release, self._floor_for(model))
         async with self._runner.claimed(model, patience) as claim:
             snapshot = await self.snapshot(model)
             base = await self._fleet_base(model, kind, trigger, patient=patient)
@@ -183,6 +191,7 @@ class DeployService:
             snapshot = await self.snapshot(model)
             base = await self._fleet_base(model, kind, trigger, patient=patient)
             target = self._rollback_target(snapshot, base, to)
+            check_floor(model, target, self._floor_for(model))
             unchanged = await self._unchanged(snapshot, target)
             if unchanged is not None and fleet_agrees(base, target):
                 return unchanged

@@ -385,6 +385,11 @@ class FleetLedger:
             reason = f"rolled back from by {operation.trigger.value} (operation {operation.id})"
             degraded = (*degraded, Degraded(latch, now, reason))
         what = release or "unloaded"
+        unloaded = None
+        if release is None:  # an unload names what it left: members unload only for such a
+            # record (DesiredModel.unloads). Something served, here or in the fleet, or the
+            # unload was refused before it started.
+            unloaded = base.release or operation.from_release or base.unloaded or "unknown"
         return base.changed(
             by=self.member.name,
             at=now,
@@ -398,6 +403,7 @@ class FleetLedger:
             degraded=degraded,
             rollout=rollout,
             claim=None if base.claim is None or base.claim.release == release else base.claim,
+            unloaded=unloaded,
         )
 
 

@@ -11,8 +11,11 @@ same way. The reconcile loop below it keeps Triton true to what this member serv
 Invariants:
 
 * Nothing is ever unloaded because the store cannot be read, or because a model has no record:
-  only a record that says ``unloaded`` unloads. When the store cannot be read the member keeps
-  serving what it has and reports itself stale (status, ``/metrics``, its heartbeat).
+  only a record that says an unload left it unloaded unloads
+  (:meth:`~controlplane.domain.fleet.DesiredModel.unloads`; a null release written by hand is
+  refused where it is read, and this member keeps serving what it has). When the store cannot
+  be read the member keeps serving what it has and reports itself stale (status,
+  ``/metrics``, its heartbeat).
 * A target this member cannot serve is retried with backoff (2 s, doubling to 5 min) and
   reported in its heartbeat; the release that serves keeps serving meanwhile. A target the
   store does not hold, or that is not signed where a signature is required, refuses the
@@ -300,6 +303,11 @@ class FleetSync:
             self._failures.succeeded(model)
             self.refusals.served(model)
             return state(MemberState.UNLOADED if target is None else MemberState.SERVING)
+        if target is None and not wanted.unloads(self.member.name):
+            # No release for this member, and no unload either (a claim on a new model, a
+            # canary rollout's others when nothing was stable): kept as it is.
+            self._failures.succeeded(model)
+            return state(MemberState.SERVING, target=serving)
         if model in self._follows or self._client.holder(model) is not None:
             return state(MemberState.CONVERGING)
         refused = self.refusals.of_release(wanted, target)

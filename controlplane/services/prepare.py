@@ -23,7 +23,9 @@ The fetch runs in a worker thread with a cancel signal: when this task is cancel
 thread writes into staging after the operation's dir is cleaned up.
 
 The ``signature`` step: the release's ``SHA256SUMS`` is checked against the publisher's
-signature before anything else of the release is fetched. ``SHA256SUMS`` and
+signature before anything else of the release is fetched; the signature is over a statement
+that names the model and the release too (:mod:`controlplane.domain.signatures`), so a signed
+release copied under another name is refused. ``SHA256SUMS`` and
 ``SHA256SUMS.sig`` are read once, as bytes; the signature is checked over exactly those bytes,
 and the manifest the fetch works from is parsed from them, so what was verified is what is
 fetched (the fetch compares the ``SHA256SUMS`` it writes with these
@@ -32,7 +34,8 @@ bytes: one swapped in between is ``release_changed``). The rules:
 * a signature is required for the model (``store.require_signature`` or its own
   ``require_signature``) and there is none: ``signature_missing``;
 * there is one and a keyring is set: it must verify, required or not (a signature that does
-  not verify is never ignored): ``signature_invalid`` or ``unknown_signer`` otherwise;
+  not verify is never ignored): ``signature_invalid``, ``signature_unbound`` (signed the old
+  way, over ``SHA256SUMS`` alone) or ``unknown_signer`` otherwise;
 * no signature and none required: the release deploys as it does without a keyring.
 
 A refusal right after the release was republished (a new ``.sig`` uploaded before its new
@@ -63,7 +66,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.operations import Step, StepStatus
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.domain.signatures import missing
+from controlplane.domain.signatures import missing, release_named
 from controlplane.ports import (
     Clock,
     FetchedRelease,
@@ -340,7 +343,7 @@ async def check_signature(
 async def _signer(
     policy: SignaturePolicy, files: MarkerFiles, model: str, release: str
 ) -> str | None:
-    where = f"release {release!r} of {model!r}"
+    where = release_named(model, release)
     if files.signature is None:
         if policy.required(model):
             raise missing(where)
@@ -354,7 +357,9 @@ async def _signer(
         return None  # the fetch step says what it makes of a release without one
     if policy.verifier is None:
         return None  # no keyring (so none is required): nothing to check it with
-    return await asyncio.to_thread(policy.verifier.verify, files.manifest, files.signature, where)
+    return await asyncio.to_thread(
+        policy.verifier.verify_release, model, release, files.manifest, files.signature
+    )
 
 
 def store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:

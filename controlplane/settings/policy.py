@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_release_name, validate_slot_suffix
+from controlplane.domain.releases import below_floor
 from controlplane.domain.traffic import Strategy
 from controlplane.settings.group import Group
 
@@ -160,6 +161,15 @@ class ModelPolicy(Group):
         "deploy unsigned ones (false); default: store.require_signature. A signature that is "
         "there is verified either way when store.keyring is set.",
     )
+    min_release: str | None = Field(
+        None,
+        description="The oldest release of this model that may serve: a deploy, a rollback "
+        "(automatic ones too) or a fleet's desired state naming a release that sorts before it "
+        "(natural order of release names, as the watcher orders them: r2 before r10) is "
+        "refused with release_below_floor, and what serves keeps serving. Raise it when a "
+        "release must never serve again: anyone who can write to the store can otherwise move "
+        "the fleet back to an older signed release. Unset: no floor. See docs/signatures.md.",
+    )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,
         description="How a new release spreads across the fleet: canary_members first, for "
@@ -207,7 +217,17 @@ class ModelPolicy(Group):
             raise ValueError(f"the two slot suffixes must differ: {list(suffixes)}")
         return suffixes
 
-    @field_validator("fallback_release")
+    @model_validator(mode="after")
+    def _fallback_above_floor(self) -> ModelPolicy:
+        floor, fallback = self.min_release, self.fallback_release
+        if floor is not None and fallback is not None and below_floor(fallback, floor):
+            raise ValueError(
+                f"fallback_release {fallback} sorts before min_release {floor}: a rollback to "
+                "it would be refused. Name a fallback at or above the floor, or lower the floor"
+            )
+        return self
+
+    @field_validator("fallback_release", "min_release")
     @classmethod
     def _release_name(cls, release: str | None) -> str | None:
         if release is not None:

@@ -169,6 +169,10 @@ class Settings(BaseSettings):
     def fallback_release(self, model: str) -> str | None:
         return self.policy(model).fallback_release
 
+    def min_release(self, model: str) -> str | None:
+        """The oldest release of ``model`` that may serve (None: no floor)."""
+        return self.policy(model).min_release
+
     def auto_rollback(self, model: str) -> bool:
         return self.policy(model).auto_rollback
 

@@ -224,6 +224,7 @@ def operations(b: Base, m: Memory, fleet: FleetLedger | None) -> Pipelines:
         rotation=b.rotation,
         rolling_for=settings.rolling,
         processes=m.processes,
+        floor_for=settings.min_release,
     )
 
 

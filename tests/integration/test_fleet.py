@@ -310,6 +310,114 @@ def test_a_heartbeat_from_the_future_and_a_generation_put_back_are_said_not_foll
     assert member.answer(fleet.model) == 1.0
 
 
+def test_a_null_release_written_by_hand_unloads_nothing_while_the_other_models_converge(
+    fleet: Fleet, store: Path
+) -> None:
+    """Found by attacking a fleet from outside with write access to the bucket:
+    ``"release": null`` written into a model's desired-state record unloaded it on every
+    member. Such a record is now malformed: listed, logged and ignored, each member keeps
+    serving what it has, and the other models go on converging; an unload through the API
+    still unloads everywhere."""
+    other = f"{fleet.model}-b"
+    for model in (fleet.model, other):
+        write_scale_release(store, model, "r1", k=1.0)
+    write_scale_release(store, other, "r2", k=2.0)
+    first, second = fleet.add(), fleet.add()
+    for model in (fleet.model, other):
+        answer = first.api.post(
+            f"/v1/models/{model}/deploy", {"release": "r1", "wait": True, "fleet": True}
+        )
+        assert answer.status_code == 200, answer.text
+    record = store / "_controlplane" / "desired" / f"{fleet.model}.json"
+    wanted = json.loads(record.read_text())
+    edited = {**wanted, "release": None, "generation": wanted["generation"] + 1}
+    record.write_text(json.dumps(edited))
+
+    for member in (first, second):
+        _two_passes(member, fleet.model)
+        [shown] = fleet.fleet(via=member)["unreadable_records"]
+        assert shown["record"] == str(record)
+        assert "release is null but the record is no unload" in shown["error"], shown
+        assert member.answer(fleet.model) == 1.0
+        assert member.api.get(f"/v1/models/{fleet.model}").json()["active_release"] == "r1"
+        assert "release is null but the record is no unload" in member.api.log()
+    status = cli(first.api.url, "status", fleet.model)
+    assert status.returncode == 0, status.stderr
+    assert "fleet:     UNREADABLE RECORD (no member acts on it): the desired-state record" in (
+        status.stdout
+    )
+    everything = cli(first.api.url, "status")  # what is wrong, on stderr above the models
+    assert "fleet: UNREADABLE RECORD (no member acts on it)" in everything.stderr
+
+    # The other model follows a deploy, and an unload through the API, on every member.
+    answer = second.api.post(
+        f"/v1/models/{other}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(other, "r2", 2.0)
+    answer = second.api.post(f"/v1/models/{other}/unload", {"wait": True, "fleet": True})
+    assert answer.status_code == 200, answer.text
+    assert {m["member"]: m["state"] for m in answer.json()["fleet"]["members"]} == {
+        "m1": "unloaded",
+        "m2": "unloaded",
+    }
+    for member in (first, second):
+        assert member.api.get(f"/v1/models/{other}").json()["active_release"] is None
+        assert member.answer(fleet.model) == 1.0
+
+
+def test_a_desired_state_below_the_floor_is_refused_while_every_member_keeps_serving(
+    fleet: Fleet, store: Path
+) -> None:
+    """Write access to the bucket can move a fleet back to an older release, signed or not, by
+    writing it into the desired state. With the model's min_release above it, each member
+    refuses it (release_below_floor, in its heartbeat and log) and keeps serving what it has;
+    a deploy of it through the API is refused the same way."""
+    for release, k in (("r1", 1.0), ("r2", 2.0), ("r3", 3.0)):
+        write_scale_release(store, fleet.model, release, k=k)
+    floor = f"models:\n  {fleet.model}:\n    min_release: r2\n"
+    first, second = fleet.add(config=floor), fleet.add(config=floor)
+    answer = first.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r3", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+
+    refused = second.api.deploy(fleet.model, "r1")
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "release_below_floor"
+    assert "sorts before the model's min_release 'r2'" in refused.json()["error"]["message"]
+
+    record = store / "_controlplane" / "desired" / f"{fleet.model}.json"
+    wanted = json.loads(record.read_text())
+    downgrade = {
+        **wanted,
+        "release": "r1",
+        "previous": "r3",
+        "generation": wanted["generation"] + 1,
+    }
+    record.write_text(json.dumps(downgrade))
+
+    def refused_by_both() -> bool:
+        view = fleet.fleet(via=first)
+        states = [m["models"].get(fleet.model) or {} for m in view["members"]]
+        return len(states) == 2 and all(
+            s.get("state") == "failed" and "release_below_floor" in (s.get("error") or "")
+            for s in states
+        )
+
+    eventually(refused_by_both, 30, "both members refuse the release below the floor")
+    for member in (first, second):
+        assert member.answer(fleet.model) == 3.0
+        assert member.api.get(f"/v1/models/{fleet.model}").json()["active_release"] == "r3"
+        assert "sorts before the model's min_release 'r2'" in member.api.log()
+    # At the floor, a deploy through the API moves the fleet on.
+    answer = second.api.post(
+        f"/v1/models/{fleet.model}/deploy", {"release": "r2", "wait": True, "fleet": True}
+    )
+    assert answer.status_code == 200, answer.text
+    fleet.wait_serving(fleet.model, "r2", 2.0)
+
+
 def _alive(fleet: Fleet, member: Member) -> dict[str, bool]:
     return {m["member"]: m["alive"] for m in fleet.fleet(via=member)["members"]}
 

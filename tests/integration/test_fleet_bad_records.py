@@ -137,7 +137,7 @@ def _ready_store(store: Store, build: Path, kept: str, other: str, key: Publishe
     for release, k, signed in (("r0", 3.0, True), ("r1", KEPT_VALUE, True), ("unsigned", 7, False)):
         release_dir = write_scale_release(build, kept, release, k=k)
         if signed:
-            key.sign(release_dir / "SHA256SUMS")
+            key.sign(release_dir / "SHA256SUMS", kept, release)
         store.publish(release_dir)
     for n in range(1, 16):
         store.publish(write_scale_release(build, other, f"o{n}", k=10.0 + n))

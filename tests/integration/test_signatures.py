@@ -35,7 +35,7 @@ def build(build_dir: Path, model: str, release: str, k: float, key: PublisherKey
     """A release written and (when ``key`` is given) signed outside the store."""
     release_dir = write_scale_release(build_dir, model, release, k=k)
     if key is not None:
-        key.sign(release_dir / "SHA256SUMS")
+        key.sign(release_dir / "SHA256SUMS", model, release)
     return release_dir
 
 
@@ -131,15 +131,26 @@ def test_signed_releases_deploy_with_their_signer_and_bad_ones_are_refused(
     publish(build(builds, model, "r7", 7.0, gamma), store)  # a retired key
     other = publish(build(builds, model, "r8", 8.0, None), store)
     shutil.copy(store / model / "r2" / "SHA256SUMS.sig", other / "SHA256SUMS.sig")
-    for release, code, said in [
-        ("r3", "signature_invalid", "changed after it was signed"),
-        ("r4", "signature_missing", "has no SHA256SUMS.sig"),
-        ("r5", "signature_invalid", "a key the keyring does not hold"),
-        ("r6", "unknown_signer", "key 'lapsed' expired on"),
-        ("r7", "unknown_signer", "key 'gamma' is retired"),
-        ("r8", "signature_invalid", "trusted keys: alpha, beta"),
+    # Write access to the store is enough to copy a signed release whole under another
+    # release name, or another model's: its signature names where it was published.
+    shutil.copytree(store / model / "r2", store / model / "r10")
+    copied = f"{model}-copy"
+    shutil.copytree(store / model / "r2", store / copied / "r2")
+    unbound = build(builds, model, "r11", 11.0, None)
+    alpha.sign_unbound(unbound / "SHA256SUMS")  # over SHA256SUMS alone: the old way
+    publish(unbound, store)
+    for name, release, code, said in [
+        (model, "r3", "signature_invalid", "changed after it was signed"),
+        (model, "r4", "signature_missing", "has no SHA256SUMS.sig"),
+        (model, "r5", "signature_invalid", "a key the keyring does not hold"),
+        (model, "r6", "unknown_signer", "key 'lapsed' expired on"),
+        (model, "r7", "unknown_signer", "key 'gamma' is retired"),
+        (model, "r8", "signature_invalid", "trusted keys: alpha, beta"),
+        (model, "r10", "signature_invalid", "signed for another model or release"),
+        (copied, "r2", "signature_invalid", "signed for another model or release"),
+        (model, "r11", "signature_unbound", "over SHA256SUMS alone (by key 'alpha'), the old"),
     ]:
-        response = daemon.deploy(model, release)
+        response = daemon.deploy(name, release)
         assert response.status_code == 422, (release, response.text)
         error = response.json()["error"]
         assert (error["code"], release) == (code, release), error
@@ -147,9 +158,20 @@ def test_signed_releases_deploy_with_their_signer_and_bad_ones_are_refused(
         view = daemon.get(f"/v1/models/{model}").json()
         assert (view["active_release"], view["signer"]) == ("r2", "beta")
         assert answers(triton, model) == 2.0
+    assert daemon.get(f"/v1/models/{copied}").json()["active_release"] is None
+    assert answers(triton, copied) is None
+    # The message of the old way says how to sign it again; done so, it deploys.
+    message = daemon.deploy(model, "r11").json()["error"]["message"]
+    assert f"' {model} r11; cat SHA256SUMS; }} > /tmp/statement" in message, message
+    alpha.sign(store / model / "r11" / "SHA256SUMS", model, "r11", out=builds / "r11.sig")
+    os.rename(builds / "r11.sig", store / model / "r11" / "SHA256SUMS.sig")
+    response = daemon.deploy(model, "r11")
+    assert response.status_code == 200, response.text
+    assert answers(triton, model) == 11.0
     assert daemon.staging_leftovers() == []
     metrics = daemon.get("/metrics").text
-    assert 'controlplane_signature_refusals_total{code="signature_invalid"} 3.0' in metrics
+    assert 'controlplane_signature_refusals_total{code="signature_invalid"} 5.0' in metrics
+    assert 'controlplane_signature_refusals_total{code="signature_unbound"} 2.0' in metrics
     assert 'controlplane_signature_refusals_total{code="unknown_signer"} 2.0' in metrics
 
     # A key added to the keyring dir while the daemon runs is used at once.
@@ -182,7 +204,7 @@ def test_signed_releases_deploy_with_their_signer_and_bad_ones_are_refused(
 
     # Its signature uploaded after SHA256SUMS (the wrong order): then it is deployed.
     held = store / auto / "r2"
-    alpha.sign(held / "SHA256SUMS", out=builds / "r2.sig")
+    alpha.sign(held / "SHA256SUMS", auto, "r2", out=builds / "r2.sig")
     os.rename(builds / "r2.sig", held / "SHA256SUMS.sig")
     eventually(lambda: answers(triton, auto) == 2.0, 60, "r2 auto-deployed once signed")
     assert [(op["release"], op["detail"].get("signer")) for op in operations_of(daemon, auto)] == [

@@ -350,6 +350,7 @@ def make_deploy_service(
     load_slots: int = 2,
     max_release_bytes: int | None = None,
     store: Callable[[LocalStore], ModelStore] | None = None,
+    min_release: str | None = None,
 ) -> tuple[DeployService, Parts]:
     """Wire a DeployService like ``wiring.build``: real adapters under ``tmp_path``.
 
@@ -397,6 +398,7 @@ def make_deploy_service(
             abandon_seconds=0.1,
             max_release_bytes=max_release_bytes,
         ),
+        floor_for=lambda _model: min_release,
     )
     parts = Parts(
         store_path=store_path,
@@ -469,6 +471,7 @@ async def deploy_service(
     load_slots: int = 2,
     max_release_bytes: int | None = None,
     store: Callable[[LocalStore], ModelStore] | None = None,
+    min_release: str | None = None,
 ) -> AsyncIterator[tuple[DeployService, Parts]]:
     """:func:`make_deploy_service`, closed on exit (tasks cancelled and awaited, db closed)."""
     service, parts = make_deploy_service(
@@ -481,6 +484,7 @@ async def deploy_service(
         load_slots=load_slots,
         max_release_bytes=max_release_bytes,
         store=store,
+        min_release=min_release,
     )
     try:
         yield service, parts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -40,14 +41,26 @@ class PublisherKey:
         csr.unlink()
         return dest
 
-    def sign(self, sums: Path, out: Path | None = None) -> Path:
-        """Sign the file ``sums`` as the docs' commands do; the signature goes to ``out``
-        (default: ``<sums>.sig``)."""
-        out = out or sums.with_name(sums.name + ".sig")
+    def sign(self, sums: Path, model: str, release: str, out: Path | None = None) -> Path:
+        """Sign ``release`` of ``model`` whose ``SHA256SUMS`` is the file ``sums``, as the
+        docs' commands do: the statement naming them, then the file's bytes, written outside
+        the release and signed. The signature goes to ``out`` (default: ``<sums>.sig``)."""
+        header = f"controlplane-release v1\nmodel {model}\nrelease {release}\n".encode()
+        with tempfile.TemporaryDirectory() as work:
+            signed = Path(work) / "statement"
+            signed.write_bytes(header + sums.read_bytes())
+            return self.sign_bytes_of(signed, out or sums.with_name(sums.name + ".sig"))
+
+    def sign_unbound(self, sums: Path, out: Path | None = None) -> Path:
+        """Sign the bytes of ``sums`` alone, the old way (before a signature named its model
+        and release)."""
+        return self.sign_bytes_of(sums, out or sums.with_name(sums.name + ".sig"))
+
+    def sign_bytes_of(self, data: Path, out: Path) -> Path:
         if self.kind == "ed25519":
-            openssl("pkeyutl", "-sign", "-inkey", self.private, "-rawin", "-in", sums, "-out", out)
+            openssl("pkeyutl", "-sign", "-inkey", self.private, "-rawin", "-in", data, "-out", out)
         else:
-            openssl("dgst", "-sha256", "-sign", self.private, "-out", out, sums)
+            openssl("dgst", "-sha256", "-sign", self.private, "-out", out, data)
         return out
 
 

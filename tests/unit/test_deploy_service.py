@@ -18,6 +18,7 @@ from controlplane.domain.errors import (
     ModelNotFound,
     NoPreviousRelease,
     OperationInProgress,
+    ReleaseBelowFloor,
     ReleaseNotFound,
     TritonUnavailable,
 )
@@ -133,6 +134,40 @@ def test_second_deploy_replaces_the_first(tmp_path: Path) -> None:
             assert (await slot(parts)).release == "r2"
             # The replaced r1 dir went through staging and is gone from there too.
             assert staging_left(parts) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_release_below_the_floor_is_refused_and_what_serves_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    """min_release: write access to the store can move a fleet back to an older signed
+    release; a floor refuses it, by deploy and by rollback (the fleet's sync and automatic
+    rollbacks come this way too), before anything is recorded."""
+
+    async def scenario() -> None:
+        async with deploy_service(tmp_path, min_release="r10") as (service, parts):
+            publish(parts, "r9", "r10", "r11")
+            assert (await deploy_and_wait(service, "r10")).status is OperationStatus.SUCCEEDED
+            before = snapshot(parts.repository)
+
+            for trigger in (Trigger.API, Trigger.FLEET, Trigger.WATCHER):
+                with pytest.raises(ReleaseBelowFloor) as refused:
+                    await service.deploy(MODEL, "r9", trigger=trigger)
+                assert refused.value.code == "release_below_floor"
+                assert "sorts before the model's min_release 'r10'" in refused.value.message
+            for trigger in (Trigger.API, Trigger.ALERT, Trigger.FLEET):
+                with pytest.raises(ReleaseBelowFloor):
+                    await service.rollback(MODEL, to="r9", trigger=trigger)
+
+            assert snapshot(parts.repository) == before
+            assert (await record(parts)).active_release == "r10"
+            assert [op.release for op in await service.list_operations(MODEL, 10)] == ["r10"]
+            assert staging_left(parts) == []
+            # At the floor and above it deploys; back at the floor by rollback too.
+            assert (await deploy_and_wait(service, "r11")).status is OperationStatus.SUCCEEDED
+            back = await started_rollback(service, MODEL, to="r10")
+            assert (await service.wait(back.id)).status is OperationStatus.SUCCEEDED
 
     asyncio.run(scenario())
 

@@ -259,7 +259,8 @@ def non_default_fields(value: Any) -> list[str]:
 
 def test_every_field_of_a_desired_state_survives_storage() -> None:
     record = every_field_set()
-    assert non_default_fields(record) == []
+    # ``unloaded`` goes with a null release only: the unload's own round trip is below.
+    assert non_default_fields(record) == ["unloaded"]
     assert non_default_fields(record.rollout) == []
     assert record.claim is not None
     assert non_default_fields(record.claim) == []
@@ -267,6 +268,103 @@ def test_every_field_of_a_desired_state_survives_storage() -> None:
     stored = json.loads(json.dumps(desired_for_storage(record)))
 
     assert desired_from_storage(stored) == record
+
+
+def test_an_unload_survives_storage_and_unloads_every_member() -> None:
+    record = dataclasses.replace(desired(None), unloaded="r2")
+
+    back = desired_from_storage(json.loads(json.dumps(desired_for_storage(record))))
+
+    assert back == record
+    assert back.unloads("a")
+    assert back.unloads("b")
+
+
+def hand_edited(**change: Any) -> dict[str, Any]:
+    """A stored record of r2, then ``change`` written into it by hand."""
+    stored: dict[str, Any] = json.loads(json.dumps(desired_for_storage(desired("r2"))))
+    return {**stored, **change}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"release": None},  # what a member serves now, named by previous
+        {"release": None, "previous": None},  # a first release: nothing before it
+        {"release": None, "previous": None, "degraded": [{"release": "r2", "at": T0.isoformat()}]},
+        {"release": None, "unloaded": 7},  # not a release name
+    ],
+)
+def test_a_null_release_written_by_hand_is_refused_and_says_how_to_unload(
+    change: dict[str, Any],
+) -> None:
+    """Found from outside with write access to the bucket: ``"release": null`` written into
+    a record unloaded the model on every member. Only an unload's record may say null."""
+    with pytest.raises((ValueError, TypeError)) as refused:
+        desired_from_storage(hand_edited(**change))
+
+    if "unloaded" not in change:
+        assert str(refused.value).startswith("release is null but the record is no unload")
+        assert f"unload it through any member's API (POST /v1/models/{MODEL}/unload)" in str(
+            refused.value
+        )
+
+
+def test_a_release_and_an_unload_in_one_record_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^unloaded is 'r1' but release is 'r2'"):
+        desired_from_storage(hand_edited(unloaded="r1"))
+
+
+def test_a_claim_on_a_new_model_is_a_null_release_that_unloads_nothing() -> None:
+    """The release watcher's claim on a model with no record yet (and a turn taken on it)
+    writes a null release before any release: read, and nobody unloads for it."""
+    first = first_generation(MODEL, by="a", at=T0, trigger="watcher", reason="")
+    claimed = first.changed(
+        by="a",
+        at=T0,
+        trigger="watcher",
+        reason="a claimed r1",
+        claim=Claim("r1", None, "a", "a-1", T0),
+    )
+    turned = first.changed(
+        by="a",
+        at=T0,
+        trigger="turn",
+        reason="a takes a turn",
+        turns=(Turn("a", "a-1", T0, "r1"),),
+    )
+
+    for record in (claimed, turned):
+        back = desired_from_storage(json.loads(json.dumps(desired_for_storage(record))))
+        assert back == record
+        assert (back.target_for("a"), back.unloads("a")) == (None, False)
+
+
+def test_a_canary_rollout_with_nothing_stable_asks_the_others_nothing() -> None:
+    rollout = dataclasses.replace(canary("a"), stable=None)
+    wanted = desired(rollout=rollout)
+
+    assert (wanted.target_for("b"), wanted.unloads("b")) == (None, False)
+    assert (wanted.target_for("a"), wanted.unloads("a")) == ("r2", False)
+
+
+def test_a_rollout_stopped_with_nothing_stable_unloads_the_canaries_in_a_record_that_reads() -> (
+    None
+):
+    rollout = dataclasses.replace(canary("a"), stable=None)
+    failed = MemberModel("r1", MemberState.FAILED, target="r2", generation=5, error="boom")
+
+    after = advance(desired(rollout=rollout), beats(beat("a", failed)), T0, by="b")
+
+    assert after is not None
+    assert (after.release, after.unloaded, after.rollout.phase) == (
+        None,
+        "r2",
+        RolloutPhase.ROLLED_BACK,
+    )
+    assert desired_from_storage(json.loads(json.dumps(desired_for_storage(after)))) == after
+    assert after.unloads("a")
+    assert after.unloads("b")
 
 
 def test_a_record_without_rollout_or_claim_is_complete_and_unclaimed() -> None:

@@ -9,6 +9,7 @@ fleet now follows, the operation's ``publish`` step, the answer a claim got.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,8 @@ from controlplane.domain.fleet import (
     MemberBeat,
     Rollout,
     RolloutPhase,
+    desired_for_storage,
+    desired_from_storage,
     first_generation,
 )
 from controlplane.domain.operations import (
@@ -173,6 +176,23 @@ def test_a_deploy_that_serves_here_publishes_the_first_record(tmp_path: Path) ->
     step = operation.steps[-1]
     assert (step.name, step.status) == ("publish", StepStatus.SUCCEEDED)
     assert step.detail == {"generation": 1, "phase": "complete"}
+
+
+def test_an_unload_publishes_a_null_release_naming_what_it_unloaded(tmp_path: Path) -> None:
+    """Members unload only for a record that says which release an unload left; the record
+    the API's unload writes says it, and reads back as one."""
+
+    async def body(r: Rig) -> DesiredModel:
+        base = r.record("r2", generation=3)
+        return await r.ledger.publish(
+            r.run(OperationKind.UNLOAD, None), Publication(base=base, release=None)
+        )
+
+    new = scenario(tmp_path, body)
+
+    assert (new.generation, new.release, new.previous, new.unloaded) == (4, None, "r2", "r2")
+    assert desired_from_storage(json.loads(json.dumps(desired_for_storage(new)))) == new
+    assert new.unloads("any member")
 
 
 def test_a_deploy_publishes_over_the_record_it_read_and_wakes_the_sync(tmp_path: Path) -> None:

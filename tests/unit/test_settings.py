@@ -579,6 +579,27 @@ def test_per_model_policy_and_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path
         load_settings(config)
 
 
+def test_a_floor_set_for_every_model_or_one_and_a_fallback_below_it_refused(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "controlplane.yaml"
+    base = "repository: {path: /srv/repository}\nstore: {uri: 'file:///srv/store'}\n"
+    config.write_text(
+        base + "model_defaults: {min_release: r10}\nmodels:\n  resnet: {min_release: r12}\n",
+        encoding="utf-8",
+    )
+    settings = load_settings(config)
+    assert (settings.min_release("resnet"), settings.min_release("bert")) == ("r12", "r10")
+    config.write_text(
+        base + "models:\n  resnet: {min_release: r10, fallback_release: r9}\n", encoding="utf-8"
+    )
+    with pytest.raises(SettingsError, match="fallback_release r9 sorts before min_release r10"):
+        load_settings(config)
+    config.write_text(base + "models:\n  resnet: {min_release: '../r1'}\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match="not allowed"):
+        load_settings(config)
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "triton-sidecar"])
 def test_a_public_host_without_token_is_refused(
     required: Path, monkeypatch: pytest.MonkeyPatch, host: str
