@@ -343,11 +343,10 @@ def test_a_null_release_written_by_hand_unloads_nothing_while_the_other_models_c
         assert "release is null but the record is no unload" in member.api.log()
     status = cli(first.api.url, "status", fleet.model)
     assert status.returncode == 0, status.stderr
-    assert "fleet:     UNREADABLE RECORD (no member acts on it): the desired-state record" in (
-        status.stdout
-    )
+    assert "fleet:     REFUSED RECORD" in status.stdout, status.stdout
+    assert "release is null but the record is no unload" in status.stdout
     everything = cli(first.api.url, "status")  # what is wrong, on stderr above the models
-    assert "fleet: UNREADABLE RECORD (no member acts on it)" in everything.stderr
+    assert "REFUSED RECORD" in everything.stderr, everything.stderr
 
     # The other model follows a deploy, and an unload through the API, on every member.
     answer = second.api.post(
