@@ -10,7 +10,6 @@ old release.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -98,14 +97,12 @@ def test_members_ten_minutes_ahead_and_behind_are_alive_while_they_beat_and_dead
     # Killed, the member ahead is dead within three keepalives (and the timestamps' slack)
     # in the eyes of a true clock and of one behind; not after its ten minutes run out.
     ahead.api.kill()
-    killed = time.monotonic()
     for via in (true, behind):
         eventually(
             partial(sees_dead, fleet, via, "ahead"),
             3 * BEAT + 2 + 15,
             f"{via.name} seeing the killed member ahead dead",
         )
-    assert time.monotonic() - killed < SKEW / 10
     assert alive(fleet, true) == {"true": True, "ahead": False, "behind": True}
     table = cli(true.api.url, "fleet").stdout
     assert "s ahead of the one of the member answering" in table, table

@@ -29,7 +29,7 @@ from typing import Any
 import botocore.exceptions  # type: ignore[import-untyped]
 import pytest
 
-from controlplane.adapters.stores.fleet_records import encode_beat, encode_desired
+from controlplane.adapters.stores.fleet_records import encode_beat, encode_desired, utc_now
 from controlplane.adapters.stores.s3 import SCAN_RETRY_SECONDS, S3Store
 from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 from controlplane.domain.errors import DesiredStateConflict, StoreUnavailable
@@ -101,11 +101,14 @@ def make_records(proxy: FaultProxy, bucket: str) -> Iterator[RecordsFactory]:
     """Build S3DesiredStates that reach moto through the proxy; clients close at teardown."""
     clients: list[Any] = []
 
-    def make(prefix: str = PREFIX, **kwargs: Any) -> S3DesiredStates:
+    def make(
+        prefix: str = PREFIX, *, clock: Callable[[], datetime] = utc_now, **kwargs: Any
+    ) -> S3DesiredStates:
         client = s3_client(proxy.endpoint)
         clients.append(client)
         kwargs.setdefault("backoff_max", 0.005)
-        return S3DesiredStates(S3Store(f"s3://{bucket}/{prefix}", client=client, **kwargs))
+        store = S3Store(f"s3://{bucket}/{prefix}", client=client, **kwargs)
+        return S3DesiredStates(store, clock=clock)
 
     yield make
     for client in clients:
@@ -339,17 +342,16 @@ def as_written(beats: dict[str, MemberBeat]) -> dict[str, MemberBeat]:
 
 @pytest.mark.parametrize("reader_ahead", [-600.0, 0.0, 600.0])
 def test_a_heartbeat_lands_when_s3_stored_it_on_the_readers_clock_whatever_it_says(
-    proxy: FaultProxy, direct: Any, bucket: str, reader_ahead: float
+    make_records: RecordsFactory, proxy: FaultProxy, direct: Any, bucket: str, reader_ahead: float
 ) -> None:
     """LastModified against the Date of the same answer, both S3's clock, moved onto the
     reader's: a writer 10 minutes ahead and a record dated 2099 land now, for a reader whose
     clock is 10 minutes off either way too. A listing that finds nothing new GETs nothing."""
-    client = s3_client(proxy.endpoint)
 
     def clock() -> datetime:
         return datetime.now(UTC) + timedelta(seconds=reader_ahead)
 
-    reader = S3DesiredStates(S3Store(f"s3://{bucket}/{PREFIX}", client=client), clock=clock)
+    reader = make_records(clock=clock)
     reader.beat(heartbeat("reader"))
     ahead = replace(heartbeat("ahead"), at=datetime.now(UTC) + timedelta(minutes=10))
     members = f"{PREFIX}/_controlplane/members"
@@ -371,7 +373,6 @@ def test_a_heartbeat_lands_when_s3_stored_it_on_the_readers_clock_whatever_it_sa
     gets = proxy.gets(members)
     assert set(reader.beats()) == {"reader", "ahead", "ghost"}
     assert proxy.gets(members) == gets  # unchanged ETags: listed, not fetched again
-    client.close()
 
 
 def test_the_records_live_under_controlplane_and_list_models_never_lists_them(
