@@ -34,29 +34,29 @@ backoff that doubles up to :data:`RECONNECT`'s limit; the first answer turns it 
 wakes the watcher for a full listing of what was missed. A queue this member may not make or
 subscribe is reported the same way, naming the permission it lacks, and tried again alike.
 
-Each receive runs in a daemon thread of its own: a long poll cannot be interrupted, and a
-worker thread of the event loop's executor would hold shutdown for up to 20 s. This module owns
-every call to SQS, so boto3 stays in the S3 store's package.
+Each receive runs in a daemon thread of its own (:mod:`.daemon_thread`): a long poll cannot be
+interrupted, and a worker thread of the event loop's executor would hold shutdown for up to
+20 s. This module and :mod:`.sqs_member_queue` own every call to SQS (and SNS), so boto3 stays
+in the S3 store's package.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import re
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlparse
 
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions  # type: ignore[import-untyped]
 
+from controlplane.adapters.stores.daemon_thread import in_daemon_thread
 from controlplane.adapters.stores.s3_events import Drop, Heard, read_message
 from controlplane.adapters.stores.sqs_member_queue import MemberQueue
 from controlplane.domain.errors import ControlPlaneError
@@ -65,7 +65,6 @@ from controlplane.ports import Clock, StoreChanges
 from controlplane.timing import Backoff
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 WAIT_SECONDS = 20  # SQS's longest long poll: one request per 20 s while the queue is quiet
 RECONNECT = Backoff(first=1.0, limit=30.0)  # an unreachable queue is tried again this often
 DROP_LOG_EVERY = 60.0  # s between two log lines about dropped messages of one kind
@@ -164,7 +163,7 @@ class SqsStoreEvents:
             try:
                 if self._url is None:
                     await self._set_up()
-                answer = await _in_daemon_thread(self._receive)
+                answer = await in_daemon_thread(self._receive)
             except (*_LIBRARY, ControlPlaneError) as exc:
                 delay = self._backoff.after(delay)
                 self._unreachable(_why(exc, self._queue), delay)
@@ -185,7 +184,7 @@ class SqsStoreEvents:
     async def _set_up(self) -> None:
         """Make this member's queue on the topic; its URL from then on."""
         assert self._setup is not None
-        url = await _in_daemon_thread(functools.partial(self._setup.set_up, self._client))
+        url = await in_daemon_thread(functools.partial(self._setup.set_up, self._client))
         self._url = url
         self._health = dataclasses.replace(self._health, source=url)
 
@@ -236,7 +235,7 @@ class SqsStoreEvents:
             for start in range(0, len(handles), 10):  # DeleteMessageBatch takes 10 at most
                 batch = handles[start : start + 10]
                 try:
-                    await _in_daemon_thread(functools.partial(self._delete, batch))
+                    await in_daemon_thread(functools.partial(self._delete, batch))
                 except _LIBRARY as exc:
                     # They come back after their visibility timeout and are handled again.
                     log.warning(
@@ -392,38 +391,3 @@ def _client_for(region: str | None) -> Any:
         connect_timeout=5,
     )
     return boto3.session.Session().client("sqs", region_name=region, config=config)
-
-
-async def _in_daemon_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` in a daemon thread of its own; cancelling the wait leaves the thread to end
-    on its own and never holds the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], T]) -> None:
-        if future.done():  # the wait was cancelled
-            return
-        try:
-            future.set_result(outcome())
-        except BaseException as exc:  # handed to the awaiting task, whatever it is
-            future.set_exception(exc)
-
-    def target() -> None:
-        try:
-            result = fn()
-        except BaseException as exc:
-            error = exc
-
-            def outcome() -> T:
-                raise error
-
-        else:
-
-            def outcome() -> T:
-                return result
-
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=target, name="sqs", daemon=True).start()
-    return await future
