@@ -47,6 +47,7 @@ class FakeSqs:
         self.deleted: list[str] = []
         self.created: list[str] = []
         self.attributes: dict[str, str] = {}
+        self.gone = False  # the queue was deleted (until it is created again)
 
     def send(self, handle: str, body: str) -> None:
         with self._lock:
@@ -54,6 +55,7 @@ class FakeSqs:
 
     def create_queue(self, *, QueueName: str) -> dict[str, Any]:  # noqa: N803 (boto3's names)
         self.created.append(QueueName)
+        self.gone = False
         return {"QueueUrl": QUEUE_URL}
 
     def get_queue_attributes(self, *, QueueUrl: str, AttributeNames: list[str]) -> dict[str, Any]:  # noqa: N803
@@ -67,6 +69,17 @@ class FakeSqs:
 
     def receive_message(self, **call: Any) -> dict[str, Any]:
         assert call["QueueUrl"] == QUEUE_URL
+        if self.gone:
+            raise botocore.exceptions.ClientError(
+                {
+                    "Error": {
+                        "Code": "AWS.SimpleQueueService.NonExistentQueue",
+                        "QueryErrorCode": "QueueDoesNotExist",
+                        "Message": "The specified queue does not exist.",
+                    }
+                },
+                "ReceiveMessage",
+            )
         with self._lock:
             batch = list(self.waiting.items())[:10]
             for handle, _body in batch:
@@ -189,6 +202,27 @@ def test_a_member_that_may_not_subscribe_says_which_permission_and_tries_again(
     assert events.health().source == QUEUE_URL
     # A full listing once it answers: events may have been missed while it was refused.
     assert wakes == ["watcher"]
+
+
+def test_a_member_s_queue_deleted_under_it_is_made_and_subscribed_again() -> None:
+    sqs, sns, clock = FakeSqs(), FakeSns(), FakeClock()
+    events, _queue = _job(sqs, sns, clock, [])
+
+    async def scenario() -> None:
+        job = asyncio.create_task(events.run())
+        await until(lambda: events.health().up, "receiving")
+        sqs.gone = True  # a clean-up of stale queues took this live member's
+        await until(lambda: events.health().state is NotificationState.UNREACHABLE, "lost")
+        assert "makes it again" in (events.health().problem or "")
+        await until(lambda: clock.sleepers() > 0, "waiting to try again")
+        await clock.step()
+        await until(lambda: events.health().up, "made, subscribed and received from again")
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert sqs.created == ["controlplane-m1", "controlplane-m1"]
+    assert len(sns.subscriptions) == 2
 
 
 def test_a_change_of_the_desired_state_wakes_the_fleet_sync_and_a_heartbeat_nothing(

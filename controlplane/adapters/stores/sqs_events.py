@@ -165,8 +165,12 @@ class SqsStoreEvents:
                     await self._set_up()
                 answer = await in_daemon_thread(self._receive)
             except (*_LIBRARY, ControlPlaneError) as exc:
+                why = _why(exc, self._queue)
+                if self._setup is not None and _queue_gone(exc):
+                    why = f"{self._queue} was deleted; this member makes it again and subscribes it"
+                    self._url = None  # deleted under this member (a clean-up gone wrong)
                 delay = self._backoff.after(delay)
-                self._unreachable(_why(exc, self._queue), delay)
+                self._unreachable(why, delay)
                 await self._clock.sleep(delay)
                 continue
             delay = None
@@ -351,6 +355,14 @@ _LIBRARY = (
 )
 
 
+def _queue_gone(exc: Exception) -> bool:
+    if not isinstance(exc, botocore.exceptions.ClientError):
+        return False
+    error = exc.response.get("Error", {})
+    code, query = str(error.get("Code", "")), str(error.get("QueryErrorCode", ""))
+    return "NonExistentQueue" in code or query == "QueueDoesNotExist"
+
+
 def _why(exc: Exception, url: str) -> str:
     """What is wrong with the queue, and what to do, for the log and status."""
     if isinstance(exc, ControlPlaneError):  # said by the queue's set-up, for its step
@@ -358,9 +370,8 @@ def _why(exc: Exception, url: str) -> str:
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
-        query = str(error.get("QueryErrorCode", ""))
         message = error.get("Message", "") or str(exc)
-        if "NonExistentQueue" in code or query == "QueueDoesNotExist":
+        if _queue_gone(exc):
             return (
                 f"the queue does not exist: create it or fix "
                 f"store.notifications.sqs_queue_url ({code}: {message})"
