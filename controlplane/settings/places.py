@@ -11,6 +11,7 @@ starts. The defaults of the staging dir and the database sit beside the reposito
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlparse
@@ -18,6 +19,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from controlplane.domain.notifications import queue_name_problem
 from controlplane.settings.group import Group
 
 
@@ -56,7 +58,23 @@ class StoreNotificationsSettings(Group):
         "model as soon as a release's SHA256SUMS is uploaded; a message is deleted once that "
         "listing is done. The watcher still lists the whole store every "
         "store.poll_interval_seconds, so a lost event or an unreachable queue delays a "
-        "release until then, never loses it. Default none: polling only.",
+        "release until then, never loses it. Default none: polling only (or sns_topic_arn).",
+    )
+    sns_topic_arn: str | None = Field(
+        None,
+        description="S3 store, instead of sqs_queue_url: the ARN of an SNS topic that the "
+        "bucket's event notifications go to (releases' SHA256SUMS and changes of the fleet's "
+        "desired state, docs/notifications.md). At start each member creates its own SQS queue "
+        "(queue_name), lets the topic send to it and subscribes it, so every member hears "
+        "every release and every change of the desired state at once (no wake over HTTP "
+        "needed). A member that may not (IAM) logs which permission it lacks and polls. "
+        "Default none.",
+    )
+    queue_name: str | None = Field(
+        None,
+        description="With sns_topic_arn: the name of the SQS queue this member creates and "
+        "subscribes (created if missing, reused if there). Default: controlplane-<member "
+        "name> (fleet.member, the pod's name in Kubernetes; dots become hyphens).",
     )
 
     @field_validator("sqs_queue_url")
@@ -75,6 +93,47 @@ class StoreNotificationsSettings(Group):
                 "a queue URL carries no credentials: SQS takes them from the AWS chain"
             )
         return url
+
+    @field_validator("sns_topic_arn")
+    @classmethod
+    def _check_topic_arn(cls, arn: str | None) -> str | None:
+        if arn is not None and _TOPIC_ARN.fullmatch(arn) is None:
+            raise ValueError(
+                f"give the topic's ARN (arn:aws:sns:<region>:<account>:<name>), not {arn!r}"
+            )
+        return arn
+
+    @field_validator("queue_name")
+    @classmethod
+    def _check_queue_name(cls, name: str | None) -> str | None:
+        problem = None if name is None else queue_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{problem}: {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_way_to_the_queue(self) -> StoreNotificationsSettings:
+        if self.sqs_queue_url is not None and self.sns_topic_arn is not None:
+            raise ValueError(
+                "store.notifications: give sqs_queue_url (a queue already fed by the bucket, "
+                "or by the topic) or sns_topic_arn (each member makes and subscribes its own "
+                "queue), not both"
+            )
+        if self.queue_name is not None and self.sns_topic_arn is None:
+            raise ValueError(
+                "store.notifications.queue_name names the queue a member makes on the SNS "
+                "topic: give store.notifications.sns_topic_arn too, or remove it"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any queue is set: a given one, or this member's on the topic."""
+        return self.sqs_queue_url is not None or self.sns_topic_arn is not None
+
+
+# arn:<partition>:sns:<region>:<account>:<topic>
+_TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z]{2}(?:-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}")
 
 
 class StoreSettings(Group):
@@ -133,9 +192,11 @@ class StoreSettings(Group):
     notifications: StoreNotificationsSettings = Field(
         default_factory=StoreNotificationsSettings,
         description="S3 store only: sqs_queue_url, the URL of the SQS queue the bucket's "
-        "s3:ObjectCreated:* events of SHA256SUMS keys go to (docs/notifications.md). Each "
-        "member long-polls it and lists a model as soon as its event arrives, rather than at "
-        "the next poll; the polls stay as the safety net. Default none: polling only.",
+        "s3:ObjectCreated:* events of SHA256SUMS keys go to, or sns_topic_arn, an SNS topic "
+        "they go to, on which each member subscribes a queue of its own (queue_name), so "
+        "every member hears every release and change of the desired state "
+        "(docs/notifications.md). A member lists a model as soon as its event arrives, rather "
+        "than at the next poll; the polls stay as the safety net. Default none: polling only.",
     )
 
     require_signature: bool = Field(
@@ -204,9 +265,11 @@ class StoreSettings(Group):
 
     @model_validator(mode="after")
     def _notifications_need_s3(self) -> StoreSettings:
-        if self.notifications.sqs_queue_url is not None and self.scheme != "s3":
+        notifications = self.notifications
+        if notifications.enabled and self.scheme != "s3":
+            name = "sqs_queue_url" if notifications.sqs_queue_url is not None else "sns_topic_arn"
             raise ValueError(
-                "store.notifications.sqs_queue_url needs an S3 store (store.uri s3://...): it "
+                f"store.notifications.{name} needs an S3 store (store.uri s3://...): it "
                 f"carries S3 event notifications, which {self.uri} never sends; remove it, or "
                 "point store.uri at the bucket the queue hears from"
             )

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.names import validate_member_name, validate_model_name
+from controlplane.domain.notifications import member_queue_name
 from controlplane.domain.rollout import RolloutPolicy
 from controlplane.domain.stress import StressPolicy
 from controlplane.domain.traffic import Strategy, TrafficPolicy
@@ -210,6 +211,13 @@ class Settings(BaseSettings):
     @property
     def member_name(self) -> str:
         return self.fleet.member or _host_name()
+
+    @property
+    def member_queue_name(self) -> str:
+        """The SQS queue this member makes on the fleet's SNS topic
+        (``store.notifications.sns_topic_arn``): ``store.notifications.queue_name``, or one
+        named after the member."""
+        return self.store.notifications.queue_name or member_queue_name(self.member_name)
 
     @property
     def fleet_url(self) -> str | None:

@@ -40,8 +40,9 @@ def build(settings: Settings) -> Container:
     ops = parts.operations(base, memory, ledger)
     chain = parts.rollback(base, ops, ledger)
     overload, utilization = parts.overload(base, chain)
-    watching = parts.watching(base, ops)
     sync = _fleet_sync(base, ops, ledger, overload, fleet_wake)
+    # The bucket's events of a change of the desired state wake the sync as a peer's wake does.
+    watching = parts.watching(base, ops, sync.poke if sync is not None else None)
     fleet_view = (
         FleetService(records=ledger.records, sync=sync, clock=base.clock)
         if (ledger is not None and sync is not None)

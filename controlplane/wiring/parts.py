@@ -286,10 +286,14 @@ class Watching:
     notifications: Callable[[], NotificationHealth] | None  # an SQS queue's; None: no queue
 
 
-def watching(b: Base, ops: Pipelines) -> Watching:
+def watching(
+    b: Base, ops: Pipelines, desired_changed: Callable[[], None] | None = None
+) -> Watching:
+    """The release watcher and what tells it of changes; ``desired_changed`` (the fleet sync's
+    wake) hears the bucket's events of changes of the desired state."""
     settings = b.settings
     wake = Wake(b.clock)
-    events = build_store_events(settings, b.store, wake.set, b.clock)
+    events = build_store_events(settings, b.store, wake.set, b.clock, desired_changed)
     catalog = StoreCatalog()
     watcher = ReleaseWatcher(
         store=b.store,

@@ -39,19 +39,32 @@ def build_store(settings: Settings, telemetry: Telemetry | None = None) -> Model
 
 
 def build_store_events(
-    settings: Settings, store: ModelStore, wake: Callable[[], None], clock: Clock
+    settings: Settings,
+    store: ModelStore,
+    wake: Callable[[], None],
+    clock: Clock,
+    desired_changed: Callable[[], None] | None = None,
 ) -> LocalStoreEvents | SqsStoreEvents | None:
     """What tells the release watcher which models changed: a local store's inotify, an S3
-    bucket's notifications through the SQS queue the settings name; None: polling only."""
+    bucket's notifications through the SQS queue the settings name (or this member's own queue
+    on the SNS topic they name); None: polling only. ``desired_changed``: the fleet sync's wake,
+    for the bucket's events of a change of the desired state (None without a fleet)."""
     if isinstance(store, LocalStore):
         return LocalStoreEvents(settings.store.local_path, wake, clock=clock)
-    queue = settings.store.notifications.sqs_queue_url
-    if queue is None:
+    notifications = settings.store.notifications
+    if not notifications.enabled:
         return None  # every beat lists the whole store
     from controlplane.adapters.stores.s3 import S3Store
     from controlplane.adapters.stores.sqs_events import SqsStoreEvents
+    from controlplane.adapters.stores.sqs_member_queue import MemberQueue
 
     assert isinstance(store, S3Store)  # the settings refuse a queue beside a local store
+    queue: str | MemberQueue
+    if notifications.sqs_queue_url is not None:
+        queue = notifications.sqs_queue_url
+    else:
+        assert notifications.sns_topic_arn is not None  # enabled: one of the two
+        queue = MemberQueue(notifications.sns_topic_arn, settings.member_queue_name)
     return SqsStoreEvents(
         queue,
         bucket=store.bucket,
@@ -59,6 +72,7 @@ def build_store_events(
         wake=wake,
         clock=clock,
         poll_interval=settings.store.poll_interval_seconds,
+        desired_changed=desired_changed,
     )
 
 

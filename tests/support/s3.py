@@ -91,6 +91,7 @@ def aws_env(endpoint: str) -> dict[str, str]:
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ENDPOINT_URL_S3": endpoint,
         "AWS_ENDPOINT_URL_SQS": endpoint,  # moto serves every API on one endpoint
+        "AWS_ENDPOINT_URL_SNS": endpoint,
     }
 
 
@@ -123,6 +124,68 @@ def sqs_client(endpoint: str) -> Any:
         retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=30
     )
     return _session().client("sqs", endpoint_url=endpoint, config=config)
+
+
+def sns_client(endpoint: str) -> Any:
+    """A boto3 SNS client for ``endpoint`` (moto serves SNS beside S3 and SQS); close it."""
+    config = botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"})
+    return _session().client("sns", endpoint_url=endpoint, config=config)
+
+
+def notify_topic(s3: Any, sns: Any, bucket: str, prefix: str, topic: str) -> str:
+    """Send the bucket's events that a fleet on ``s3://bucket/prefix`` needs to the SNS topic
+    ``topic`` (made if missing), as docs/notifications.md sets it up: a topic policy that lets
+    S3 publish, then two rules that do not overlap (their suffixes differ): each release's
+    ``SHA256SUMS`` created, and each desired-state record created or removed; heartbeats
+    (``_controlplane/members/``) match neither. Returns the topic's ARN."""
+    arn: str = sns.create_topic(Name=topic)["TopicArn"]
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "s3.amazonaws.com"},
+                "Action": "SNS:Publish",
+                "Resource": arn,
+                "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
+            }
+        ],
+    }
+    sns.set_topic_attributes(
+        TopicArn=arn, AttributeName="Policy", AttributeValue=json.dumps(policy)
+    )
+    base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+
+    def rule(events: list[str], key_prefix: str, suffix: str) -> dict[str, Any]:
+        rules = [{"Name": "prefix", "Value": key_prefix}] if key_prefix else []
+        rules.append({"Name": "suffix", "Value": suffix})
+        return {"TopicArn": arn, "Events": events, "Filter": {"Key": {"FilterRules": rules}}}
+
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                rule(["s3:ObjectCreated:*"], base, MANIFEST),
+                rule(
+                    ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"],
+                    f"{base}_controlplane/desired/",
+                    ".json",
+                ),
+            ]
+        },
+    )
+    return arn
+
+
+def subscribe_queue(sqs: Any, sns: Any, topic_arn: str, queue: str) -> str:
+    """A queue of the test's own on the topic: it hears what every member's queue hears.
+    Returns its URL."""
+    url: str = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    sns.subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn)
+    return url
 
 
 def notify_queue(s3: Any, sqs: Any, bucket: str, queue: str) -> str:

@@ -146,6 +146,21 @@ def test_a_keyring_configmap_is_mounted_as_the_keyring_and_the_queue_is_given() 
     assert "keyring" not in {m["name"] for m in container(objects, "tritonserver")["volumeMounts"]}
 
 
+def test_with_an_sns_topic_each_pod_subscribes_a_queue_named_after_itself() -> None:
+    topic = "arn:aws:sns:eu-west-1:111122223333:model-events"
+    daemon = container(chart("s3-irsa", **{"store.s3.snsTopicArn": topic}), "controlplane")
+    variables = env(daemon)
+    assert variables["CONTROLPLANE_STORE__NOTIFICATIONS__SNS_TOPIC_ARN"]["value"] == topic
+    assert "CONTROLPLANE_STORE__NOTIFICATIONS__SQS_QUEUE_URL" not in variables
+    # No queue name: the daemon names it controlplane-<member>, and the member is the pod.
+    assert "CONTROLPLANE_STORE__NOTIFICATIONS__QUEUE_NAME" not in variables
+    assert variables["CONTROLPLANE_FLEET__MEMBER"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    plain = env(container(chart("s3-irsa"), "controlplane"))
+    assert "CONTROLPLANE_STORE__NOTIFICATIONS__SNS_TOPIC_ARN" not in plain
+
+
 # --- GPUs, images, settings ---------------------------------------------------------------------
 
 
@@ -289,6 +304,15 @@ def test_a_read_token_comes_from_its_secret_and_prometheus_scrapes_with_it() -> 
             "store: {type: s3, s3: {bucket: b, irsaRoleArn: 'arn:aws:iam::111122223333:role/r'}}\n"
             "serviceAccount: {create: false}",
             "annotate it with eks.amazonaws.com/role-arn yourself",
+        ),
+        (
+            "store: {type: s3, s3: {bucket: b, snsTopicArn: 'arn:aws:sns:eu-west-1:111122223333:t',"
+            " sqsQueueUrl: 'https://sqs.eu-west-1.amazonaws.com/111122223333/q'}}",
+            "store.s3.sqsQueueUrl and store.s3.snsTopicArn are both set",
+        ),
+        (
+            "store: {type: s3, s3: {bucket: b, snsTopicArn: model-events}}",
+            "store.s3.snsTopicArn: Does not match pattern",
         ),
         # Without pod labels, a client would let its whole namespace in.
         ("networkPolicy: {apiClients: [{namespace: ci}]}", "apiClients.0: podLabels is required"),

@@ -44,7 +44,7 @@ def test_an_s3_event_inside_an_sns_envelope_is_read() -> None:
         (_event("staging/resnet/r1/SHA256SUMS"), Drop.OUTSIDE_PREFIX),
         (_event("prod/resnet/r1/config.pbtxt"), Drop.NOT_A_MARKER),
         (_event("prod/resnet/r1/1/SHA256SUMS"), Drop.NOT_A_MARKER),
-        (_event("prod/_controlplane/x/SHA256SUMS"), Drop.NOT_A_MARKER),
+        (_event("prod/_controlplane/x/SHA256SUMS"), Drop.FLEET_RECORD),
         (_event("prod/-bad/r1/SHA256SUMS"), Drop.NOT_A_MARKER),
     ],
 )
@@ -52,6 +52,78 @@ def test_what_names_no_release_is_dropped_with_its_kind(body: str, kind: Drop) -
     heard = read_message(body, bucket="models", base="prod/")
     assert heard.models == frozenset()
     assert [drop for drop, _detail in heard.dropped] == [kind]
+
+
+@pytest.mark.parametrize("event", ["ObjectCreated:Put", "ObjectRemoved:Delete"])
+def test_a_desired_state_written_or_deleted_names_its_model_for_the_fleet(event: str) -> None:
+    body = _event("prod/_controlplane/desired/resnet.json", name=event)
+    heard = read_message(body, bucket="models", base="prod/")
+    assert heard == Heard(desired=frozenset({"resnet"}))
+    # Through SNS, and with the key encoded whole, as moto's and AWS's S3 send it.
+    wrapped = json.dumps(
+        {"Type": "Notification", "Message": _event("%5Fcontrolplane%2Fdesired%2Fbert%2Ev2.json")}
+    )
+    assert read_message(wrapped, bucket="models", base="").desired == {"bert.v2"}
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"),
+    [
+        ("prod/_controlplane/members/m1.json", Drop.HEARTBEAT),
+        ("prod/_controlplane/members/deeper/m1.json", Drop.HEARTBEAT),
+        ("prod/_controlplane/probe/0123abcd", Drop.FLEET_RECORD),
+        ("prod/_controlplane/desired/resnet.json.tmp", Drop.FLEET_RECORD),
+        ("prod/_controlplane/desired/sub/resnet.json", Drop.FLEET_RECORD),
+        ("prod/_controlplane/desired/_x.json", Drop.FLEET_RECORD),
+        ("prod/_controlplane/desired/.json", Drop.FLEET_RECORD),
+    ],
+)
+def test_other_fleet_records_are_dropped_by_their_key_with_a_kind_of_their_own(
+    key: str, kind: Drop
+) -> None:
+    for event in ("ObjectCreated:Put", "ObjectRemoved:Delete"):
+        heard = read_message(_event(key, name=event), bucket="models", base="prod/")
+        assert heard.models == heard.desired == frozenset()
+        assert [drop for drop, _detail in heard.dropped] == [kind]
+
+
+def test_a_heartbeat_s_drop_says_how_to_narrow_the_notification() -> None:
+    heard = read_message(
+        _event("prod/_controlplane/members/m1.json"), bucket="models", base="prod/"
+    )
+    ((_kind, detail),) = heard.dropped
+    assert "s3://models/prod/_controlplane/members/m1.json" in detail
+    assert "docs/notifications.md" in detail
+
+
+def test_desired_state_of_another_bucket_or_prefix_or_restored_names_nothing() -> None:
+    cases = [
+        (_event("prod/_controlplane/desired/resnet.json", bucket="other"), Drop.OTHER_BUCKET),
+        (_event("staging/_controlplane/desired/resnet.json"), Drop.OUTSIDE_PREFIX),
+        (
+            _event("prod/_controlplane/desired/resnet.json", name="ObjectRestore:Completed"),
+            Drop.NOT_CREATED,
+        ),
+    ]
+    for body, kind in cases:
+        heard = read_message(body, bucket="models", base="prod/")
+        assert heard.desired == frozenset(), body
+        assert [drop for drop, _detail in heard.dropped] == [kind], body
+
+
+def test_a_message_of_several_records_names_releases_and_desired_states_together() -> None:
+    records = [
+        json.loads(_event(key))["Records"][0]
+        for key in (
+            "prod/resnet/r2/SHA256SUMS",
+            "prod/_controlplane/desired/bert.json",
+            "prod/_controlplane/members/m2.json",
+        )
+    ]
+    heard = read_message(json.dumps({"Records": records}), bucket="models", base="prod/")
+    assert heard.models == {"resnet"}
+    assert heard.desired == {"bert"}
+    assert [drop for drop, _detail in heard.dropped] == [Drop.HEARTBEAT]
 
 
 @pytest.mark.parametrize("shape", sorted(JUNK))

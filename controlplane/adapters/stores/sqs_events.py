@@ -1,4 +1,5 @@
-"""An S3 bucket's event notifications, read from an SQS queue: which models to list at once.
+"""An S3 bucket's event notifications, read from an SQS queue: which models to list at once,
+and when the fleet's desired state changed.
 
 The bucket sends an ``s3:ObjectCreated:*`` event for every ``SHA256SUMS`` uploaded (the
 publisher's commit marker) to the queue; this job long-polls it (20 s waits) and wakes the
@@ -19,41 +20,51 @@ differences that follow from SQS:
   deleted at once and logged, at most once a minute per kind of drop. No body can stop the
   job: one that reading fails on (``unreadable``) is dropped the same way.
 
+In a fan-out (the bucket's events go to an SNS topic, each member has a queue of its own:
+:mod:`.sqs_member_queue` makes it before the first receive) the bucket also announces each
+change of the desired state (``_controlplane/desired/<model>.json`` written or deleted): such a
+message wakes the fleet sync (``desired_changed``, as ``POST /v1/fleet/wake`` does) and is
+deleted at once, since the sync reads the whole desired state, and a member that dies before
+reads it at its start anyway.
+
 A queue that cannot be reached (it does not exist, access is denied, no connection) changes
 nothing but latency: the state turns ``unreachable`` (logged once per change, shown in
 ``/healthz`` and ``controlplane_store_notifications_up``), and the queue is tried again with a
 backoff that doubles up to :data:`RECONNECT`'s limit; the first answer turns it ``live`` again and
-wakes the watcher for a full listing of what was missed.
+wakes the watcher for a full listing of what was missed. A queue this member may not make or
+subscribe is reported the same way, naming the permission it lacks, and tried again alike.
 
-Each receive runs in a daemon thread of its own: a long poll cannot be interrupted, and a
-worker thread of the event loop's executor would hold shutdown for up to 20 s. This module owns
-every call to SQS, so boto3 stays in the S3 store's package.
+Each receive runs in a daemon thread of its own (:mod:`.daemon_thread`): a long poll cannot be
+interrupted, and a worker thread of the event loop's executor would hold shutdown for up to
+20 s. This module and :mod:`.sqs_member_queue` own every call to SQS (and SNS), so boto3 stays
+in the S3 store's package.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import functools
 import logging
 import re
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlparse
 
 import boto3  # type: ignore[import-untyped]
 import botocore.config  # type: ignore[import-untyped]
 import botocore.exceptions  # type: ignore[import-untyped]
 
+from controlplane.adapters.stores.daemon_thread import in_daemon_thread
 from controlplane.adapters.stores.s3_events import Drop, Heard, read_message
+from controlplane.adapters.stores.sqs_member_queue import MemberQueue
+from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.notifications import NotificationHealth, NotificationState
 from controlplane.ports import Clock, StoreChanges
 from controlplane.timing import Backoff
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 WAIT_SECONDS = 20  # SQS's longest long poll: one request per 20 s while the queue is quiet
 RECONNECT = Backoff(first=1.0, limit=30.0)  # an unreachable queue is tried again this often
 DROP_LOG_EVERY = 60.0  # s between two log lines about dropped messages of one kind
@@ -64,32 +75,40 @@ _AWS_HOST = re.compile(
 
 class SqsStoreEvents:
     """The S3 store's events through SQS, as the release watcher reads them; :meth:`run` is
-    the job that receives them."""
+    the job that receives them.
+
+    ``queue``: the URL of a queue given, or this member's queue on the fleet's SNS topic, made
+    by the job before it receives. ``desired_changed``: what to call when the fleet's desired
+    state changed (the fleet sync's wake); None without a fleet."""
 
     def __init__(
         self,
-        queue_url: str,
+        queue: str | MemberQueue,
         *,
         bucket: str,
         base: str,
         wake: Callable[[], None],
         clock: Clock,
         poll_interval: float,
+        desired_changed: Callable[[], None] | None = None,
         client: Any | None = None,
         wait_seconds: int = WAIT_SECONDS,
         backoff: Backoff = RECONNECT,
     ) -> None:
-        self._url = queue_url
+        self._setup = queue if isinstance(queue, MemberQueue) else None
+        self._url = queue if isinstance(queue, str) else None  # None: not made yet
         self._bucket = bucket
         self._base = base
         self._wake = wake
+        self._desired_changed = desired_changed
         self._clock = clock
         self._poll_interval = poll_interval
         self._wait = wait_seconds
         self._backoff = backoff
         self._owns_client = client is None
-        self._client = client if client is not None else _client_for(queue_url)
-        self._health = NotificationHealth(queue_url, NotificationState.STARTING, clock.now())
+        region = queue.region if isinstance(queue, MemberQueue) else _region_of(queue)
+        self._client = client if client is not None else _client_for(region)
+        self._health = NotificationHealth(self._queue, NotificationState.STARTING, clock.now())
         self._pending: dict[str, list[str]] = {}  # model -> receipt handles, not taken yet
         self._taken: dict[str, list[str]] = {}  # handed to the scan running now
         self._missed = True  # events may have been missed: the next take is not complete
@@ -127,26 +146,51 @@ class SqsStoreEvents:
             self._set(NotificationState.STARTING)
             if self._owns_client:
                 self._client.close()
+            if self._setup is not None:
+                self._setup.close()
+
+    @property
+    def _queue(self) -> str:
+        """The queue, as logs and status name it: its URL, or its name until it is made."""
+        if self._url is not None:
+            return self._url
+        assert self._setup is not None
+        return self._setup.name
 
     async def _receive_forever(self) -> None:
         delay: float | None = None  # since the queue last answered
         while True:
             try:
-                answer = await _in_daemon_thread(self._receive)
-            except _LIBRARY as exc:
+                if self._url is None:
+                    await self._set_up()
+                answer = await in_daemon_thread(self._receive)
+            except (*_LIBRARY, ControlPlaneError) as exc:
+                why = _why(exc, self._queue)
+                if self._setup is not None and _queue_gone(exc):
+                    why = f"{self._queue} was deleted; this member makes it again and subscribes it"
+                    self._url = None  # deleted under this member (a clean-up gone wrong)
                 delay = self._backoff.after(delay)
-                self._unreachable(_why(exc, self._url), delay)
+                self._unreachable(why, delay)
                 await self._clock.sleep(delay)
                 continue
             delay = None
             self._reached()
-            named = False
+            heard = Heard()
             for message in answer.get("Messages", []):
-                named = self._heard(message) or named
-            if named:
+                heard |= self._heard(message)
+            if heard.models:
                 self._wake()
+            if heard.desired and self._desired_changed is not None:
+                self._desired_changed()
             if self._to_delete:
                 self._deletes.set()
+
+    async def _set_up(self) -> None:
+        """Make this member's queue on the topic; its URL from then on."""
+        assert self._setup is not None
+        url = await in_daemon_thread(functools.partial(self._setup.set_up, self._client))
+        self._url = url
+        self._health = dataclasses.replace(self._health, source=url)
 
     def _receive(self) -> dict[str, Any]:
         # Until the queue has answered once (at start, after a failure), ask without waiting:
@@ -157,8 +201,9 @@ class SqsStoreEvents:
         )
         return answer
 
-    def _heard(self, message: dict[str, Any]) -> bool:
-        """Keep a message until the models it names are listed; drop one that names none."""
+    def _heard(self, message: dict[str, Any]) -> Heard:
+        """Keep a message until the models it names are listed; delete one that names none
+        (a change of the desired state too: the fleet sync reads all of it when woken)."""
         handle = str(message.get("ReceiptHandle", ""))
         try:
             heard = read_message(str(message.get("Body", "")), bucket=self._bucket, base=self._base)
@@ -168,17 +213,23 @@ class SqsStoreEvents:
             # visibility timeout and stop the job again).
             heard = Heard(dropped=((Drop.UNREADABLE, f"{type(exc).__name__}: {exc}"[:200]),))
         for kind, detail in heard.dropped:
-            self._drops.dropped(kind, detail, self._url)
+            self._drops.dropped(kind, detail, self._queue)
+        if heard.desired:
+            log.debug(
+                "the fleet's desired state of %s changed (an event of %s)",
+                ", ".join(sorted(heard.desired)),
+                self._queue,
+            )
         if not heard.models:
             self._to_delete.append(handle)
-            return False
+            return heard
         # A message that names several models is deleted once the first of them is handled:
         # the others were listed by the same scan (a take hands them over together).
         first = min(heard.models)
         self._pending.setdefault(first, []).append(handle)
         for model in heard.models - {first}:
             self._pending.setdefault(model, [])
-        return True
+        return heard
 
     async def _delete_forever(self) -> None:
         while True:
@@ -188,14 +239,14 @@ class SqsStoreEvents:
             for start in range(0, len(handles), 10):  # DeleteMessageBatch takes 10 at most
                 batch = handles[start : start + 10]
                 try:
-                    await _in_daemon_thread(functools.partial(self._delete, batch))
+                    await in_daemon_thread(functools.partial(self._delete, batch))
                 except _LIBRARY as exc:
                     # They come back after their visibility timeout and are handled again.
                     log.warning(
                         "could not delete %d message(s) from %s: %s",
                         len(batch),
-                        self._url,
-                        _why(exc, self._url),
+                        self._queue,
+                        _why(exc, self._queue),
                     )
 
     def _delete(self, handles: list[str]) -> None:
@@ -206,7 +257,7 @@ class SqsStoreEvents:
         for failed in answer.get("Failed", []):
             log.warning(
                 "SQS did not delete a message from %s (%s: %s); it comes back and is handled again",
-                self._url,
+                self._queue,
                 failed.get("Code"),
                 failed.get("Message"),
             )
@@ -222,14 +273,17 @@ class SqsStoreEvents:
             log.info(
                 "SQS queue %s answers again: new releases are listed as soon as their "
                 "SHA256SUMS is uploaded; listing the whole store for what was missed",
-                self._url,
+                self._queue,
             )
             self._wake()  # a full listing now (the next take is not complete)
         else:
             log.info(
                 "receiving the bucket's events from SQS queue %s: a release is listed as soon "
-                "as its SHA256SUMS is uploaded (and the whole store every %g s)",
-                self._url,
+                "as its SHA256SUMS is uploaded%s (and the whole store every %g s)",
+                self._queue,
+                ", the fleet's desired state read as soon as it changes"
+                if self._desired_changed is not None
+                else "",
                 self._poll_interval,
             )
 
@@ -240,7 +294,7 @@ class SqsStoreEvents:
                 "SQS queue %s cannot be reached (%s); falling back to polling: a new release "
                 "is seen at the next listing of the store (every %g s); trying the queue "
                 "again, at most %g s apart",
-                self._url,
+                self._queue,
                 why,
                 self._poll_interval,
                 self._backoff.limit,
@@ -248,7 +302,7 @@ class SqsStoreEvents:
             self._set(NotificationState.UNREACHABLE, problem=why, retry_at=retry_at)
         else:
             self._health = NotificationHealth(
-                self._url, self._health.state, self._health.since, why, retry_at
+                self._queue, self._health.state, self._health.since, why, retry_at
             )
         self._missed = True
 
@@ -259,7 +313,7 @@ class SqsStoreEvents:
         problem: str | None = None,
         retry_at: datetime | None = None,
     ) -> None:
-        self._health = NotificationHealth(self._url, state, self._clock.now(), problem, retry_at)
+        self._health = NotificationHealth(self._queue, state, self._clock.now(), problem, retry_at)
         if state is not NotificationState.LIVE:
             self._missed = True
 
@@ -301,14 +355,23 @@ _LIBRARY = (
 )
 
 
+def _queue_gone(exc: Exception) -> bool:
+    if not isinstance(exc, botocore.exceptions.ClientError):
+        return False
+    error = exc.response.get("Error", {})
+    code, query = str(error.get("Code", "")), str(error.get("QueryErrorCode", ""))
+    return "NonExistentQueue" in code or query == "QueueDoesNotExist"
+
+
 def _why(exc: Exception, url: str) -> str:
     """What is wrong with the queue, and what to do, for the log and status."""
+    if isinstance(exc, ControlPlaneError):  # said by the queue's set-up, for its step
+        return exc.message
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
-        query = str(error.get("QueryErrorCode", ""))
         message = error.get("Message", "") or str(exc)
-        if "NonExistentQueue" in code or query == "QueueDoesNotExist":
+        if _queue_gone(exc):
             return (
                 f"the queue does not exist: create it or fix "
                 f"store.notifications.sqs_queue_url ({code}: {message})"
@@ -324,49 +387,18 @@ def _why(exc: Exception, url: str) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _client_for(queue_url: str) -> Any:
-    """An SQS client from the standard AWS chain; the region of an AWS queue URL wins over the
-    chain's (a queue lives in one region), and ``AWS_ENDPOINT_URL_SQS`` names another API."""
+def _region_of(queue_url: str) -> str | None:
+    """The region of an AWS queue URL; None for another API's (the chain's region then)."""
+    match = _AWS_HOST.match(urlparse(queue_url).netloc)
+    return match.group("region") if match else None
+
+
+def _client_for(region: str | None) -> Any:
+    """An SQS client from the standard AWS chain; the queue's region wins over the chain's (a
+    queue lives in one region), and ``AWS_ENDPOINT_URL_SQS`` names another API."""
     config = botocore.config.Config(
         retries={"total_max_attempts": 1, "mode": "standard"},
         read_timeout=WAIT_SECONDS + 10,  # a long poll answers after WAIT_SECONDS at most
         connect_timeout=5,
     )
-    match = _AWS_HOST.match(urlparse(queue_url).netloc)
-    region = match.group("region") if match else None
     return boto3.session.Session().client("sqs", region_name=region, config=config)
-
-
-async def _in_daemon_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` in a daemon thread of its own; cancelling the wait leaves the thread to end
-    on its own and never holds the process's exit."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], T]) -> None:
-        if future.done():  # the wait was cancelled
-            return
-        try:
-            future.set_result(outcome())
-        except BaseException as exc:  # handed to the awaiting task, whatever it is
-            future.set_exception(exc)
-
-    def target() -> None:
-        try:
-            result = fn()
-        except BaseException as exc:
-            error = exc
-
-            def outcome() -> T:
-                raise error
-
-        else:
-
-            def outcome() -> T:
-                return result
-
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=target, name="sqs", daemon=True).start()
-    return await future

@@ -107,6 +107,9 @@ Values that cannot work stop the render with what to set. Included once, by the 
 {{- if and .Values.store.s3.credentials.existingSecret .Values.store.s3.irsaRoleArn }}
 {{- fail "store.s3.credentials.existingSecret and store.s3.irsaRoleArn are both set: keys in the environment win over the role, so set one (the role with IRSA, the Secret with static keys)" }}
 {{- end }}
+{{- if and .Values.store.s3.sqsQueueUrl .Values.store.s3.snsTopicArn }}
+{{- fail "store.s3.sqsQueueUrl and store.s3.snsTopicArn are both set: give the queue the bucket (or topic) already feeds, or the topic on which each pod subscribes a queue of its own, not both" }}
+{{- end }}
 {{- if and .Values.store.s3.irsaRoleArn (not .Values.serviceAccount.create) }}
 {{- fail "store.s3.irsaRoleArn needs the chart's ServiceAccount (serviceAccount.create: true) to annotate; with your own ServiceAccount, annotate it with eks.amazonaws.com/role-arn yourself and leave irsaRoleArn empty" }}
 {{- end }}
