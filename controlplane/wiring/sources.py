@@ -43,7 +43,7 @@ def build_store_events(
     store: ModelStore,
     wake: Callable[[], None],
     clock: Clock,
-    desired_changed: Callable[[], None] | None = None,
+    desired_changed: Callable[[frozenset[str]], None] | None = None,
 ) -> LocalStoreEvents | SqsStoreEvents | None:
     """What tells the release watcher which models changed: a local store's inotify, an S3
     bucket's notifications through the SQS queue the settings name (or this member's own queue
@@ -86,7 +86,7 @@ def build_records(
         from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 
         assert isinstance(store, S3Store)
-        return S3DesiredStates(store, clock=clock)
+        return S3DesiredStates(store, clock=clock, listing_every=settings.store.full_scan_seconds)
     return LocalDesiredStates(settings.store.local_path, clock=clock)
 
 

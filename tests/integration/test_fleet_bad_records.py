@@ -167,6 +167,9 @@ def _started(
             "CONTROLPLANE_FLEET__MEMBER": MEMBER,
             "CONTROLPLANE_FLEET__HEARTBEAT_SECONDS": "1",
             "CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS": "1",
+            # A record written by hand raises no generations index on S3: it is read at the
+            # next listing of the records, every full_scan_seconds.
+            "CONTROLPLANE_STORE__FULL_SCAN_SECONDS": "2",
             **(env or {}),
         },
     )

@@ -90,7 +90,7 @@ class SqsStoreEvents:
         wake: Callable[[], None],
         clock: Clock,
         poll_interval: float,
-        desired_changed: Callable[[], None] | None = None,
+        desired_changed: Callable[[frozenset[str]], None] | None = None,
         client: Any | None = None,
         wait_seconds: int = WAIT_SECONDS,
         backoff: Backoff = RECONNECT,
@@ -115,6 +115,7 @@ class SqsStoreEvents:
         self._to_delete: list[str] = []
         self._deletes = asyncio.Event()
         self._drops = _DropLog(clock)
+        self._lives = 0  # how many times the queue turned live: a token for vouch()
 
     # --- ChangeEvents -------------------------------------------------------------------
 
@@ -131,6 +132,15 @@ class SqsStoreEvents:
             self._to_delete.extend(self._taken.pop(model))
         if self._to_delete:
             self._deletes.set()
+
+    def vouch(self) -> int | None:
+        """The fleet sync's :class:`~controlplane.ports.DesiredStateEvents`: a token that
+        holds while this member's own queue (the fan-out) is live, so every change of the
+        desired state the bucket announces reaches it; None with a queue the fleet shares
+        (another member may take an event), or while the queue is not live."""
+        if self._setup is None or self._desired_changed is None or not self._health.up:
+            return None
+        return self._lives
 
     def health(self) -> NotificationHealth:
         return self._health
@@ -181,7 +191,7 @@ class SqsStoreEvents:
             if heard.models:
                 self._wake()
             if heard.desired and self._desired_changed is not None:
-                self._desired_changed()
+                self._desired_changed(heard.desired)
             if self._to_delete:
                 self._deletes.set()
 
@@ -269,6 +279,7 @@ class SqsStoreEvents:
             return
         was = self._health.state
         self._set(NotificationState.LIVE)
+        self._lives += 1
         if was is NotificationState.UNREACHABLE:
             log.info(
                 "SQS queue %s answers again: new releases are listed as soon as their "
