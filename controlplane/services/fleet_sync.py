@@ -70,7 +70,7 @@ T = TypeVar("T")
 RETRY = Backoff(first=2.0, limit=300.0)
 TRANSIENT_RETRY_MOST = 10.0  # s: an outage of the store or Triton is retried this often at least
 POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
-FORGET_EVERY = 300.0  # s between looks for departed members
+FORGET_EVERY = 900.0  # s between looks for departed members (forgotten after an hour)
 CHECK_EVERY = 300.0  # s: the desired state is read at least this often (store.full_scan_seconds)
 
 
