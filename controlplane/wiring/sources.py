@@ -72,6 +72,8 @@ def build_store_events(
         wake=wake,
         clock=clock,
         poll_interval=settings.store.poll_interval_seconds,
+        own_queue=notifications.own_queue,
+        full_scan_every=settings.store.full_scan_seconds,
         desired_changed=desired_changed,
     )
 
