@@ -262,6 +262,8 @@ class FleetSync:
                 break
             await self._heart.write_if_due(self.heartbeat())
         await self._pokes.spaced()
+        if self.wake.is_set():  # a wake during the last beat's write or the pokes' gap
+            self._woken = True
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:

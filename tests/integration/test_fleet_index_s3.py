@@ -20,7 +20,8 @@ import pytest
 from controlplane.adapters.stores.fleet_records import encode_desired
 from controlplane.adapters.stores.s3 import S3Store
 from controlplane.adapters.stores.s3_fleet import S3DesiredStates
-from controlplane.adapters.stores.s3_generations import INDEX_NAME, encode_index
+from controlplane.adapters.stores.s3_generations import INDEX_NAME, encode_index, parse_index
+from controlplane.domain.errors import StoreUnavailable
 from controlplane.domain.fleet import DesiredModel, first_generation
 from tests.support.fault_proxy import FaultProxy, SeenRequest
 from tests.support.s3 import s3_client
@@ -102,14 +103,18 @@ def by_hand(direct: Any, bucket: str, desired: DesiredModel) -> None:
     direct.put_object(Bucket=bucket, Key=key, Body=encode_desired(desired))
 
 
-def index_of(direct: Any, bucket: str) -> dict[str, str]:
-    """The index as stored: each model's record's ETag."""
+def raw_index(direct: Any, bucket: str) -> bytes:
     body = direct.get_object(Bucket=bucket, Key=f"{PREFIX}/{INDEX_NAME}")["Body"]
     try:
-        models: dict[str, str] = json.loads(body.read())["models"]
-        return models
+        return bytes(body.read())
     finally:
         body.close()
+
+
+def index_of(direct: Any, bucket: str) -> dict[str, str]:
+    """The index as stored: each model's record's ETag."""
+    models: dict[str, dict[str, Any]] = json.loads(raw_index(direct, bucket))["models"]
+    return {model: entry["etag"] for model, entry in models.items()}
 
 
 def etags(direct: Any, bucket: str) -> dict[str, str]:
@@ -263,12 +268,79 @@ def test_a_late_index_write_of_an_older_swap_costs_a_read_not_a_change(
     beat = Beat()
     writer, member = reader(Beat()), reader(beat)
     writer.swap(one := record("m", 1, "r1"))
-    stale = index_of(direct, bucket)
+    stale = raw_index(direct, bucket)
     writer.swap(next_of(one, "r2"))
     assert member.read_all()["m"].release == "r2"
     key = f"{PREFIX}/{INDEX_NAME}"  # the first swap's index write, landing last
-    direct.put_object(Bucket=bucket, Key=key, Body=encode_index(stale))
+    direct.put_object(Bucket=bucket, Key=key, Body=stale)
     assert member.read_all()["m"].release == "r2"  # read again, still the newest
     beat.now += LISTING_EVERY
     assert member.read_all()["m"].release == "r2"
     assert index_of(direct, bucket) == etags(direct, bucket)  # set right by the listing
+
+
+# --- found by attacking it -------------------------------------------------------------------
+
+
+def test_a_record_fetch_that_fails_is_tried_again_at_the_next_read(
+    reader: Callable[[Beat], S3DesiredStates], proxy: FaultProxy
+) -> None:
+    writer, member = reader(Beat()), reader(Beat())
+    writer.swap(one := record("m", 1, "r1"))
+    member.read_all()
+    writer.swap(next_of(one, "r2"))
+    proxy.fail_always("503", key="/_controlplane/desired/m.json")
+    with pytest.raises(StoreUnavailable):
+        member.read_all()
+    proxy.clear()
+    assert member.read_all()["m"].release == "r2"  # not at the next listing, 300 s later
+
+
+def test_a_repair_keeps_a_swap_that_lands_while_it_lists(
+    reader: Callable[[Beat], S3DesiredStates], proxy: FaultProxy, direct: Any, bucket: str
+) -> None:
+    beat = Beat()
+    writer = S3DesiredStates(S3Store(f"s3://{bucket}/{PREFIX}", client=direct))
+    member = reader(beat)
+    writer.swap(one := record("m", 1, "r1"))
+    member.read_all()
+    by_hand(direct, bucket, record("other", 1, "r1"))  # the index is wrong: a repair is due
+    # The repair reads the index again before it writes: a swap lands just before that read.
+    proxy.on_get(INDEX_NAME, lambda _: writer.swap(next_of(one, "r2")), skip=1)
+    beat.now += LISTING_EVERY
+    assert member.read_all()["m"].release == "r1"  # listed before the swap
+    assert index_of(direct, bucket) == etags(direct, bucket)  # the swap's entry kept
+    assert member.read_all()["m"].release == "r2"  # and read through the index at once
+
+
+def test_a_repair_drops_the_entries_of_records_that_are_not_there(
+    reader: Callable[[Beat], S3DesiredStates], proxy: FaultProxy, direct: Any, bucket: str
+) -> None:
+    beat = Beat()
+    member = reader(beat)
+    member.swap(record("kept", 1, "r1"))
+    names = {f"ghost{n}": (f'"{n:032x}"', 1) for n in range(200)}
+    entries = parse_index(raw_index(direct, bucket))
+    assert isinstance(entries, dict)
+    key = f"{PREFIX}/{INDEX_NAME}"
+    direct.put_object(Bucket=bucket, Key=key, Body=encode_index({**entries, **names}))
+    start = len(proxy.requests)
+    assert set(member.read_all()) == {"kept"}  # 200 records to fetch: listed instead
+    assert asked(proxy, start).count("GET listing") == 1
+    assert len(asked(proxy, start)) < 10
+    assert set(index_of(direct, bucket)) == {"kept"}  # the ghosts dropped by the repair
+    start = len(proxy.requests)
+    member.read_all()
+    assert asked(proxy, start) == ["GET index"]
+
+
+def test_an_index_that_is_not_ours_is_replaced_in_a_fleet_without_records(
+    reader: Callable[[Beat], S3DesiredStates], proxy: FaultProxy, direct: Any, bucket: str
+) -> None:
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/{INDEX_NAME}", Body=b"garbage")
+    member = reader(Beat())
+    assert member.read_all() == {}
+    assert index_of(direct, bucket) == {}
+    start = len(proxy.requests)
+    member.read_all()
+    assert asked(proxy, start) == ["GET index"]  # no listing at every read

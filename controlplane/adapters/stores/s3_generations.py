@@ -10,8 +10,8 @@ this reader holds.
 The index is a hint, never the truth: the records are. Hence:
 
 * It is written *after* a record (:meth:`GenerationsIndex.record`, by the member whose swap
-  won, with the ETag the store gave the record): a reader may see a record newer than the
-  index says, never an index naming a version that was not written.
+  won, with the ETag the store gave the record and its generation): a reader may see a record
+  newer than the index says, never an index naming a version that was not written.
 * A write reads the index, sets the entries it brings, and puts it back with ``If-Match`` (or
   ``If-None-Match: *``); a lost race reads and merges again, a few times, then gives up and
   leaves it to the next repair. A record deleted and written again from generation 1 (what the
@@ -19,7 +19,10 @@ The index is a hint, never the truth: the records are. Hence:
 * A member that dies between its record and the index, a record written by hand, an index
   deleted or garbled by hand, the index write of an older swap landing after a newer one's:
   the reader's safety net, a listing of every record every ``store.full_scan_seconds``,
-  finds the difference and sets the index right (a repair), so every member then sees it.
+  finds the difference and repairs the index (:meth:`GenerationsIndex.repair`). A repair
+  only changes an entry that is still what the reader saw before it listed, or that names an
+  older generation than the one listed, so a swap that lands while it lists is never undone;
+  and it drops the entries of records the listing did not find, under the same rule.
 
 Nothing read here can stop a member: an index that is not ours is reported once per version of
 it (logged), and the reader lists the records instead, as before there was an index.
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import botocore.exceptions  # type: ignore[import-untyped]
@@ -55,6 +58,9 @@ class Unchanged:
 UNCHANGED = Unchanged()
 
 
+Entry = tuple[str, int]  # a record's ETag and its generation
+
+
 class GenerationsIndex:
     """The index of the store ``store`` (``<base>_controlplane/generations.json``)."""
 
@@ -74,10 +80,10 @@ class GenerationsIndex:
         """Read it whole at the next :meth:`changed` (after a listing replaced what it said)."""
         self._etag = None
 
-    def changed(self) -> dict[str, str] | Unchanged | None:
-        """The records' ETags by model when the index changed since the last call (or at the
-        first), :data:`UNCHANGED` when it did not (a 304), None when there is no index this
-        reader can use (absent, or not ours: then listed instead)."""
+    def changed(self) -> dict[str, Entry] | Unchanged | None:
+        """The records' entries by model when the index changed since the last call (or at
+        the first), :data:`UNCHANGED` when it did not (a 304 to a conditional GET), None when
+        there is no index this reader can use (absent, or not ours: then listed instead)."""
         etag = self._etag
 
         def get() -> tuple[bytes, str] | Unchanged | None:
@@ -85,7 +91,7 @@ class GenerationsIndex:
             try:
                 response = self._client.get_object(Bucket=self._bucket, Key=self.key, **condition)
             except botocore.exceptions.ClientError as exc:
-                if _not_modified(exc):
+                if _not_modified(exc) and etag is not None:
                     return UNCHANGED
                 if _code(exc) in ("NoSuchKey", "404"):
                     return None
@@ -119,15 +125,36 @@ class GenerationsIndex:
             return None
         return versions
 
-    def record(self, versions: Mapping[str, str]) -> bool:
-        """Set each model's entry to the record's ETag in ``versions`` (a swap that won, or a
-        listing that found the index wrong); True when the index holds them now. Best
-        effort: a store that keeps refusing leaves it to the next repair, and an index that
-        is not ours is replaced."""
+    def record(self, entries: Mapping[str, Entry]) -> bool:
+        """Set each model's entry (a swap that won: what it wrote is the newest record);
+        True when the index holds them now. Best effort: a store that keeps refusing leaves
+        it to the next repair, and an index that is not ours is replaced."""
+        return self._merge(lambda current: {**current, **entries})
+
+    def repair(self, listed: Mapping[str, Entry], seen: Mapping[str, Entry]) -> bool:
+        """Make the index say what a listing found (``listed``), where the index still says
+        what this reader saw of it before listing (``seen``) or an older generation: an
+        entry a swap set meanwhile is kept, and so is one whose record the listing missed
+        because it was written after."""
+
+        def repaired(current: dict[str, Entry]) -> dict[str, Entry]:
+            merged = dict(current)
+            for model, entry in listed.items():
+                now = current.get(model)
+                if now is None or now == seen.get(model) or now[1] < entry[1]:
+                    merged[model] = entry
+            for model, entry in current.items():
+                if model not in listed and seen.get(model) == entry:
+                    del merged[model]  # its record is gone (deleted, or never there)
+            return merged
+
+        return self._merge(repaired)
+
+    def _merge(self, change: Callable[[dict[str, Entry]], dict[str, Entry]]) -> bool:
         for _ in range(WRITE_TRIES):
-            current, etag = self._read_for_write()
-            merged = {**current, **versions}
-            if etag is not None and merged == current:
+            current, etag, ours = self._read_for_write()
+            merged = change(current)
+            if etag is not None and ours and merged == current:
                 return True
             condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
             if self._put(encode_index(merged), condition):
@@ -140,7 +167,9 @@ class GenerationsIndex:
         )
         return False
 
-    def _read_for_write(self) -> tuple[dict[str, str], str | None]:
+    def _read_for_write(self) -> tuple[dict[str, Entry], str | None, bool]:
+        """The index as it is (empty when absent or not ours), its ETag, and whether it is
+        ours (one that is not is written over even when nothing else changes)."""
         def get() -> tuple[bytes, str] | None:
             try:
                 response = self._client.get_object(Bucket=self._bucket, Key=self.key)
@@ -159,10 +188,12 @@ class GenerationsIndex:
         except ReleaseNotFound:
             found = None
         if found is None:
-            return {}, None
+            return {}, None, True
         data, etag = found
         parsed = parse_index(data)
-        return ({} if isinstance(parsed, str) else parsed), etag
+        if isinstance(parsed, str):
+            return {}, etag, False
+        return parsed, etag, True
 
     def _put(self, body: bytes, condition: dict[str, str]) -> bool:
         """Whether the conditional write landed (False: another writer's came first)."""
@@ -187,13 +218,14 @@ class GenerationsIndex:
         return landed
 
 
-def encode_index(versions: Mapping[str, str]) -> bytes:
-    document = {"schema": SCHEMA, "models": dict(sorted(versions.items()))}
+def encode_index(entries: Mapping[str, Entry]) -> bytes:
+    models = {m: {"etag": etag, "generation": g} for m, (etag, g) in sorted(entries.items())}
+    document = {"schema": SCHEMA, "models": models}
     return (json.dumps(document, indent=1) + "\n").encode()
 
 
-def parse_index(data: bytes) -> dict[str, str] | str:
-    """The records' ETags by model, or why the bytes are no index this version reads."""
+def parse_index(data: bytes) -> dict[str, Entry] | str:
+    """The records' entries by model, or why the bytes are no index this version reads."""
     if len(data) > MAX_INDEX_BYTES:
         return f"more than {MAX_INDEX_BYTES} bytes"
     try:
@@ -205,16 +237,20 @@ def parse_index(data: bytes) -> dict[str, str] | str:
     models = document.get("models")
     if not isinstance(models, dict):
         return "no 'models' object"
-    versions: dict[str, str] = {}
-    for model, version in models.items():
+    entries: dict[str, Entry] = {}
+    for model, entry in models.items():
         try:
             validate_model_name(model)
         except InvalidName:
             return f"{str(model)[:80]!r} is no model's name"
-        if not isinstance(version, str) or not 0 < len(version) <= MAX_ETAG:
-            return f"the entry of {model!r} is no ETag"
-        versions[model] = version
-    return versions
+        etag = entry.get("etag") if isinstance(entry, dict) else None
+        generation = entry.get("generation") if isinstance(entry, dict) else None
+        if not isinstance(etag, str) or not 0 < len(etag) <= MAX_ETAG:
+            return f"the entry of {model!r} has no ETag"
+        if type(generation) is not int or not 0 < generation < 2**63:
+            return f"the entry of {model!r} has no positive generation"
+        entries[model] = (etag, generation)
+    return entries
 
 
 def _refuse_constant(constant: str) -> float:
