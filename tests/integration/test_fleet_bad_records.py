@@ -173,13 +173,18 @@ def _started(
             **(env or {}),
         },
     )
-    assert daemon.deploy(kept, "r0").status_code == 200
-    rig = Rig(store, daemon, triton, kept, other, backup=b"")
-    rig.backup = store.get(rig.desired_key)  # generation 1: it served r0
-    for model, release in ((kept, "r1"), (other, f"o{next(rig.releases)}")):
-        answer = daemon.deploy(model, release)
+    try:
+        answer = daemon.deploy(kept, "r0")
         assert answer.status_code == 200, answer.text
-    assert rig.desired()["generation"] == 2
+        rig = Rig(store, daemon, triton, kept, other, backup=b"")
+        rig.backup = store.get(rig.desired_key)  # generation 1: it served r0
+        for model, release in ((kept, "r1"), (other, f"o{next(rig.releases)}")):
+            answer = daemon.deploy(model, release)
+            assert answer.status_code == 200, answer.text
+        assert rig.desired()["generation"] == 2
+    except BaseException:
+        daemon.stop()  # not the fixture's yet: it would outlive the session
+        raise
     return rig
 
 
