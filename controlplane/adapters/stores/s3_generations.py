@@ -170,6 +170,7 @@ class GenerationsIndex:
     def _read_for_write(self) -> tuple[dict[str, Entry], str | None, bool]:
         """The index as it is (empty when absent or not ours), its ETag, and whether it is
         ours (one that is not is written over even when nothing else changes)."""
+
         def get() -> tuple[bytes, str] | None:
             try:
                 response = self._client.get_object(Bucket=self._bucket, Key=self.key)
