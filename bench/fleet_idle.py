@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -123,7 +124,9 @@ class Measured:
     s3: dict[str, list[Counter[str]]] = field(default_factory=dict)  # setup name -> windows
     queue: dict[str, list[int]] = field(default_factory=dict)  # SQS and SNS, per window
     machine: str = ""
+    idle_since: datetime | None = None  # the settle's start: every member serving
     problems: Counter[str] = field(default_factory=Counter)  # the daemons' warnings, errors
+    idle_problems: Counter[str] = field(default_factory=Counter)  # of which since idle_since
 
 
 # --- the members ---------------------------------------------------------------------------
@@ -218,9 +221,9 @@ class Running:
 
 
 @contextlib.contextmanager
-def running(root: Path, problems: Counter[str]) -> Iterator[Running]:
+def running(root: Path, measured: Measured) -> Iterator[Running]:
     """Every setup's member running and serving until the block ends; then everything it
-    started stopped, and the daemons' warnings and errors added to ``problems``."""
+    started stopped, and the daemons' warnings and errors noted in ``measured``."""
     built = root / "releases"
     for n in range(max(MODELS)):
         write_scale_release(built, f"m{n:02d}", "r1", k=1.0)
@@ -239,7 +242,7 @@ def running(root: Path, problems: Counter[str]) -> Iterator[Running]:
             proxies[setup.name] = CountingProxy(endpoint)
             stack.enter_context(proxies[setup.name])
         # Runs once the daemons stopped (callbacks run last first): their logs are complete.
-        stack.callback(lambda: problems.update(log_problems(started)))
+        stack.callback(lambda: note_problems(measured, started))
         stack.callback(lambda: stop_all([m.api for m in started], Daemon.stop))
         for setup in SETUPS:
             publish(s3, setup.name, built, setup.models)
@@ -265,9 +268,17 @@ def running(root: Path, problems: Counter[str]) -> Iterator[Running]:
         yield Running(started, proxies, machine(started[0].triton))
 
 
+def note_problems(measured: Measured, started: Sequence[Member]) -> None:
+    """The daemons' warnings and errors: all of them, and those once every member served."""
+    measured.problems = log_problems(started)
+    if measured.idle_since is not None:
+        measured.idle_problems = log_problems(started, since=measured.idle_since)
+
+
 def count_windows(measured: Measured, fleet: Running, args: argparse.Namespace) -> None:
     """Sleep through the settle and the windows (checking that every daemon lives), then put
     each proxy's requests down to their kind, window by window."""
+    measured.idle_since = datetime.now(UTC)
     begin = time.perf_counter() + args.settle
     edges = [begin + i * args.window for i in range(args.windows + 1)]
     while (now := time.perf_counter()) < edges[-1]:
@@ -329,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measured = Measured(
             SETUPS, args.window, BASELINE, SERVED, BEFORE_DEFAULTS, after_defaults()
         )
-        with running(root, measured.problems) as fleet:
+        with running(root, measured) as fleet:
             measured.machine = fleet.machine
             count_windows(measured, fleet, args)
     measured.machine += (

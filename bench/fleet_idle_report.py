@@ -187,29 +187,47 @@ def verdict(measured: Measured) -> str:
                 f"against {target:.2f}, {total - target:+.2f}: {listings:.2f} release "
                 "listings per poll)"
             )
+    passes = ", ".join(
+        f"{rates(measured, s).get('releases LIST', 0.0) / (s.models + 1):.2f} with "
+        f"{s.models} model{'s' if s.models > 1 else ''}"
+        for s in setups
+        if s.code == "before"
+    )
+    before = measured.before_defaults["poll"]
     return (
         f"Result: with the fan-out at most {FAN_OUT_MAX:g} S3 requests per member per minute: "
         + ", ".join(fan)
         + ". Without notifications, at most the keepalive plus one listing per model per poll "
         f"(and the models' listing and the index GET per poll), {NEAR:g} a minute allowed for "
-        "the slower cadences: " + ", ".join(poll) + "."
+        "the slower cadences: " + ", ".join(poll) + ". "
+        f"Passes a minute of the code before: {passes} ({60 / before:g} at most: "
+        f"it waits {before:g} s after each pass, whose listings run one after the other, so a "
+        "slow pass on a loaded host means fewer passes): its counts are a floor, and the "
+        "ratios after / before err high."
     )
 
 
 def print_summary(measured: Measured) -> None:
     print(f"\n{measured.machine}\n")
-    for message, n in measured.problems.most_common():
-        print(f"daemon log: {n} x {message}")
-    print(f"{verdict(measured)}\n")
+    print(f"{verdict(measured)} {logged(measured)}\n")
     print(requests_table(measured))
     print(f"\n{cost_table(measured)}\n\n{others_note(measured)}")
 
 
-def logged(problems: Counter[str]) -> str:
+def listed(problems: Counter[str]) -> str:
     if not problems:
-        return "Daemon warnings and errors logged: none."
-    found = "; ".join(f"{n} x `{message}`" for message, n in problems.most_common(8))
-    return f"Daemon warnings and errors logged: {found}."
+        return "none"
+    return "; ".join(f"{n} x `{message}`" for message, n in problems.most_common(8))
+
+
+def logged(measured: Measured) -> str:
+    """The daemons' warnings and errors, those logged while idle apart from the start's."""
+    start = measured.problems - measured.idle_problems
+    return (
+        f"Daemon warnings and errors logged once every member served: "
+        f"{listed(measured.idle_problems)}; before (the start of six Tritons and daemons, "
+        f"deploys): {listed(start)}."
+    )
 
 
 def section(args: argparse.Namespace, measured: Measured) -> str:
@@ -278,7 +296,7 @@ S3) is kept as the record of the cost before issue 23.
   a minute), within {NEAR:g} a minute (what the target leaves out: the name check, the full
   scan's listing and GET, the look for departed members, about 0.6 a minute).
 
-{verdict(measured)} {logged(measured.problems)}
+{verdict(measured)} {logged(measured)}
 
 {requests_table(measured)}
 
