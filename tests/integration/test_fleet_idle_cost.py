@@ -23,17 +23,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import pytest
 
 from devtools.launcher import RunningTriton
-from tests.support.fault_proxy import FaultProxy, SeenRequest
+from tests.support.fault_proxy import FaultProxy
 from tests.support.fleet import Member, running_fleet
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually
 from tests.support.s3 import aws_env, notify_topic, sns_client, sqs_client, upload_release_dir
 from tests.support.s3_fixtures import moto_endpoint, s3_bucket  # noqa: F401
+from tests.support.s3_kinds import kind_of
 from tests.support.triton_pool import unique_model
 
 pytestmark = pytest.mark.triton
@@ -66,26 +66,6 @@ class Idle:
         }
         per_second = sum(n / WINDOW * cadence[kind] for kind, n in self.counts.items())
         return per_second * 60 + 60 / FORGET_EVERY
-
-
-def kind_of(request: SeenRequest, bucket: str) -> str | None:
-    """What an S3 request is for; None for SQS and SNS."""
-    if not request.path.startswith(f"/{bucket}"):
-        return None
-    if "list-type=2" in request.query:
-        prefix = parse_qs(request.query).get("prefix", [""])[0]
-        if "/_controlplane/desired/" in prefix:
-            return "desired LIST"
-        if "/_controlplane/members/" in prefix:
-            return "members LIST"
-        return "releases LIST"
-    if request.method == "PUT" and "/_controlplane/members/" in request.path:
-        return "beat PUT"
-    if request.method == "GET" and request.path.endswith("/_controlplane/generations.json"):
-        return "index GET"
-    if request.method == "GET" and "/_controlplane/members/" in request.path:
-        return "name check GET"  # its own beat, read every 6 keepalives before writing
-    return f"{request.method} {request.path.partition(PREFIX)[2] or request.path}"
 
 
 @pytest.fixture
