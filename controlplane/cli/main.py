@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import fleet, history, operations, status
+from controlplane.cli import fleet, history, operations, release, status
 from controlplane.cli.client import API_VERSION
 from controlplane.cli.output import EXIT_USAGE
 from controlplane.settings import settings_help
@@ -138,6 +138,7 @@ app.command()(status.status)
 app.command()(fleet.fleet)
 app.command()(history.operations)
 app.command()(history.history)
+app.add_typer(release.app, name="release")
 
 
 def main() -> None:
