@@ -16,10 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
-from controlplane.cli.options import OutputOption, model_name
+from controlplane.cli.options import OutputOption
 from controlplane.cli.output import EXIT_FAILED, EXIT_USAGE, Format, Out
 from controlplane.domain.errors import ControlPlaneError, InvalidName, InvalidRequest
-from controlplane.domain.names import validate_release_name
 
 app = typer.Typer(
     help="Check a release dir as a deploy would, offline, and publish it to a store.",
@@ -37,15 +36,6 @@ DirArgument = Annotated[
 ]
 
 
-def _release_name(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return validate_release_name(value)
-    except InvalidName as exc:
-        raise typer.BadParameter(str(exc)) from exc
-
-
 @app.command("check")
 def check(
     path: DirArgument,
@@ -54,7 +44,6 @@ def check(
         typer.Option(
             "--model",
             help="The model it will be published as: its name is checked too.",
-            callback=model_name,
         ),
     ] = None,
     release: Annotated[
@@ -62,7 +51,6 @@ def check(
         typer.Option(
             "--release",
             help="The release name it will be published as: checked too.",
-            callback=_release_name,
         ),
     ] = None,
     output: OutputOption = Format.TABLE,
@@ -208,7 +196,7 @@ async def _check(path: Path, model: str | None, release: str | None) -> Any:
 def _run(out: Out, work: Any) -> Any:
     try:
         return asyncio.run(work)
-    except InvalidRequest as exc:
+    except (InvalidRequest, InvalidName) as exc:  # bad usage: nothing was read or written
         raise _usage(exc.code, exc.message) from None
     except ControlPlaneError as exc:
         body = {"details": exc.details} if exc.details else None

@@ -24,6 +24,7 @@ from tests.support.inference import infer_once
 from tests.support.models import corrupt_file, write_scale_release, write_sha256sums
 from tests.support.s3 import aws_env
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
+from tests.support.signing import make_key
 
 pytestmark = pytest.mark.triton
 PREFIX = "models"
@@ -120,7 +121,7 @@ def test_release_check_refuses_what_a_deploy_refuses_with_the_same_code_and_mess
     store = tmp_path / "store"
     good = write_scale_release(store, model_name, "good", k=2.0)
     assert controlplane("release", "check", str(good)).returncode == 0
-    for number, (name, breakage) in enumerate(BREAKAGES.items()):
+    for number, breakage in enumerate(BREAKAGES.values()):
         breakage(write_scale_release(store, model_name, f"r{number}", k=2.0))
     daemon = daemons(store)
 
@@ -146,6 +147,7 @@ def test_release_check_refuses_a_name_a_deploy_refuses(
     daemons: DaemonFactory, tmp_path: Path, triton: RunningTriton
 ) -> None:
     build = write_scale_release(tmp_path / "build", "m", "r1", k=1.0, checksums=False)
+    (tmp_path / "store").mkdir()
     daemon = daemons(tmp_path / "store")
 
     checked = controlplane("release", "check", str(build), "--release", "r.._1", "-o", "json")
@@ -163,17 +165,23 @@ def test_release_check_refuses_a_name_a_deploy_refuses(
 def test_a_release_published_to_a_directory_store_deploys_and_serves(
     daemons: DaemonFactory, tmp_path: Path, model_name: str, triton: RunningTriton
 ) -> None:
-    store = tmp_path / "store"
+    """Signed with --sign, verified by a member that requires signatures."""
+    store, keyring = tmp_path / "store", tmp_path / "ring"
     store.mkdir()
-    daemon = daemons(store)
+    key = make_key(tmp_path / "keys", "ci-key", "p256")
+    key.public_pem(keyring / "ci-key.pem")
+    daemon = daemons(store, config=f"store:\n  require_signature: true\n  keyring: {keyring}\n")
     build = write_scale_release(tmp_path / "build", "any", "thing", k=3.0, checksums=False)
+    where = f"{store}/{model_name}/r1"
 
-    published = controlplane("release", "publish", str(build), f"{store}/{model_name}/r1")
+    published = controlplane("release", "publish", str(build), where, "--sign", str(key.private))
 
     assert published.returncode == 0, published.stderr
-    assert daemon.deploy(model_name, "r1").status_code == 200
+    deployed = daemon.deploy(model_name, "r1")
+    assert deployed.status_code == 200, deployed.text
+    assert deployed.json()["operation"]["detail"]["signer"] == "ci-key"
     assert serves(triton, model_name, 3.0)
-    again = controlplane("release", "publish", str(build), f"{store}/{model_name}/r1")
+    again = controlplane("release", "publish", str(build), where, "--sign", str(key.private))
     assert again.returncode == EXIT_FAILED
     assert "error: release_exists: release 'r1' of model" in again.stderr
 
@@ -190,7 +198,7 @@ def test_a_release_published_to_s3_in_parts_deploys_and_serves(
     s3_bucket: tuple[Any, str],  # noqa: F811
     fault_proxy: FaultProxy,  # noqa: F811
 ) -> None:
-    client, bucket = s3_bucket
+    _client, bucket = s3_bucket
     daemon = _s3_daemon(daemons, tmp_path, fault_proxy.endpoint, bucket)
     build = write_scale_release(tmp_path / "build", "any", "thing", k=4.0, checksums=False)
     (build / "1" / "weights.bin").write_bytes(os.urandom(11 * MIB))
@@ -229,8 +237,8 @@ def test_an_upload_cut_in_the_middle_leaves_no_marker_and_a_rerun_completes_it(
     build = write_scale_release(tmp_path / "build", "any", "thing", k=5.0, checksums=False)
     where = f"s3://{bucket}/{PREFIX}/{model_name}/r1"
     env = aws_env(fault_proxy.endpoint)
-    # config.pbtxt goes up first (files in order of their paths: 1/model.py, config.pbtxt
-    # would sort the other way), so the cut is between two files: one is there, one is not.
+    # Files go up in the order of their paths (1/model.py, then config.pbtxt): the cut is
+    # between the two, one is there, the other is not.
     fault_proxy.fail_always("drop", "/config.pbtxt", method="PUT")
 
     cut = controlplane("release", "publish", str(build), where, "--retry-seconds", "1", env=env)
