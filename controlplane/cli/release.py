@@ -11,14 +11,21 @@ signature).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from controlplane.cli.options import OutputOption
 from controlplane.cli.output import EXIT_FAILED, EXIT_USAGE, Format, Out
 from controlplane.domain.errors import ControlPlaneError, InvalidName, InvalidRequest
+
+if TYPE_CHECKING:
+    from controlplane.services.publish import PublishedRelease
+    from controlplane.services.release_check import CheckedRelease
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="Check a release dir as a deploy would, offline, and publish it to a store.",
@@ -133,7 +140,7 @@ def publish(
     except ControlPlaneError as exc:
         raise _usage(exc.code, exc.message) from None
 
-    async def run() -> Any:
+    async def run() -> PublishedRelease:
         from controlplane.services.publish import publish_release
 
         release = await asyncio.to_thread(
@@ -146,7 +153,7 @@ def publish(
             multipart_threshold=multipart_threshold,
         )
 
-        async def check_first() -> Any:
+        async def check_first() -> CheckedRelease:
             async with publishing.release_check(
                 path, where.model, where.release, manifest=publishing.shown_manifest(release)
             ) as (checker, model, name):
@@ -181,7 +188,7 @@ def publish(
     )
 
 
-async def _check(path: Path, model: str | None, release: str | None) -> Any:
+async def _check(path: Path, model: str | None, release: str | None) -> CheckedRelease:
     from controlplane.wiring import publishing
 
     publish_as = publishing.release_to_publish(
@@ -193,7 +200,7 @@ async def _check(path: Path, model: str | None, release: str | None) -> Any:
         return await checker.run(named_model, named_release)
 
 
-def _run(out: Out, work: Any) -> Any:
+def _run(out: Out, work: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(work)
     except (InvalidRequest, InvalidName) as exc:  # bad usage: nothing was read or written
@@ -217,7 +224,7 @@ def _usage(code: str, message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
-def _checked_document(path: Path, checked: Any) -> dict[str, Any]:
+def _checked_document(path: Path, checked: CheckedRelease) -> dict[str, Any]:
     return {
         "ok": True,
         "path": str(path),
@@ -234,7 +241,7 @@ def _checked_document(path: Path, checked: Any) -> dict[str, Any]:
     }
 
 
-def _checked_lines(path: Path, checked: Any) -> list[str]:
+def _checked_lines(path: Path, checked: CheckedRelease) -> list[str]:
     lines = [f"  ok  {step.name}" for step in checked.steps]
     lines.append(
         f"ok: {path} passes every check a deploy makes before Triton ({checked.files} files, "
