@@ -60,6 +60,23 @@ def check(
             help="The release name it will be published as: checked too.",
         ),
     ] = None,
+    keyring: Annotated[
+        Path | None,
+        typer.Option(
+            "--keyring",
+            help="Check SHA256SUMS.sig as a member with this store.keyring does (a dir of "
+            "PEM public keys, or one PEM file): a signature that does not verify is refused.",
+            show_default=False,
+        ),
+    ] = None,
+    require_signature: Annotated[
+        bool,
+        typer.Option(
+            "--require-signature",
+            help="With --keyring: refuse a release without SHA256SUMS.sig (signature_missing), "
+            "as store.require_signature does.",
+        ),
+    ] = False,
     output: OutputOption = Format.TABLE,
 ) -> None:
     """Run every check a deploy makes before it needs Triton, offline: the names, SHA256SUMS
@@ -68,7 +85,7 @@ def check(
     with the deploy's own error code and message when one refuses."""
     out = Out(output)
     _need_dir(path)
-    checked = _run(out, _check(path, model, release))
+    checked = _run(out, _check(path, model, release, keyring, require_signature))
     document = {**_checked_document(path, checked), "model": model, "release": release}
     out.show(document, _checked_lines(path, checked))
 
@@ -188,14 +205,25 @@ def publish(
     )
 
 
-async def _check(path: Path, model: str | None, release: str | None) -> CheckedRelease:
+async def _check(
+    path: Path,
+    model: str | None,
+    release: str | None,
+    keyring: Path | None,
+    require_signature: bool,
+) -> CheckedRelease:
     from controlplane.wiring import publishing
 
     publish_as = publishing.release_to_publish(
         path, model or publishing.UNNAMED_MODEL, release or publishing.UNNAMED_RELEASE
     )
     async with publishing.release_check(
-        path, model, release, manifest=publishing.shown_manifest(publish_as)
+        path,
+        model,
+        release,
+        manifest=publishing.shown_manifest(publish_as),
+        keyring=keyring,
+        require_signature=require_signature,
     ) as (checker, named_model, named_release):
         return await checker.run(named_model, named_release)
 

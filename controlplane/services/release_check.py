@@ -7,7 +7,9 @@ files it lists, no symlinks, special files, absolute paths or ``..``, ``config.p
 against Triton's schema and its memory hint, a version dir, Python that compiles), from a
 store that holds just that dir (``adapters/stores/release_dir.py``), into a staging area of
 its own that is thrown away after. Then the ``check`` step's own reading of ``smoke.json``.
-So a refusal carries the code and the message a deploy of the same release would give.
+So a refusal carries the code and the message a deploy of the same release would give. Given
+a keyring (and whether a signature is required), the ``signature`` step runs first, as on a
+member with that ``store.keyring``.
 
 What needs Triton is left to the deploy: the load, the smoke inference and its answer, the
 headroom, whether a blue-green alias can front the model (it depends on the strategy of the
@@ -31,7 +33,7 @@ from controlplane.domain.operations import (
 )
 from controlplane.domain.smoke import SMOKE_NAME, parse_smoke
 from controlplane.ports import ModelConfigEditor, ModelStore, Staging
-from controlplane.services.prepare import prepare_release
+from controlplane.services.prepare import SignaturePolicy, prepare_release
 from controlplane.services.tracker import OperationTracker
 from controlplane.timing import SystemClock
 
@@ -60,6 +62,7 @@ class ReleaseCheck:
     store: ModelStore
     staging: Staging
     editor: ModelConfigEditor
+    signatures: SignaturePolicy | None = None  # a keyring: SHA256SUMS.sig checked first
 
     async def run(self, model: str, release: str) -> CheckedRelease:
         """Check ``release`` of ``model``; a refusal is the deploy's own error."""
@@ -87,6 +90,7 @@ class ReleaseCheck:
                 model=model,
                 release=release,
                 target=CHECKED_AS,
+                signatures=self.signatures,
             )
             async with tracker.step("check"):
                 smoke = prepared.path / SMOKE_NAME

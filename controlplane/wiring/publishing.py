@@ -17,11 +17,13 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
+from controlplane.adapters.keyring import Keyring
 from controlplane.adapters.release_signers import ShippedSignature, StatementSigner
 from controlplane.adapters.release_tree import digests
 from controlplane.adapters.staging.fs import StagingArea
@@ -32,6 +34,7 @@ from controlplane.domain.checksums import MANIFEST_NAME, SIGNATURE_NAME, render_
 from controlplane.domain.errors import InvalidRequest
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.ports import ReleaseSigner, ReleaseTarget, ReleaseToPublish
+from controlplane.services.prepare import SignaturePolicy
 from controlplane.services.release_check import ReleaseCheck
 from controlplane.settings.places import StoreSettings
 
@@ -108,18 +111,37 @@ def ships_signature(path: Path) -> bool:
 
 @asynccontextmanager
 async def release_check(
-    path: Path, model: str | None, release: str | None, *, manifest: bytes | None
+    path: Path,
+    model: str | None,
+    release: str | None,
+    *,
+    manifest: bytes | None,
+    keyring: Path | None = None,
+    require_signature: bool = False,
 ) -> AsyncIterator[tuple[ReleaseCheck, str, str]]:
     """A check of the release dir ``path`` (named ``model``/``release`` when given), with
-    ``manifest`` as its ``SHA256SUMS`` when the dir has none; the staging area it uses lives
-    in a temp dir, deleted after."""
+    ``manifest`` as its ``SHA256SUMS`` when the dir has none, and its signature checked as
+    a member with ``keyring`` (a dir of PEM files or one file, as ``store.keyring``) checks
+    it; the staging area it uses lives in a temp dir, deleted after."""
+    if require_signature and keyring is None:
+        raise InvalidRequest(
+            "--require-signature needs --keyring: the public keys a signature is checked with"
+        )
+    signatures = None
+    if keyring is not None:
+        signatures = SignaturePolicy(
+            verifier=Keyring([keyring], now=lambda: datetime.now(UTC)),
+            required=lambda _model: require_signature,
+        )
     named_model = UNNAMED_MODEL if model is None else model
     named_release = UNNAMED_RELEASE if release is None else release
     store = ReleaseDirStore(path, named_model, named_release, manifest=manifest)
     with tempfile.TemporaryDirectory(prefix="controlplane-check-") as work:
         staging = StagingArea(Path(work) / "repository", Path(work) / "staging")
         staging.staging.mkdir()
-        check = ReleaseCheck(store=store, staging=staging, editor=ProtobufConfigEditor())
+        check = ReleaseCheck(
+            store=store, staging=staging, editor=ProtobufConfigEditor(), signatures=signatures
+        )
         yield check, named_model, named_release
 
 

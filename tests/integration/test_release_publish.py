@@ -143,6 +143,52 @@ def test_release_check_refuses_what_a_deploy_refuses_with_the_same_code_and_mess
     assert serves(triton, model_name, 2.0)  # every refusal left nothing behind
 
 
+def test_release_check_with_a_keyring_refuses_signatures_as_a_member_does(
+    daemons: DaemonFactory, tmp_path: Path, model_name: str, triton: RunningTriton
+) -> None:
+    store, keyring = tmp_path / "store", tmp_path / "ring"
+    trusted = make_key(tmp_path / "keys", "trusted")
+    stranger = make_key(tmp_path / "keys", "stranger")
+    trusted.public_pem(keyring / "trusted.pem")
+    retired = make_key(tmp_path / "keys", "retired")
+    retired.public_pem(keyring / "retired" / "retired.pem")
+    cases: dict[str, Callable[[Path], object]] = {
+        "signature_missing": lambda sums: None,
+        "signature_invalid": lambda sums: stranger.sign(sums, model_name, "signature_invalid"),
+        "signature_unbound": lambda sums: trusted.sign_unbound(sums),
+        "unknown_signer": lambda sums: retired.sign(sums, model_name, "unknown_signer"),
+    }
+    for code, sign in cases.items():
+        sign(write_scale_release(store, model_name, code, k=1.0) / "SHA256SUMS")
+    signed = write_scale_release(store, model_name, "good", k=6.0)
+    trusted.sign(signed / "SHA256SUMS", model_name, "good")
+    daemon = daemons(store, config=f"store:\n  require_signature: true\n  keyring: {keyring}\n")
+
+    for code in cases:
+        checked = controlplane(
+            "release", "check", str(store / model_name / code), "--model", model_name,
+            "--release", code, "--keyring", str(keyring), "--require-signature", "-o", "json",
+        )  # fmt: skip
+        deployed = daemon.deploy(model_name, code)
+
+        assert checked.returncode == EXIT_FAILED, (code, checked.stdout, checked.stderr)
+        assert document(checked)["error"] == deployed.json()["error"], code
+        assert document(checked)["error"]["code"] == code
+
+    good = controlplane(
+        "release", "check", str(signed), "--model", model_name, "--release", "good",
+        "--keyring", str(keyring), "--require-signature", "-o", "json",
+    )  # fmt: skip
+    assert good.returncode == 0, good.stdout
+    assert document(good)["steps"][0] == {
+        "name": "signature",
+        "status": "succeeded",
+        "detail": {"signed": True, "signer": "trusted"},
+    }
+    assert daemon.deploy(model_name, "good").status_code == 200
+    assert serves(triton, model_name, 6.0)
+
+
 def test_release_check_refuses_a_name_a_deploy_refuses(
     daemons: DaemonFactory, tmp_path: Path, triton: RunningTriton
 ) -> None:
