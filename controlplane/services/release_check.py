@@ -94,9 +94,10 @@ class ReleaseCheck:
             )
             async with tracker.step("check"):
                 smoke = prepared.path / SMOKE_NAME
-                if await asyncio.to_thread(smoke.is_file):
+                shipped = await asyncio.to_thread(smoke.is_file)
+                if shipped:  # read as the deploy's check step reads it
                     parse_smoke(await asyncio.to_thread(smoke.read_text, encoding="utf-8"))
-                tracker.detail(smoke=SMOKE_NAME if smoke.is_file() else "generated")
+                tracker.detail(smoke=SMOKE_NAME if shipped else "generated")
         finally:
             await asyncio.to_thread(self.staging.cleanup, operation.id)
         done = tracker.operation
