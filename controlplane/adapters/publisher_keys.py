@@ -93,3 +93,29 @@ def _kind(key: object) -> str:
         if isinstance(key, kind):
             return name
     return f"a {type(key).__name__}"
+
+
+def sign_with(path: Path, data: bytes) -> bytes:
+    """``data`` signed with the private key in the PEM file ``path``, as the openssl commands
+    of docs/signatures.md sign it: Ed25519 raw (``pkeyutl -sign -rawin``), ECDSA P-256 over
+    SHA-256 in DER (``dgst -sha256 -sign``). Any other key, or a file that holds none, is
+    :class:`KeyringError` naming the file."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as exc:
+        raise KeyringError(f"cannot read the signing key {path}: {exc.strerror or exc}") from None
+    except TypeError:
+        raise KeyringError(
+            f"{path} is an encrypted private key; give an unencrypted PEM (from a CI secret), "
+            "as openssl genpkey writes it"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise KeyringError(f"{path} is not a PEM private key ({exc})") from None
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key.sign(data)
+    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
+        return key.sign(data, ec.ECDSA(hashes.SHA256()))
+    raise KeyringError(
+        f"{path} is not an Ed25519 or ECDSA P-256 private key; a member's keyring takes only "
+        "those (openssl genpkey -algorithm ed25519)"
+    )

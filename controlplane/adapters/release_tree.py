@@ -23,7 +23,10 @@ import os
 import stat
 from pathlib import Path
 
+from controlplane.domain.checksums import FileDigest
 from controlplane.domain.errors import UnsafeRelease
+
+_CHUNK = 1024 * 1024
 
 
 def regular_files(root: Path) -> list[tuple[str, int]]:
@@ -41,6 +44,23 @@ def regular_files(root: Path) -> list[tuple[str, int]]:
             elif not stat.S_ISDIR(info.st_mode):
                 raise UnsafeRelease(f"the release holds a special file at {rel!r}")
     return sorted(found)
+
+
+def digests(root: Path, *, skip: frozenset[str] = frozenset()) -> dict[str, FileDigest]:
+    """Every regular file under ``root`` but ``skip`` (names at its top), hashed: what a
+    publisher's ``SHA256SUMS`` lists. Symlinks and special files are refused, as above."""
+    found = {}
+    for rel, _size in regular_files(root):
+        if rel in skip:
+            continue
+        sha = hashlib.sha256()
+        size = 0
+        with (root / rel).open("rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                sha.update(chunk)
+                size += len(chunk)
+        found[rel] = FileDigest(size=size, sha256=sha.hexdigest())
+    return found
 
 
 def fingerprint(root: Path, *, skip: frozenset[str]) -> dict[str, object]:

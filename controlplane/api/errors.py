@@ -41,6 +41,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "operation_in_progress": 409,
     "name_conflict": 409,
     "release_incomplete": 409,
+    "release_exists": 409,  # the CLI's release publish; no route answers it
     "no_previous_release": 409,
     "no_fallback": 409,
     "insufficient_memory": 409,

@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import apply, fleet, history, operations, status
+from controlplane.cli import apply, fleet, history, operations, release, status
 from controlplane.cli.client import API_VERSION
 from controlplane.cli.output import EXIT_USAGE
 from controlplane.settings import settings_help
@@ -140,6 +140,7 @@ app.command()(history.operations)
 app.command()(history.history)
 app.command()(apply.apply)
 app.command()(apply.diff)
+app.add_typer(release.app, name="release")
 
 
 def main() -> None:

@@ -52,6 +52,26 @@ def decode_manifest(data: bytes, where: str) -> dict[str, str]:
     return parse_manifest(text)
 
 
+def render_manifest(digests: Mapping[str, str]) -> bytes:
+    """``SHA256SUMS`` for ``digests`` (relative path -> sha256), as ``sha256sum`` writes it
+    from inside the release dir: one ``<sha256>  <path>`` line per file, sorted by path.
+
+    What a publisher writes (``controlplane release publish``); a deploy parses it with
+    :func:`decode_manifest`. A path ``sha256sum`` would have to escape (a line break or a
+    backslash in it) is refused, as every unsafe path is."""
+    lines = []
+    for rel in sorted(digests):
+        safe_relpath(rel)
+        if "\n" in rel or "\r" in rel:
+            raise UnsafeRelease(f"path {rel!r} is not allowed in a release: it has a line break")
+        if rel in (MANIFEST_NAME, SIGNATURE_NAME):
+            raise UnsafeRelease(f"{MANIFEST_NAME} does not list {rel}")
+        lines.append(f"{digests[rel].lower()}  {rel}\n")
+    if not lines:
+        raise UnsafeRelease(f"the release holds no files, so {MANIFEST_NAME} would list none")
+    return "".join(lines).encode("utf-8")
+
+
 def manifest_too_large(size: int, where: str) -> UnsafeRelease:
     return UnsafeRelease(
         f"{MANIFEST_NAME} of {where} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a "

@@ -10,6 +10,8 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── ModelNotFound          model_not_found
     │   ├── ReleaseNotFound        release_not_found
     │   ├── ReleaseIncomplete      release_incomplete
+    │   ├── ReleaseExists          release_exists    (publish: the release has its SHA256SUMS:
+    │   │                                             it is immutable)
     │   ├── ChecksumMismatch       checksum_mismatch
     │   ├── SignatureMissing       signature_missing (a signature is required, none was published)
     │   ├── SignatureInvalid       signature_invalid (no key of the keyring verifies it)
@@ -100,6 +102,13 @@ class ReleaseNotFound(PermanentError):
 
 class ReleaseIncomplete(PermanentError):
     code = "release_incomplete"
+
+
+class ReleaseExists(PermanentError):
+    """A publish found the release already committed (its ``SHA256SUMS`` is in the store):
+    a release is immutable, so publish a new one under a new name."""
+
+    code = "release_exists"
 
 
 class ChecksumMismatch(PermanentError):

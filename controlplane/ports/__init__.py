@@ -14,6 +14,7 @@ every name importable from here (``from controlplane.ports import ModelStore``):
     telemetry    Telemetry, what the use cases report for /metrics
     fleet        DesiredStates (the fleet's records in the store), DesiredStateEvents, FleetPeers
     clock        Clock
+    publishing   ReleaseTarget (where a publisher uploads a release), ReleaseSigner
 """
 
 from controlplane.ports.clock import Clock
@@ -27,6 +28,12 @@ from controlplane.ports.persistence import (
     RollbackBook,
     Serving,
     ServingRepo,
+)
+from controlplane.ports.publishing import (
+    ReleaseSigner,
+    ReleaseTarget,
+    ReleaseToPublish,
+    SideFile,
 )
 from controlplane.ports.staging import (
     CachedFiles,
@@ -88,11 +95,15 @@ __all__ = [
     "ReleaseBook",
     "ReleaseListing",
     "ReleaseMarker",
+    "ReleaseSigner",
+    "ReleaseTarget",
+    "ReleaseToPublish",
     "ResidueProbe",
     "RollbackBook",
     "Serving",
     "ServingRepo",
     "ShmSpace",
+    "SideFile",
     "SignatureVerifier",
     "Staging",
     "StoreChanges",

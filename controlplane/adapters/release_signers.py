@@ -1,0 +1,51 @@
+"""The signers of ``controlplane release publish``: one per signature scheme, each making
+one side file of the release (:class:`~controlplane.ports.ReleaseSigner`).
+
+:class:`StatementSigner` is the scheme of docs/signatures.md: ``SHA256SUMS.sig`` over the
+statement that names the model and the release followed by the bytes of ``SHA256SUMS``
+(:func:`controlplane.domain.signatures.statement`), exactly what the openssl commands there
+sign, so a member's keyring verifies it as it verifies theirs. :class:`ShippedSignature`
+uploads a ``SHA256SUMS.sig`` the release dir already holds (signed elsewhere). Another
+scheme (OpenSSF Model Signing's ``model.sig``) is one more signer beside these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controlplane.adapters.keyring import KeyringError
+from controlplane.domain.checksums import SIGNATURE_NAME
+from controlplane.domain.errors import InvalidRequest
+from controlplane.domain.signatures import MAX_SIGNATURE_BYTES, statement
+from controlplane.ports import ReleaseToPublish, SideFile
+
+
+class StatementSigner:
+    """Signs with a private key (PEM, Ed25519 or ECDSA P-256); the signer is its file's stem,
+    as a member's keyring names the public half."""
+
+    def __init__(self, key: Path) -> None:
+        self._key = key
+
+    def sign(self, release: ReleaseToPublish) -> SideFile:
+        from controlplane.adapters.publisher_keys import sign_with  # cryptography: on demand
+
+        signed = statement(release.model, release.release, release.manifest)
+        try:
+            data = sign_with(self._key, signed)
+        except KeyringError as exc:
+            raise InvalidRequest(f"--sign: {exc}") from None
+        return SideFile(SIGNATURE_NAME, data, signer=self._key.stem)
+
+
+class ShippedSignature:
+    """The ``SHA256SUMS.sig`` in the release dir, uploaded as it is."""
+
+    def sign(self, release: ReleaseToPublish) -> SideFile:
+        path = release.path / SIGNATURE_NAME
+        data = path.read_bytes()
+        if len(data) > MAX_SIGNATURE_BYTES:
+            raise InvalidRequest(
+                f"{path} is {len(data)} bytes; a signature has at most {MAX_SIGNATURE_BYTES}"
+            )
+        return SideFile(SIGNATURE_NAME, data, signer="shipped in the release dir")
