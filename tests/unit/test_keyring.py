@@ -200,7 +200,7 @@ def test_a_keyring_that_cannot_be_read_trusts_nothing_and_names_its_path(
     ("make", "said"),
     [
         (("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024"), "an RSA key"),
-        (("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"), "secp384r1"),
+        (("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-521"), "secp521r1"),
         (("genpkey", "-algorithm", "ed448"), "an Ed448 key"),
     ],
 )
