@@ -223,8 +223,9 @@ class StoreSettings(Group):
     notifications: StoreNotificationsSettings = Field(
         default_factory=StoreNotificationsSettings,
         description="S3 store only: sqs_queue_url, the URL of the SQS queue the bucket's "
-        "s3:ObjectCreated:* events of SHA256SUMS (and model.sig) keys go to, or sns_topic_arn, an SNS topic "
-        "they go to, on which each member subscribes a queue of its own (queue_name), so "
+        "s3:ObjectCreated:* events of SHA256SUMS (and model.sig) keys go to, or "
+        "sns_topic_arn, an SNS topic they go to, on which each member subscribes a queue of "
+        "its own (queue_name), so "
         "every member hears every release and change of the desired state "
         "(docs/notifications.md). A member lists a model as soon as its event arrives, rather "
         "than at the next poll. With a queue of its own (sns_topic_arn, or queue_per_member) "
