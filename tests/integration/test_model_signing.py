@@ -17,11 +17,12 @@ from devtools.launcher import RunningTriton
 from tests.integration.conftest import DaemonFactory
 from tests.integration.test_signatures import answers, operations_of, publish, watcher_saw
 from tests.support.daemon import Daemon
+from tests.support.fault_proxy import FaultProxy
 from tests.support.model_signing import EcKey, make_ca, make_ec_key
 from tests.support.models import write_scale_release, write_sha256sums
 from tests.support.polling import eventually
 from tests.support.s3 import aws_env, upload_release_dir
-from tests.support.s3_fixtures import moto_endpoint, s3_bucket  # noqa: F401
+from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
 from tests.support.signing import make_key
 
 pytestmark = pytest.mark.triton
@@ -152,7 +153,7 @@ def test_on_s3_model_sig_is_read_first_and_a_refused_release_fetches_nothing_els
     daemons: DaemonFactory,
     tmp_path: Path,
     s3_bucket: tuple[Any, str],  # noqa: F811
-    moto_endpoint: str,  # noqa: F811
+    fault_proxy: FaultProxy,  # noqa: F811
     model_name: str,
     triton: RunningTriton,
 ) -> None:
@@ -163,7 +164,7 @@ def test_on_s3_model_sig_is_read_first_and_a_refused_release_fetches_nothing_els
     daemon = daemons(
         tmp_path,
         store_uri=f"s3://{bucket}/{PREFIX}",
-        extra_env=aws_env(moto_endpoint),
+        extra_env=aws_env(fault_proxy.endpoint),  # the daemon's requests seen by the proxy
         config=f"store:\n  keyring: {ring}\n  require_signature: true\n"
         "  poll_interval_seconds: 0.5\n"
         f"models:\n  {model_name}:\n    auto_deploy: true\n",
@@ -196,7 +197,16 @@ def test_on_s3_model_sig_is_read_first_and_a_refused_release_fetches_nothing_els
     eventually(failed, 30, "the forged r2 refused")
     [op] = [op for op in operations_of(daemon, model_name) if op["release"] == "r2"]
     assert op["error"]["code"] == "signature_invalid"
-    assert [s["name"] for s in op["steps"]] == ["resolve", "signature"]  # nothing fetched
+    assert [s["name"] for s in op["steps"]] == ["resolve", "signature"]
+    # What the daemon read of r2: model.sig first, then the other markers (absent), and no
+    # listing of its files nor any file of it: the refusal cost no download.
+    base = f"/{bucket}/{PREFIX}/{model_name}/r2/"
+    seen = fault_proxy.requests
+    gets = [s.path[len(base) :] for s in seen if s.method == "GET" and s.path.startswith(base)]
+    assert gets[0] == "model.sig", gets
+    assert set(gets) == {"model.sig", "SHA256SUMS", "SHA256SUMS.sig"}, gets
+    listings = [s.query for s in seen if f"prefix={PREFIX}/{model_name}/r2/" in s.query]
+    assert listings == [], listings
     assert daemon.get(f"/v1/models/{model_name}").json()["active_release"] == "r1"
     assert answers(triton, model_name) == 1.0
     assert daemon.staging_leftovers() == []
