@@ -63,9 +63,11 @@ from controlplane.ports import (
 )
 from controlplane.services.signature_step import (
     CheckedManifest,
-    SignaturePolicy,
     check_signature,
     read_unchecked,
+)
+from controlplane.services.signature_step import (  # re-exported: callers build it with a Preparer
+    SignaturePolicy as SignaturePolicy,
 )
 from controlplane.services.tracker import OperationTracker
 

@@ -137,16 +137,37 @@ def test_model_sig_releases_deploy_with_their_signer_and_forged_ones_are_refused
     write_sha256sums(drifted)
     (drifted / "SHA256SUMS.sig").unlink()
     alpha.sign(drifted / "SHA256SUMS", model, "r10")
+
+    # Signed with model_signing after SHA256SUMS and its .sig were written: model.sig lists
+    # them too, and they must be the ones published.
+    def signed_last(release: str, k: float) -> Path:
+        release_dir = unsummed(builds, model, release, k)
+        write_sha256sums(release_dir)
+        alpha.sign(release_dir / "SHA256SUMS", model, release)
+        big.sign(release_dir)
+        return publish(release_dir, store)
+
+    signed_last("r11", 11.0)
+    response = daemon.deploy(model, "r11")
+    assert response.status_code == 200, response.text
+    assert answers(triton, model) == 11.0
+    assert not list(daemon.repository.glob(f"{model}*/SHA256SUMS.sig"))
+    resigned = signed_last("r12", 12.0)  # its SHA256SUMS.sig replaced by another key's
+    beta = make_key(private, "beta")
+    beta.public_pem(ring / "beta.pem")
+    beta.sign(resigned / "SHA256SUMS", model, "r12", out=builds / "r12.sig")
+    (builds / "r12.sig").rename(resigned / "SHA256SUMS.sig")
     for release, said in [
         ("r8", "SHA256SUMS.sig of release 'r8'"),
         ("r9", "model.sig of release 'r9' of"),
         ("r10", "SHA256SUMS and model.sig of release 'r10'"),
+        ("r12", "lists SHA256SUMS.sig with a digest its SHA256SUMS.sig does not have"),
     ]:
         refused(daemon, model, release, "signature_invalid", said)
-        assert daemon.get(f"/v1/models/{model}").json()["active_release"] == "r7"
-        assert answers(triton, model) == 7.0
+        assert daemon.get(f"/v1/models/{model}").json()["active_release"] == "r11"
+        assert answers(triton, model) == 11.0
     metrics = daemon.get("/metrics").text
-    assert 'controlplane_signature_refusals_total{code="signature_invalid"} 5.0' in metrics
+    assert 'controlplane_signature_refusals_total{code="signature_invalid"} 6.0' in metrics
 
 
 def test_on_s3_model_sig_is_read_first_and_a_refused_release_fetches_nothing_else(
