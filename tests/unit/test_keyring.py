@@ -35,7 +35,7 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path / "keyring"
 
 
-@pytest.mark.parametrize("kind", ["ed25519", "p256"])
+@pytest.mark.parametrize("kind", ["ed25519", "p256", "p384"])
 def test_a_signature_plain_openssl_wrote_names_its_key(
     tmp_path: Path, keys: Path, kind: str
 ) -> None:
