@@ -5,8 +5,10 @@ its file's stem. A PEM holds a public key (``openssl pkey -pubout``) or an X.509
 whose notBefore and notAfter bound when its key is trusted (that is how a key expires; the
 certificate's own signature is not checked: the keyring is what the operator trusts). Keys in
 the dir's ``retired/`` are known but no longer trusted, so a release they signed is named as
-such (``unknown_signer``) rather than as a bad signature. Only Ed25519 and ECDSA P-256 keys
-are accepted: a keyring with anything else is refused at start-up, naming the file.
+such (``unknown_signer``) rather than as a bad signature. Only Ed25519 and ECDSA P-256 and
+P-384 keys are accepted: a keyring with anything else is refused at start-up, naming the file.
+A dir's ``ca/`` holds CA certificates instead: the CAs whose signing certificates a
+``model.sig`` in certificate mode may carry (:mod:`.model_signature`).
 
 The keyring is read again at every verification (it is a few small files), so a key added or
 retired while the daemon runs counts at the next deploy, with no restart; a keyring that cannot
@@ -16,7 +18,9 @@ The signatures are what plain openssl writes over a release's statement (its mod
 then the bytes of ``SHA256SUMS``: :func:`~controlplane.domain.signatures.statement`): Ed25519
 from ``openssl pkeyutl -sign -rawin`` (64 raw bytes), ECDSA P-256 with SHA-256 from
 ``openssl dgst -sha256 -sign`` (DER). A signature that verifies over ``SHA256SUMS`` alone
-instead was made the old way, and is refused as such (``signature_unbound``).
+instead was made the old way, and is refused as such (``signature_unbound``). A ``model.sig``
+(OpenSSF Model Signing, :mod:`controlplane.domain.model_signing`) is checked with the same keys
+(key mode: the EC ones) or with the CAs of ``ca/`` (certificate mode).
 ``cryptography`` reads and checks them (:mod:`.publisher_keys`), imported when a keyring is
 built: a daemon without one never loads it (10 MiB of an idle daemon).
 """
@@ -30,7 +34,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from controlplane.domain.model_signing import (
+    SignedManifest,
+    judge_key,
+    parse_bundle,
+    read_manifest,
+    where_named,
+)
 from controlplane.domain.signatures import (
+    CA_DIR,
     RETIRED_DIR,
     KeyTrust,
     Trust,
@@ -43,6 +55,7 @@ from controlplane.domain.signatures import (
 )
 
 if TYPE_CHECKING:
+    from controlplane.adapters.model_signature import Certificate
     from controlplane.adapters.publisher_keys import PublicKey
 
 MAX_PEM_BYTES = 64 * 1024  # a public key or a certificate is a few hundred bytes
@@ -77,9 +90,11 @@ class Keyring:
     def __init__(self, paths: Sequence[Path], *, now: Callable[[], datetime]) -> None:
         if not paths:
             raise KeyringError("store.keyring names no dir or file")
-        from controlplane.adapters import publisher_keys  # cryptography: only with a keyring
+        # cryptography: only with a keyring
+        from controlplane.adapters import model_signature, publisher_keys
 
         self._keys = publisher_keys.PemKeys()
+        self._model_signatures = model_signature
         self._paths = tuple(paths)
         self._now = now
 
@@ -91,15 +106,16 @@ class Keyring:
         """Read every key now (start-up): the names of the trusted ones, or
         :class:`KeyringError` naming the file that cannot be used."""
         now = self._now()
-        keys = self._load()
-        return [key.name for key in keys if key.trust(now).trust is Trust.TRUSTED]
+        keys, cas = self._load()
+        trusted = [key.name for key in keys if key.trust(now).trust is Trust.TRUSTED]
+        return trusted + sorted({f"{CA_DIR}/{name}" for name, _ca in cas})
 
     def verify_release(self, model: str, release: str, manifest: bytes, signature: bytes) -> str:
         """The name of the trusted key whose ``signature`` is over ``release`` of ``model``
         with the ``SHA256SUMS`` bytes ``manifest``, or the refusal (:class:`SignatureInvalid`,
         :class:`SignatureUnbound`, :class:`UnknownSigner`) that says why not."""
         try:
-            keys = self._load()
+            keys, _cas = self._load()
         except KeyringError as exc:
             raise keyring_unreadable(self.where, str(exc)) from None
         now = self._now()
@@ -117,13 +133,36 @@ class Keyring:
             sign_again=signing_command(model, release),
         )
 
-    def _load(self) -> list[_Key]:
+    def verify_model_signature(self, model: str, release: str, bundle: bytes) -> SignedManifest:
+        """The signer and the files of ``release``'s ``model.sig`` (the bytes ``bundle``):
+        key mode tries every EC key of the keyring, certificate mode walks its chain to a CA
+        of ``ca/``; or the refusal (:class:`SignatureInvalid`, :class:`UnknownSigner`)."""
+        where = where_named(model, release)
+        parsed = parse_bundle(bundle, where)
+        try:
+            keys, cas = self._load()
+        except KeyringError as exc:
+            raise keyring_unreadable(self.where, str(exc)) from None
+        if parsed.certificates:
+            signer = self._model_signatures.certificate_signer(parsed, cas, where)
+        else:
+            now = self._now()
+            verified = [k.name for k in keys if self._model_signatures.verifies(k.key, parsed)]
+            signer = judge_key(where, [key.trust(now) for key in keys], verified)
+        return read_manifest(parsed, where, signer)
+
+    def _load(self) -> tuple[list[_Key], list[tuple[str, Certificate]]]:
         files: list[tuple[Path, bool]] = []
+        cas: list[tuple[str, Certificate]] = []
         for path in self._paths:
             if path.is_dir():
                 files += [(pem, False) for pem in _pems(path)]
                 if (path / RETIRED_DIR).is_dir():
                     files += [(pem, True) for pem in _pems(path / RETIRED_DIR)]
+                if (path / CA_DIR).is_dir():
+                    for pem in _pems(path / CA_DIR):
+                        found = self._model_signatures.read_cas(pem, _read_pem(pem))
+                        cas += [(os.path.splitext(pem.name)[0], ca) for ca in found]
             elif path.exists():
                 files.append((path, False))
             else:
@@ -137,27 +176,32 @@ class Keyring:
                     "is named by its file's stem, so rename one"
                 )
             keys[key.name] = key
-        if not keys:
+        if not keys and not cas:
             raise KeyringError(f"no *.pem file in {self.where}")
-        return list(keys.values())
+        return list(keys.values()), cas
 
     def _read(self, path: Path, retired: bool) -> _Key:
-        try:
-            with path.open("rb") as stream:
-                data = stream.read(MAX_PEM_BYTES + 1)
-        except OSError as exc:
-            raise KeyringError(f"{path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_PEM_BYTES:
-            raise KeyringError(f"{path} is larger than {MAX_PEM_BYTES} bytes: no public key is")
-        if b"PRIVATE KEY-----" in data:
-            raise KeyringError(
-                f"{path} holds a private key: the keyring takes public keys only (write the "
-                "public part with `openssl pkey -in key.pem -pubout`); the private key belongs to "
-                "the publisher alone"
-            )
+        data = _read_pem(path)
         parsed = self._keys.parse(path, data)
         name = os.path.splitext(path.name)[0]
         return _Key(name, path, parsed.key, retired, parsed.not_before, parsed.not_after)
+
+
+def _read_pem(path: Path) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(MAX_PEM_BYTES + 1)
+    except OSError as exc:
+        raise KeyringError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise KeyringError(f"{path} is larger than {MAX_PEM_BYTES} bytes: no key or CA is")
+    if b"PRIVATE KEY-----" in data:
+        raise KeyringError(
+            f"{path} holds a private key: the keyring takes public keys and certificates only "
+            "(write the public part with `openssl pkey -in key.pem -pubout`); the private key "
+            "belongs to the publisher alone"
+        )
+    return data
 
 
 def _pems(folder: Path) -> list[Path]:

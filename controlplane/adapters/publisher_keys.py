@@ -30,7 +30,8 @@ class ParsedKey:
 
 
 class PemKeys:
-    """Reads Ed25519 and ECDSA P-256 keys and checks signatures made with them."""
+    """Reads Ed25519 and ECDSA P-256 / P-384 keys and checks signatures made with them
+    (``SHA256SUMS.sig``: ECDSA over SHA-256, as ``openssl dgst -sha256`` signs)."""
 
     def parse(self, path: Path, data: bytes) -> ParsedKey:
         """The key in ``data`` (a PEM public key or certificate, read from ``path``), or
@@ -49,15 +50,17 @@ class PemKeys:
             raise KeyringError(
                 f"{path} is neither a PEM public key nor a PEM certificate ({exc})"
             ) from None
-        if isinstance(key, ec.EllipticCurvePublicKey) and not isinstance(key.curve, ec.SECP256R1):
+        if isinstance(key, ec.EllipticCurvePublicKey) and not isinstance(
+            key.curve, ec.SECP256R1 | ec.SECP384R1
+        ):
             raise KeyringError(
                 f"{path} holds an ECDSA key on curve {key.curve.name}; the keyring takes Ed25519 "
-                "and ECDSA P-256 (prime256v1) keys only"
+                "and ECDSA P-256 (prime256v1) or P-384 (secp384r1) keys only"
             )
         if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
             raise KeyringError(
-                f"{path} holds {_kind(key)} key; the keyring takes Ed25519 and ECDSA P-256 keys "
-                "only"
+                f"{path} holds {_kind(key)} key; the keyring takes Ed25519 and ECDSA P-256 or "
+                "P-384 keys only"
             )
         return ParsedKey(key, not_before, not_after)
 

@@ -117,17 +117,35 @@ class FileDigest:
     sha256: str
 
 
-def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) -> dict[str, int]:
+# Never copied with a release: signatures, read and checked before the fetch (OpenSSF Model
+# Signing's bundle: domain/model_signing.py).
+SIDE_FILES = frozenset({SIGNATURE_NAME, "model.sig"})
+
+
+def select_files(
+    manifest: Mapping[str, str] | None,
+    listed: Mapping[str, int],
+    *,
+    with_sums: bool = True,
+    named: str = MANIFEST_NAME,
+) -> dict[str, int]:
     """What a fetch copies, chosen from the store's listing (path -> size) before a byte is
     copied: the files ``manifest`` lists and ``SHA256SUMS`` itself, or, for a release without
-    a manifest, everything listed. ``SHA256SUMS.sig`` is never copied (it was read and checked
-    before, when a signature is checked at all) and is no extra file.
+    a manifest, everything listed. The signatures (``SHA256SUMS.sig``, ``model.sig``) are
+    never copied (they were read and checked before, when a signature is checked at all) and
+    are no extra files. ``with_sums`` false: ``manifest`` is a ``model.sig``'s, and the
+    release's ``SHA256SUMS`` (none, or one published since it was read) is not copied.
+    ``named``: the manifest as refusals name it.
 
     A listing with files the manifest does not list is refused (``invalid_release``, naming
     them), and so is one that lacks a file it lists (``checksum_mismatch``).
     """
     if manifest is None:
-        return {rel: size for rel, size in listed.items() if rel != SIGNATURE_NAME}
+        return {rel: size for rel, size in listed.items() if rel not in SIDE_FILES}
+    if not with_sums:
+        _refuse_missing(sorted(set(manifest) - set(listed)), named)
+        _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME} - SIDE_FILES), named)
+        return {rel: size for rel, size in listed.items() if rel in manifest}
     if MANIFEST_NAME not in listed:
         raise ReleaseChanged(
             f"{MANIFEST_NAME} is no longer in the store's listing after it was read: the release "
@@ -135,37 +153,41 @@ def select_files(manifest: Mapping[str, str] | None, listed: Mapping[str, int]) 
         )
     if listed[MANIFEST_NAME] > MAX_MANIFEST_BYTES:
         raise manifest_too_large(listed[MANIFEST_NAME], "the release")
-    _refuse_missing(sorted(set(manifest) - set(listed)))
-    _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME, SIGNATURE_NAME}))
+    _refuse_missing(sorted(set(manifest) - set(listed)), named)
+    _refuse_unlisted(sorted(set(listed) - set(manifest) - {MANIFEST_NAME} - SIDE_FILES), named)
     return {rel: size for rel, size in listed.items() if rel in manifest or rel == MANIFEST_NAME}
 
 
-def compare_manifest(expected: Mapping[str, str], fetched: Mapping[str, FileDigest]) -> None:
-    """Check the fetched files against the manifest: nothing missing, extra or different."""
+def compare_manifest(
+    expected: Mapping[str, str],
+    fetched: Mapping[str, FileDigest],
+    named: str = MANIFEST_NAME,
+) -> None:
+    """Check the fetched files against the manifest (``named``: ``SHA256SUMS`` or the
+    ``model.sig`` it came from): nothing missing, extra or different."""
     wrong = sorted(p for p in expected if p in fetched and fetched[p].sha256 != expected[p])
     if wrong:
         raise ChecksumMismatch(
-            f"{len(wrong)} file(s) do not match {MANIFEST_NAME}: {', '.join(wrong[:5])}; "
+            f"{len(wrong)} file(s) do not match {named}: {', '.join(wrong[:5])}; "
             "republish the release or fix the manifest",
             details={"files": wrong},
         )
-    _refuse_missing(sorted(set(expected) - set(fetched)))
-    _refuse_unlisted(sorted(set(fetched) - set(expected) - {MANIFEST_NAME}))
+    _refuse_missing(sorted(set(expected) - set(fetched)), named)
+    _refuse_unlisted(sorted(set(fetched) - set(expected) - {MANIFEST_NAME}), named)
 
 
-def _refuse_missing(missing: list[str]) -> None:
+def _refuse_missing(missing: list[str], named: str = MANIFEST_NAME) -> None:
     if missing:
         raise ChecksumMismatch(
-            f"{len(missing)} file(s) listed in {MANIFEST_NAME} are missing: "
-            f"{', '.join(missing[:5])}",
+            f"{len(missing)} file(s) listed in {named} are missing: {', '.join(missing[:5])}",
             details={"files": missing},
         )
 
 
-def _refuse_unlisted(extra: list[str]) -> None:
+def _refuse_unlisted(extra: list[str], named: str = MANIFEST_NAME) -> None:
     if extra:
         raise UnsafeRelease(
-            f"{len(extra)} file(s) are not listed in {MANIFEST_NAME}: {', '.join(extra[:5])}; "
+            f"{len(extra)} file(s) are not listed in {named}: {', '.join(extra[:5])}; "
             "list them or remove them from the release",
             details={"files": extra},
         )

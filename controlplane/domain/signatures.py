@@ -45,6 +45,7 @@ from controlplane.domain.errors import (
 # larger is no signature, and is not read into memory whole.
 MAX_SIGNATURE_BYTES = 4096
 RETIRED_DIR = "retired"
+CA_DIR = "ca"  # a keyring dir's CA certificates, for model.sig's certificate mode
 SIGNATURE_CODES = (
     SignatureMissing.code,
     SignatureInvalid.code,

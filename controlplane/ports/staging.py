@@ -87,9 +87,15 @@ class Staging(Protocol):
         ...
 
     def verify(
-        self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]
+        self,
+        root: Path,
+        manifest: Mapping[str, str] | None,
+        files: Mapping[str, FileDigest],
+        *,
+        named: str = "SHA256SUMS",
     ) -> None:
-        """Refuse symlinks, special files and anything the manifest does not match."""
+        """Refuse symlinks, special files and anything the manifest (as refusals name it:
+        ``SHA256SUMS`` or ``model.sig``) does not match."""
         ...
 
     def finalize(self, root: Path, marker: ReleaseMarker) -> None:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from controlplane.domain.checksums import FileDigest
 from controlplane.domain.ignored import IgnoredName
+from controlplane.domain.model_signing import SignedManifest
 from controlplane.domain.releases import ReleaseInfo
 
 
@@ -70,12 +71,13 @@ class FetchedRelease:
 
 @dataclass(frozen=True)
 class MarkerFiles:
-    """The raw bytes of a release's ``SHA256SUMS`` and ``SHA256SUMS.sig``, each None when the
-    release has none. A signature is checked over exactly these bytes, and the manifest a
-    deploy fetches by is parsed from them: what was verified is what is used."""
+    """The raw bytes of a release's ``SHA256SUMS``, ``SHA256SUMS.sig`` and ``model.sig``, each
+    None when the release has none. A signature is checked over exactly these bytes, and the
+    manifest a deploy fetches by is parsed from them: what was verified is what is used."""
 
     manifest: bytes | None
     signature: bytes | None
+    model_signature: bytes | None = None  # OpenSSF Model Signing's bundle
 
 
 class ModelStore(Protocol):
@@ -120,8 +122,8 @@ class ModelStore(Protocol):
 
     def read_marker_files(self, model: str, release: str) -> MarkerFiles:
         """The bytes of ``SHA256SUMS`` (at most its bound: a larger one is
-        :class:`UnsafeRelease`) and of ``SHA256SUMS.sig`` (at most one byte past its bound, so
-        a verifier can tell it is too long), each read once."""
+        :class:`UnsafeRelease`), of ``SHA256SUMS.sig`` and of ``model.sig`` (each at most one
+        byte past its bound, so a verifier can tell it is too long), each read once."""
         ...
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
@@ -192,6 +194,12 @@ class SignatureVerifier(Protocol):
         with these ``SHA256SUMS`` bytes (:func:`~controlplane.domain.signatures.statement`),
         or :class:`SignatureInvalid`, :class:`SignatureUnbound` or :class:`UnknownSigner`
         saying why there is none."""
+        ...
+
+    def verify_model_signature(self, model: str, release: str, bundle: bytes) -> SignedManifest:
+        """Who signed ``release``'s ``model.sig`` (the bytes ``bundle``: OpenSSF Model
+        Signing) and the files it lists, or :class:`SignatureInvalid` or
+        :class:`UnknownSigner` saying why it is not trusted."""
         ...
 
 

@@ -34,12 +34,13 @@ from controlplane.services.fleet_turns import FleetTurns
 from controlplane.services.inplace import Inplace
 from controlplane.services.memory import HeadroomPolicy, MemoryWatch
 from controlplane.services.operations import OperationClient
-from controlplane.services.prepare import Preparer, SignaturePolicy
+from controlplane.services.prepare import Preparer
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.retire import RetireTimers
 from controlplane.services.rolling import Rolling
 from controlplane.services.rotation import Rotation
 from controlplane.services.runner import ModelLocks, OperationRunner
+from controlplane.services.signature_step import SignaturePolicy
 from controlplane.services.slots import LoadSlots, SlotBook, SlotFreer
 from controlplane.services.strategy import ModelStrategy
 from controlplane.services.stress import StressCheck

@@ -22,32 +22,17 @@ The fetch runs in a worker thread with a cancel signal: when this task is cancel
 (shutdown, an operation cut short) the signal is set and the thread is waited for, so no
 thread writes into staging after the operation's dir is cleaned up.
 
-The ``signature`` step: the release's ``SHA256SUMS`` is checked against the publisher's
-signature before anything else of the release is fetched; the signature is over a statement
-that names the model and the release too (:mod:`controlplane.domain.signatures`), so a signed
-release copied under another name is refused. ``SHA256SUMS`` and
-``SHA256SUMS.sig`` are read once, as bytes; the signature is checked over exactly those bytes,
-and the manifest the fetch works from is parsed from them, so what was verified is what is
-fetched (the fetch compares the ``SHA256SUMS`` it writes with these
-bytes: one swapped in between is ``release_changed``). The rules:
-
-* a signature is required for the model (``store.require_signature`` or its own
-  ``require_signature``) and there is none: ``signature_missing``;
-* there is one and a keyring is set: it must verify, required or not (a signature that does
-  not verify is never ignored): ``signature_invalid``, ``signature_unbound`` (signed the old
-  way, over ``SHA256SUMS`` alone) or ``unknown_signer`` otherwise;
-* no signature and none required: the release deploys as it does without a keyring.
-
-A refusal right after the release was republished (a new ``.sig`` uploaded before its new
-``SHA256SUMS``) is told apart by reading both again: bytes that changed make it
-``release_changed``, retried, instead of a refusal of the release.
+The ``signature`` step (:mod:`.signature_step`) checks the release's ``SHA256SUMS.sig`` and
+its ``model.sig`` (OpenSSF Model Signing) before anything else of the release is fetched, and
+hands over the manifest the fetch works from: ``SHA256SUMS`` as read, or, for a release signed
+with Model Signing alone, the files its ``model.sig`` lists (such a release needs no
+``SHA256SUMS``; ``model.sig`` is never copied, like ``SHA256SUMS.sig``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -56,32 +41,34 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from controlplane.domain.checksums import MANIFEST_NAME, decode_manifest, select_files
+from controlplane.domain.checksums import MANIFEST_NAME, select_files
 from controlplane.domain.disk import room_for
 from controlplane.domain.errors import (
-    ControlPlaneError,
     ReleaseChanged,
     ReleaseIncomplete,
     StoreUnavailable,
 )
 from controlplane.domain.operations import Step, StepStatus
 from controlplane.domain.releases import ReleaseInfo
-from controlplane.domain.signatures import missing, release_named
 from controlplane.ports import (
     Clock,
     FetchedRelease,
-    MarkerFiles,
     ModelConfigEditor,
     ModelStore,
     ModelSummary,
     ReleaseBook,
     ReleaseListing,
     ReleaseMarker,
-    SignatureVerifier,
     Staging,
-    Telemetry,
 )
-from controlplane.services.telemetry import NO_TELEMETRY
+from controlplane.services.signature_step import (
+    CheckedManifest,
+    check_signature,
+    read_unchecked,
+)
+from controlplane.services.signature_step import (  # re-exported: callers build it with a Preparer
+    SignaturePolicy as SignaturePolicy,
+)
 from controlplane.services.tracker import OperationTracker
 
 log = logging.getLogger(__name__)
@@ -119,27 +106,31 @@ async def prepare_release(
     async with tracker.step("fetch"):
         dest = staging.release_dir(await asyncio.to_thread(staging.create, op.id))
         if checked is None:
-            checked = CheckedManifest(await _manifest_bytes(store, model, release), None)
-        manifest = None
-        if checked.manifest is not None:
-            manifest = decode_manifest(checked.manifest, f"{model}/{release}")
+            checked = await read_unchecked(store, model, release)
+        manifest = checked.files(f"{model}/{release}")
         if manifest is None and require_checksums:
-            raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS before the fetch")
+            raise ReleaseIncomplete(
+                f"release {release!r} lost its SHA256SUMS (or model.sig) before the fetch"
+            )
         fetched, plan = await _fetch(
-            tracker, store, staging, dest, model, release, manifest, max_release_bytes
+            tracker, store, staging, dest, model, release, manifest, checked, max_release_bytes
         )
 
     async with tracker.step("verify"):
-        if fetched.manifest is None and require_checksums:
+        sums = checked.manifest is not None  # else the manifest is model.sig's, or none
+        if fetched.manifest is None and require_checksums and sums:
             raise ReleaseIncomplete(f"release {release!r} lost its SHA256SUMS during fetch")
-        if manifest is not None and (
+        if sums and (
             fetched.manifest != manifest or _digest(fetched, MANIFEST_NAME) != checked.digest
         ):
             raise ReleaseChanged(
                 f"SHA256SUMS of release {release!r} changed during the download; "
                 "it will be fetched again"
             )
-        await asyncio.to_thread(staging.verify, dest, fetched.manifest, fetched.files)
+        expected = fetched.manifest if sums or manifest is None else manifest
+        await asyncio.to_thread(
+            partial(staging.verify, named=checked.named), dest, expected, fetched.files
+        )
         # Cache before the config is rewritten: the cache holds the published bytes.
         await asyncio.to_thread(staging.remember, dest, fetched.files, plan)
         summary = await asyncio.to_thread(editor.prepare, dest / "config.pbtxt", target)
@@ -157,12 +148,15 @@ async def _fetch(
     model: str,
     release: str,
     manifest: dict[str, str] | None,
+    checked: CheckedManifest,
     max_release_bytes: int | None,
 ) -> tuple[FetchedRelease, ReleaseListing]:
     """The ``fetch`` step's work: the files the manifest lists, what the cache holds linked,
     the rest fetched once the room for it is checked; the figures in the step's detail."""
     listing = await asyncio.to_thread(store.list_files, model, release)
-    plan = listing.only(select_files(manifest, listing.sizes))
+    with_sums = checked.manifest is not None or manifest is None
+    chosen = select_files(manifest, listing.sizes, with_sums=with_sums, named=checked.named)
+    plan = listing.only(chosen)
     # Cancellable: an entry this process has not hashed yet is hashed before it is linked.
     cached = await _stoppable(
         partial(staging.link_cached, dest, manifest, plan, confirm=partial(store.confirm, plan))
@@ -217,9 +211,9 @@ class Preparer:
         await book.record([info], clock.now())
         if not info.complete and self.require_checksums:
             raise ReleaseIncomplete(
-                f"release {release!r} of model {model!r} has no SHA256SUMS yet; the "
-                "publisher writes it last, so the release is still being published (or "
-                "set store.require_checksums: false to deploy releases without one)"
+                f"release {release!r} of model {model!r} has no SHA256SUMS (nor model.sig) "
+                "yet; the publisher writes it last, so the release is still being published "
+                "(or set store.require_checksums: false to deploy releases without one)"
             )
         step = Step(
             name="resolve",
@@ -255,11 +249,6 @@ class Preparer:
         )
 
 
-async def _manifest_bytes(store: ModelStore, model: str, release: str) -> bytes | None:
-    files = await asyncio.to_thread(store.read_marker_files, model, release)
-    return files.manifest
-
-
 def _digest(fetched: FetchedRelease, rel: str) -> str | None:
     found = fetched.files.get(rel)
     return None if found is None else found.sha256
@@ -281,85 +270,6 @@ async def _stoppable(call: Callable[..., T]) -> T:
             if pending:
                 log.warning("a cancelled fetch did not stop within %.0f s", CANCEL_GRACE_SECONDS)
         raise
-
-
-# --- the signature step ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SignaturePolicy:
-    """Whether each model needs a signature, and the keyring that checks them (None: no
-    ``store.keyring``; then no model needs one, which the settings guarantee)."""
-
-    verifier: SignatureVerifier | None = None
-    required: Callable[[str], bool] = lambda _model: False
-    telemetry: Telemetry = NO_TELEMETRY
-
-    def applies(self, model: str) -> bool:
-        """Whether a deploy of ``model`` has a signature step at all."""
-        return self.verifier is not None or self.required(model)
-
-
-@dataclass(frozen=True)
-class CheckedManifest:
-    """The bytes of ``SHA256SUMS`` as read (and verified, when there is a signer)."""
-
-    manifest: bytes | None
-    signer: str | None
-
-    @property
-    def digest(self) -> str | None:
-        return None if self.manifest is None else hashlib.sha256(self.manifest).hexdigest()
-
-
-async def check_signature(
-    tracker: OperationTracker,
-    *,
-    store: ModelStore,
-    policy: SignaturePolicy,
-    model: str,
-    release: str,
-) -> CheckedManifest:
-    """The ``signature`` step: read both files once, verify, record the signer."""
-    async with tracker.step("signature"):
-        files = await asyncio.to_thread(store.read_marker_files, model, release)
-        try:
-            signer = await _signer(policy, files, model, release)
-        except ControlPlaneError as exc:
-            again = await asyncio.to_thread(store.read_marker_files, model, release)
-            if again != files:
-                raise ReleaseChanged(
-                    f"SHA256SUMS or SHA256SUMS.sig of {model}/{release} changed while they "
-                    "were checked (the release is being republished); it will be checked again"
-                ) from exc
-            policy.telemetry.signature_refused(model, exc.code)
-            raise
-        tracker.detail(signed=files.signature is not None, signer=signer)
-        if signer is not None:
-            tracker.operation_detail({"signer": signer})
-    return CheckedManifest(files.manifest, signer)
-
-
-async def _signer(
-    policy: SignaturePolicy, files: MarkerFiles, model: str, release: str
-) -> str | None:
-    where = release_named(model, release)
-    if files.signature is None:
-        if policy.required(model):
-            raise missing(where)
-        return None
-    if files.manifest is None:
-        if policy.required(model):
-            raise ReleaseIncomplete(
-                f"{where} has no SHA256SUMS, and a signature over it is required: publish "
-                "SHA256SUMS.sig, then SHA256SUMS (the commit marker) last"
-            )
-        return None  # the fetch step says what it makes of a release without one
-    if policy.verifier is None:
-        return None  # no keyring (so none is required): nothing to check it with
-    return await asyncio.to_thread(
-        policy.verifier.verify_release, model, release, files.manifest, files.signature
-    )
 
 
 def store_away(where: str, exc: StoreUnavailable) -> StoreUnavailable:

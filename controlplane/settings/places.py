@@ -223,8 +223,9 @@ class StoreSettings(Group):
     notifications: StoreNotificationsSettings = Field(
         default_factory=StoreNotificationsSettings,
         description="S3 store only: sqs_queue_url, the URL of the SQS queue the bucket's "
-        "s3:ObjectCreated:* events of SHA256SUMS keys go to, or sns_topic_arn, an SNS topic "
-        "they go to, on which each member subscribes a queue of its own (queue_name), so "
+        "s3:ObjectCreated:* events of SHA256SUMS (and model.sig) keys go to, or "
+        "sns_topic_arn, an SNS topic they go to, on which each member subscribes a queue of "
+        "its own (queue_name), so "
         "every member hears every release and change of the desired state "
         "(docs/notifications.md). A member lists a model as soon as its event arrives, rather "
         "than at the next poll. With a queue of its own (sns_topic_arn, or queue_per_member) "
@@ -234,19 +235,21 @@ class StoreSettings(Group):
 
     require_signature: bool = Field(
         False,
-        description="Refuse a release without a SHA256SUMS.sig that a key of store.keyring "
-        "verifies (signature_missing); a model's own require_signature overrides it. Without "
-        "it, a release that has a .sig is still verified when a keyring is set, and refused "
-        "when the signature does not verify; an unsigned one deploys. See docs/signatures.md.",
+        description="Refuse a release without a SHA256SUMS.sig or a model.sig (OpenSSF Model "
+        "Signing) that store.keyring verifies (signature_missing); a model's own "
+        "require_signature overrides it. Without it, a release that has a signature is still "
+        "verified when a keyring is set, and refused when it does not verify; an unsigned one "
+        "deploys. See docs/signatures.md.",
     )
     keyring: Annotated[list[Path] | None, NoDecode] = Field(
         None,
         description="Publisher public keys that may sign releases: a dir of *.pem files (its "
-        "retired/ subdir holds keys no longer trusted) or a list of PEM files (JSON list in "
-        "an environment variable). Each PEM is an Ed25519 or ECDSA P-256 public key, or an "
-        "X.509 certificate whose validity bounds when its key is trusted; a key is named by "
-        "its file's stem. Read again at every deploy, so keys rotate without a restart. "
-        "Required when any signature is required.",
+        "retired/ subdir holds keys no longer trusted, its ca/ subdir the CA certificates "
+        "that model.sig signing certificates may chain to) or a list of PEM files (JSON list "
+        "in an environment variable). Each PEM is an Ed25519, ECDSA P-256 or P-384 public "
+        "key, or an X.509 certificate whose validity bounds when its key is trusted; a key "
+        "is named by its file's stem. Read again at every deploy, so keys rotate without a "
+        "restart. Required when any signature is required.",
     )
 
     @field_validator("keyring", mode="before")

@@ -157,7 +157,8 @@ class ModelPolicy(Group):
     )
     require_signature: bool | None = Field(
         None,
-        description="Refuse releases of this model without a valid SHA256SUMS.sig (true), or "
+        description="Refuse releases of this model without a valid SHA256SUMS.sig or model.sig "
+        "(true), or "
         "deploy unsigned ones (false); default: store.require_signature. A signature that is "
         "there is verified either way when store.keyring is set.",
     )

@@ -38,9 +38,9 @@ from controlplane.services.fleet_ledger import FleetLedger, Member
 from controlplane.services.fleet_turns import FleetTurns
 from controlplane.services.memory import HeadroomPolicy, LeakPolicy, MemoryWatch
 from controlplane.services.overload import OverloadWatcher
-from controlplane.services.prepare import SignaturePolicy
 from controlplane.services.rollback import AutoRollback, RollbackBudgets
 from controlplane.services.rotation import Rotation
+from controlplane.services.signature_step import SignaturePolicy
 from controlplane.services.stress import StressCheck
 from controlplane.services.tasks import TaskOwner
 from controlplane.services.watcher import ReleaseWatcher

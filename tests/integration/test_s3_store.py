@@ -841,7 +841,9 @@ def test_unsafe_keys_are_refused_before_anything_is_written(
         fetch(make_store(), "m", "v1", dest)
 
     assert list(dest.iterdir()) == []
-    assert proxy.gets("/m/v1/") == proxy.gets(f"/m/v1/{MANIFEST_NAME}")  # nothing else read
+    # Nothing read but the markers: SHA256SUMS, its .sig and model.sig (none here).
+    markers = proxy.gets(f"/m/v1/{MANIFEST_NAME}") + proxy.gets("/m/v1/model.sig")
+    assert proxy.gets("/m/v1/") == markers
 
 
 def test_a_file_that_is_also_a_dir_is_refused(
@@ -887,9 +889,9 @@ def test_a_missing_bucket_is_a_store_error_naming_it(proxy: FaultProxy, dest: Pa
         ):
             with pytest.raises(StoreError, match="no-such-bucket-here"):
                 call()
-        # Never retried: one request each, and describe's HEAD (a 404 without a body, so
-        # no bucket name) is followed by a listing, which names the bucket.
-        assert len(proxy.requests) == 6
+        # Never retried: one request each, and describe's HEADs of SHA256SUMS and model.sig
+        # (404s without a body, so no bucket name) are followed by a listing, which names it.
+        assert len(proxy.requests) == 7
     finally:
         client.close()
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-Kind = Literal["ed25519", "p256"]
+Kind = Literal["ed25519", "p256", "p384"]
 OPENSSL = shutil.which("openssl") or "openssl"
 
 
@@ -71,7 +71,8 @@ def make_key(folder: Path, name: str, kind: Kind = "ed25519") -> PublisherKey:
     if kind == "ed25519":
         openssl("genpkey", "-algorithm", "ed25519", "-out", private)
     else:
+        curve = "P-256" if kind == "p256" else "P-384"
         openssl(
-            "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", private
+            "genpkey", "-algorithm", "EC", "-pkeyopt", f"ec_paramgen_curve:{curve}", "-out", private
         )
     return PublisherKey(name, kind, private)

@@ -248,3 +248,28 @@ def test_manifest_bytes_that_are_not_utf8_are_an_invalid_release_naming_the_byte
 def test_a_listed_manifest_too_large_to_read_is_refused() -> None:
     with pytest.raises(UnsafeRelease, match="more than the 16777216 a manifest may have"):
         select_files(_manifest("a"), {"a": 1, MANIFEST_NAME: 10 * 1024**3})
+
+
+def test_a_model_sig_manifest_selects_its_files_and_leaves_the_markers() -> None:
+    """``with_sums=False``: the manifest is a model.sig's; SHA256SUMS (published since) and
+    the signatures are neither fetched nor extra files, and refusals name model.sig."""
+    listed = {"config.pbtxt": 1, "1/model.py": 2, "model.sig": 3, MANIFEST_NAME: 4}
+    chosen = select_files(
+        _manifest("config.pbtxt", "1/model.py"), listed, with_sums=False, named="model.sig"
+    )
+    assert chosen == {"config.pbtxt": 1, "1/model.py": 2}
+    assert select_files(None, listed) == {"config.pbtxt": 1, "1/model.py": 2, MANIFEST_NAME: 4}
+    with pytest.raises(UnsafeRelease, match=r"not listed in model\.sig: extra\.bin"):
+        select_files(
+            _manifest("config.pbtxt"),
+            {"config.pbtxt": 1, "extra.bin": 1},
+            with_sums=False,
+            named="model.sig",
+        )
+    with pytest.raises(ChecksumMismatch, match=r"listed in model\.sig are missing: 1/model\.py"):
+        select_files(
+            _manifest("config.pbtxt", "1/model.py"),
+            {"config.pbtxt": 1},
+            with_sums=False,
+            named="model.sig",
+        )

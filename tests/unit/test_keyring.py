@@ -35,7 +35,7 @@ def keys(tmp_path: Path) -> Path:
     return tmp_path / "keyring"
 
 
-@pytest.mark.parametrize("kind", ["ed25519", "p256"])
+@pytest.mark.parametrize("kind", ["ed25519", "p256", "p384"])
 def test_a_signature_plain_openssl_wrote_names_its_key(
     tmp_path: Path, keys: Path, kind: str
 ) -> None:
@@ -200,7 +200,7 @@ def test_a_keyring_that_cannot_be_read_trusts_nothing_and_names_its_path(
     ("make", "said"),
     [
         (("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024"), "an RSA key"),
-        (("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"), "secp384r1"),
+        (("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-521"), "secp521r1"),
         (("genpkey", "-algorithm", "ed448"), "an Ed448 key"),
     ],
 )

@@ -204,6 +204,28 @@ def test_a_manifest_dir_does_not_make_a_release_complete(store_root: Path) -> No
     assert LocalStore(store_root).list_releases("m") == [ReleaseInfo("m", "r1", False)]
 
 
+def test_a_model_sig_makes_a_release_without_sha256sums_complete_and_signed(
+    store_root: Path,
+) -> None:
+    """OpenSSF Model Signing's model.sig is the marker of a release without SHA256SUMS; its
+    revision follows model.sig's bytes, and is never a SHA256SUMS' one."""
+    root = write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG}, manifest=False)
+    (root / "model.sig").write_bytes(b"{}")
+    both = write_release(store_root, "m", "r2", {"config.pbtxt": CONFIG})
+    (both / "model.sig").write_bytes(b"{}")
+    store = LocalStore(store_root)
+
+    r1, r2 = store.list_releases("m")
+    assert (r1.complete, r1.signed) == (True, True)
+    assert str(r1.revision).startswith("model.sig:")
+    assert (r2.complete, r2.signed) == (True, True)
+    assert r2.revision is not None
+    assert not r2.revision.startswith("model.sig:")
+    (root / "model.sig").write_bytes(b'{"signed": "again"}')
+    assert store.describe("m", "r1").revision != r1.revision
+    assert store.read_marker_files("m", "r1").model_signature == b'{"signed": "again"}'
+
+
 def test_list_store_is_the_models_then_each_models_releases(store_root: Path) -> None:
     for model, release in (("resnet", "r1"), ("resnet", "r2"), ("bert10", "r1"), ("bert2", "r1")):
         write_release(store_root, model, release, {"config.pbtxt": CONFIG})

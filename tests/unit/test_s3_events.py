@@ -173,3 +173,13 @@ def test_a_queue_beside_a_directory_store_is_refused_naming_the_setting() -> Non
                 },
             }
         )
+
+
+def test_a_model_sig_is_a_marker_too() -> None:
+    """A release signed with OpenSSF Model Signing and no SHA256SUMS: model.sig, uploaded
+    last, is its marker; SHA256SUMS.sig is not one."""
+    heard = read_message(_event("prod/resnet/r1/model.sig"), bucket="models", base="prod/")
+    assert heard.models == {"resnet"}
+    assert heard.dropped == ()
+    heard = read_message(_event("prod/resnet/r1/SHA256SUMS.sig"), bucket="models", base="prod/")
+    assert heard.dropped == ((Drop.NOT_A_MARKER, "s3://models/prod/resnet/r1/SHA256SUMS.sig"),)

@@ -227,3 +227,26 @@ def test_a_store_at_the_buckets_root_skips_its_records_too() -> None:
 
     assert [r.name for r in listed["m"]] == ["r1"]
     assert [call.get("StartAfter") for call in bucket.calls] == [None, "_controlplane0"]
+
+
+def test_a_release_with_a_model_sig_and_no_sha256sums_is_complete_and_signed() -> None:
+    """OpenSSF Model Signing's model.sig is the marker of a release without SHA256SUMS (its
+    revision the model.sig's ETag, told apart from a SHA256SUMS'), and signs one with it."""
+    bucket = FakeBucket()
+    base = f"{PREFIX}/resnet"
+    for rel in ("config.pbtxt", "1/model.py", "model.sig"):
+        bucket.put(f"{base}/r1/{rel}", f"r1 {rel}".encode())
+    release(bucket, "resnet", "r2")
+    bucket.put(f"{base}/r2/model.sig", b"both")
+    bucket.put(f"{base}/r3/config.pbtxt", b"still uploading")
+    store = S3Store(f"s3://models/{PREFIX}", client=bucket)
+
+    listed, _ignored = whole(store)
+
+    assert (listed, _ignored) == model_by_model(store)
+    r1, r2, r3 = listed["resnet"]
+    etag = bucket.objects[f"{base}/r1/model.sig"].strip('"')
+    assert (r1.complete, r1.signed, r1.revision) == (True, True, f"model.sig:{etag}")
+    etag = bucket.objects[f"{base}/r2/SHA256SUMS"].strip('"')
+    assert (r2.complete, r2.signed, r2.revision) == (True, True, etag)
+    assert (r3.complete, r3.signed) == (False, False)

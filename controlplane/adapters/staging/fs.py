@@ -28,7 +28,12 @@ from pathlib import Path
 from controlplane.adapters.instance_lock import LOCK_NAME
 from controlplane.adapters.release_tree import changed, fingerprint, regular_files
 from controlplane.adapters.staging.cache import CACHE_DIR, ContentCache
-from controlplane.domain.checksums import FileDigest, compare_manifest, safe_relpath
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    FileDigest,
+    compare_manifest,
+    safe_relpath,
+)
 from controlplane.domain.errors import (
     InvalidModelConfig,
     InvalidName,
@@ -123,7 +128,12 @@ class StagingArea:
         self.cache.add(root, files, listing.files)
 
     def verify(
-        self, root: Path, manifest: Mapping[str, str] | None, files: Mapping[str, FileDigest]
+        self,
+        root: Path,
+        manifest: Mapping[str, str] | None,
+        files: Mapping[str, FileDigest],
+        *,
+        named: str = MANIFEST_NAME,
     ) -> None:
         for rel in files:
             safe_relpath(rel)
@@ -132,7 +142,7 @@ class StagingArea:
             unexpected = sorted(set(on_disk) ^ set(files))
             raise UnsafeRelease(f"staged files differ from the fetched ones: {unexpected[:5]}")
         if manifest is not None:
-            compare_manifest(manifest, files)
+            compare_manifest(manifest, files, named)
         if not (root / "config.pbtxt").is_file():
             raise InvalidModelConfig(
                 "the release has no config.pbtxt at its top level; Triton needs one"

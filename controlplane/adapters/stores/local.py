@@ -43,6 +43,7 @@ from controlplane.domain.ignored import (
     ignored_release,
     release_name_problem,
 )
+from controlplane.domain.model_signing import MAX_MODEL_SIGNATURE_BYTES, MODEL_SIGNATURE_NAME
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.signatures import MAX_SIGNATURE_BYTES
@@ -161,7 +162,8 @@ class LocalStore:
         if manifest is not None and len(manifest) > MAX_MANIFEST_BYTES:
             raise manifest_too_large((release_dir / MANIFEST_NAME).stat().st_size, where)
         signature = _read_plain(release_dir / SIGNATURE_NAME, MAX_SIGNATURE_BYTES, where)
-        return MarkerFiles(manifest=manifest, signature=signature)
+        bundle = _read_plain(release_dir / MODEL_SIGNATURE_NAME, MAX_MODEL_SIGNATURE_BYTES, where)
+        return MarkerFiles(manifest=manifest, signature=signature, model_signature=bundle)
 
     def list_files(self, model: str, release: str) -> ReleaseListing:
         source = self._source(model, release)

@@ -36,6 +36,7 @@ from controlplane.domain.checksums import MANIFEST_NAME, SIGNATURE_NAME
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
 from controlplane.domain.ignored import ignored_model
+from controlplane.domain.model_signing import MODEL_SIGNATURE_NAME
 from controlplane.domain.names import validate_model_name
 from controlplane.ports import Clock, StoreChanges
 from controlplane.timing import SystemClock
@@ -200,7 +201,8 @@ class LocalStoreEvents:
         return len(parts) <= 2 or (len(parts) == 3 and parts[2] in MARKERS)
 
 
-MARKERS = frozenset({MANIFEST_NAME, SIGNATURE_NAME})  # a release's files a listing shows
+# A release's files a listing shows
+MARKERS = frozenset({MANIFEST_NAME, SIGNATURE_NAME, MODEL_SIGNATURE_NAME})
 
 
 def _is_model(name: str) -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from controlplane.domain.checksums import MAX_MANIFEST_BYTES
+from controlplane.domain.model_signing import MODEL_SIGNATURE_NAME
 from controlplane.domain.releases import ReleaseInfo
 
 RACY_SECONDS = 2.0  # FAT's granularity; above NTFS's, ext3's and HFS+'s, and most NFS skew
@@ -71,15 +72,20 @@ class MarkerRevisions:
         self.hashed = 0  # markers read and hashed so far: what the bench and tests count
 
     def info(self, model: str, release: str, marker: str) -> ReleaseInfo:
-        """The release as its marker at path ``marker`` says now, and whether its signature
-        (``<marker>.sig``) is there: one more lstat per complete release."""
-        try:
-            found = os.lstat(marker)
-        except (FileNotFoundError, NotADirectoryError):
-            return ReleaseInfo(model, release, complete=False)
-        if not stat.S_ISREG(found.st_mode):
-            return ReleaseInfo(model, release, complete=False)
-        signed = _is_file(marker + ".sig")
+        """The release as its marker at path ``marker`` (its ``SHA256SUMS``) says now, and
+        whether it is signed (``<marker>.sig`` or a ``model.sig`` beside it): one more lstat
+        or two per complete release. A release without ``SHA256SUMS`` is complete when it has a
+        ``model.sig`` (OpenSSF Model Signing), which is then its marker."""
+        found = _regular(marker)
+        prefix = ""
+        bundle = os.path.join(os.path.dirname(marker), MODEL_SIGNATURE_NAME)
+        if found is None:
+            found = _regular(bundle)
+            if found is None:
+                return ReleaseInfo(model, release, complete=False)
+            marker, prefix, signed = bundle, f"{MODEL_SIGNATURE_NAME}:", True
+        else:
+            signed = _is_file(marker + ".sig") or _is_file(bundle)
         # Read without the lock: a dict lookup is atomic, and entries are replaced, never edited.
         seen = self._seen.get(model, _NOTHING).get(release)
         if seen is not None and seen.signature == _signature(found):
@@ -96,7 +102,7 @@ class MarkerRevisions:
         if read is None:  # gone or replaced by something else between the two looks
             return ReleaseInfo(model, release, complete=False)
         read_stat, digest = read  # the stat of the file that was read, not of the lstat
-        info = ReleaseInfo(model, release, True, revision=digest, signed=signed)
+        info = ReleaseInfo(model, release, True, revision=prefix + digest, signed=signed)
         youngest = max(read_stat.st_mtime_ns, read_stat.st_ctime_ns)
         if youngest <= (self._wall_clock() - RACY_SECONDS) * 1e9:
             with self._lock:
@@ -136,6 +142,14 @@ class MarkerRevisions:
         with self._lock:
             self.hashed += 1
         return found, hashlib.sha256(data).hexdigest()
+
+
+def _regular(path: str) -> os.stat_result | None:
+    try:
+        found = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return found if stat.S_ISREG(found.st_mode) else None
 
 
 def _is_file(path: str) -> bool:

@@ -39,6 +39,7 @@ from controlplane.domain.checksums import MANIFEST_NAME
 from controlplane.domain.errors import InvalidName
 from controlplane.domain.fleet import RESERVED_PREFIX
 from controlplane.domain.ignored import printable, release_name_problem
+from controlplane.domain.model_signing import MODEL_SIGNATURE_NAME
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.stored import kind
 
@@ -139,7 +140,7 @@ def _read_record(record: Any, *, bucket: str, base: str) -> Heard:
     if not key.startswith(base):
         return _drop(Drop.OUTSIDE_PREFIX, where)
     parts = key[len(base) :].split("/")
-    if len(parts) != 3 or parts[2] != MANIFEST_NAME:
+    if len(parts) != 3 or parts[2] not in (MANIFEST_NAME, MODEL_SIGNATURE_NAME):
         return _drop(Drop.NOT_A_MARKER, where)
     try:
         model = validate_model_name(parts[0])

@@ -1,8 +1,9 @@
 """What an S3 store holds, read without fetching a release: its models, their releases, each
-release's markers (``SHA256SUMS``, ``SHA256SUMS.sig``) and its files.
+release's markers (``SHA256SUMS``, ``SHA256SUMS.sig``, ``model.sig``) and its files.
 
 A release is every object below ``<model>/<release>/``, complete once ``SHA256SUMS`` (uploaded
-last) is there; its revision is that marker's ETag, so a release republished under the same
+last) is there, or, for a release signed with OpenSSF Model Signing and without one, its
+``model.sig``; its revision is that marker's ETag, so a release republished under the same
 name is seen as a change. Names that are no model's or release's are left out and passed to
 ``ignored``; every key of a release is checked before anything is written
 (:func:`~controlplane.domain.checksums.safe_relpath`). Every request goes through
@@ -45,6 +46,7 @@ from controlplane.domain.ignored import (
     ignored_release,
     release_name_problem,
 )
+from controlplane.domain.model_signing import MAX_MODEL_SIGNATURE_BYTES, MODEL_SIGNATURE_NAME
 from controlplane.domain.names import validate_model_name
 from controlplane.domain.releases import ReleaseInfo, natural_key
 from controlplane.domain.signatures import MAX_SIGNATURE_BYTES
@@ -152,6 +154,7 @@ class _Releases:
         self._ignored = ignored
         self.seen = False  # a key below base: the model is in the store
         self._markers: dict[str, str | None] = {}
+        self._bundles: dict[str, str] = {}  # model.sig's ETag: the marker without SHA256SUMS
         self._signed: set[str] = set()  # releases with a SHA256SUMS.sig: the listing names it
         self._refused: set[str] = set()  # names that are no release's, each judged once
 
@@ -173,12 +176,16 @@ class _Releases:
             self._markers[name] = _revision(entry["ETag"])
         elif path == SIGNATURE_NAME:
             self._signed.add(name)
+        elif path == MODEL_SIGNATURE_NAME:
+            self._bundles[name] = _bundle_revision(entry["ETag"])
 
     def infos(self, model: str) -> list[ReleaseInfo]:
-        return [
-            ReleaseInfo(model, name, revision is not None, revision, name in self._signed)
-            for name, revision in sorted(self._markers.items(), key=lambda i: natural_key(i[0]))
-        ]
+        infos = []
+        for name, revision in sorted(self._markers.items(), key=lambda i: natural_key(i[0])):
+            revision = revision or self._bundles.get(name)
+            signed = name in self._signed or name in self._bundles
+            infos.append(ReleaseInfo(model, name, revision is not None, revision, signed))
+        return infos
 
 
 def describe(bucket: S3Bucket, model: str, release: str, *, patient: bool) -> ReleaseInfo:
@@ -189,11 +196,19 @@ def describe(bucket: S3Bucket, model: str, release: str, *, patient: bool) -> Re
     except ReleaseNotFound:
         pass
     else:
-        try:
-            bucket.head(base + SIGNATURE_NAME, retrier)
-        except ReleaseNotFound:
-            return ReleaseInfo(model, release, True, revision, signed=False)
-        return ReleaseInfo(model, release, True, revision, signed=True)
+        for signature in (SIGNATURE_NAME, MODEL_SIGNATURE_NAME):
+            try:
+                bucket.head(base + signature, retrier)
+            except ReleaseNotFound:
+                continue
+            return ReleaseInfo(model, release, True, revision, signed=True)
+        return ReleaseInfo(model, release, True, revision, signed=False)
+    try:  # signed with OpenSSF Model Signing: model.sig is its marker
+        bundle = _bundle_revision(bucket.head(base + MODEL_SIGNATURE_NAME, retrier)["ETag"])
+    except ReleaseNotFound:
+        pass
+    else:
+        return ReleaseInfo(model, release, True, bundle, signed=True)
     if not bucket.holds_any(base, retrier):
         raise ReleaseNotFound(
             f"release {release!r} of model {model!r} is not in the store {bucket.uri}"
@@ -203,11 +218,13 @@ def describe(bucket: S3Bucket, model: str, release: str, *, patient: bool) -> Re
 
 def read_marker_files(bucket: S3Bucket, model: str, release: str) -> MarkerFiles:
     base = bucket.release_base(model, release)
+    # model.sig first: where it is the release's only marker, it is what is verified first.
+    bundle = bucket.get_small(base + MODEL_SIGNATURE_NAME, MAX_MODEL_SIGNATURE_BYTES)
     manifest = bucket.get_small(
         base + MANIFEST_NAME, MAX_MANIFEST_BYTES, too_large=manifest_too_large
     )
     signature = bucket.get_small(base + SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
-    return MarkerFiles(manifest=manifest, signature=signature)
+    return MarkerFiles(manifest=manifest, signature=signature, model_signature=bundle)
 
 
 def list_files(bucket: S3Bucket, model: str, release: str) -> ReleaseListing:
@@ -242,3 +259,9 @@ def _files(base: str, listed: list[dict[str, Any]]) -> dict[str, StoredFile]:
 
 def _revision(etag: str) -> str:
     return etag.strip('"')
+
+
+def _bundle_revision(etag: str) -> str:
+    """A ``model.sig``'s revision: never equal to a ``SHA256SUMS``' one, so a release that
+    gains or loses its ``SHA256SUMS`` is seen as changed."""
+    return f"{MODEL_SIGNATURE_NAME}:{_revision(etag)}"
