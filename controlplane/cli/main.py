@@ -1,7 +1,7 @@
 """The ``controlplane`` command: the daemon (``serve``) and a client for CI and operators.
 
 The client commands live in modules of their own (operations.py, status.py, history.py,
-fleet.py); this one puts them together, with ``serve``, ``config`` and ``--version``.
+fleet.py, rollout.py); this one puts them together, with ``serve``, ``config`` and ``--version``.
 
 Exit codes, the same for every client command (output.py decides them):
 
@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import fleet, history, operations, status
+from controlplane.cli import fleet, history, operations, rollout, status
 from controlplane.cli.client import API_VERSION
 from controlplane.cli.output import EXIT_USAGE
 from controlplane.settings import settings_help
@@ -138,6 +138,7 @@ app.command()(status.status)
 app.command()(fleet.fleet)
 app.command()(history.operations)
 app.command()(history.history)
+app.add_typer(rollout.app, name="rollout")
 
 
 def main() -> None:
