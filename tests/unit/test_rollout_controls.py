@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from controlplane.domain import rollout_controls
 from controlplane.domain.errors import (
+    ModelNotFound,
     NoRolloutInProgress,
     RolloutAlreadyPaused,
     RolloutNotPaused,
 )
 from controlplane.domain.fleet import (
+    DesiredModel,
     MemberBeat,
     Pause,
     RolloutPhase,
@@ -28,7 +31,9 @@ from controlplane.domain.fleet import (
     desired_from_storage,
 )
 from controlplane.domain.rollout import RolloutPolicy, advance, start
-from tests.unit.test_fleet_domain import T0, beat, beats, canary, desired, serving
+from controlplane.services.rollout_controls import Control, RolloutControls
+from tests.unit.test_fleet_domain import MODEL, T0, beat, beats, canary, desired, serving
+from tests.unit.test_fleet_ledger import Rig, scenario
 
 WHO = {"member": "b", "trigger": "cli"}
 BAKING = canary("a", phase=RolloutPhase.BAKING, bake_seconds=60.0, baking_since=T0)
@@ -235,3 +240,49 @@ def test_abort_with_nothing_stable_unloads_the_canaries() -> None:
     assert after.release is None
     assert after.unloaded == "r2"
     assert after.unloads("a")
+
+
+# --- through a member: the service that writes them ---------------------------------------
+
+
+def test_a_control_that_loses_the_race_is_applied_to_what_won_and_wakes_the_fleet(
+    tmp_path: Path,
+) -> None:
+    """Another member moved the rollout on (canary to baking) inside the pause's swap: the
+    pause is applied again to the record that won, and this member and its peers are woken."""
+
+    async def body(r: Rig) -> tuple[DesiredModel, int]:
+        r.records.desired[MODEL] = desired(rollout=canary("a"))
+
+        def moved_on() -> DesiredModel:  # another member starts the bake
+            after = advance(r.records.desired[MODEL], FLEET, T0, by="c")
+            assert after is not None
+            return after
+
+        r.records.meanwhile(moved_on)
+        controls = RolloutControls(ledger=r.ledger, clock=r.clock)
+        written = await controls.apply(MODEL, Control.PAUSE, trigger="api", reason="why not")
+        return written, r.woken
+
+    written, woken = scenario(tmp_path, body)
+
+    assert written.rollout.phase is RolloutPhase.BAKING  # the winner's phase, kept
+    assert written.rollout.paused is not None
+    assert written.rollout.paused.by == "api through a"
+    assert written.generation == 7  # 5, the advance's 6, the pause's 7
+    assert woken == 1
+
+
+def test_a_control_of_a_model_the_fleet_has_no_record_of_is_model_not_found(
+    tmp_path: Path,
+) -> None:
+    async def body(r: Rig) -> ModelNotFound:
+        controls = RolloutControls(ledger=r.ledger, clock=r.clock)
+        with pytest.raises(ModelNotFound) as refused:
+            await controls.apply(MODEL, Control.PROMOTE, trigger="cli")
+        return refused.value
+
+    refused = scenario(tmp_path, body)
+
+    assert refused.code == "model_not_found"
+    assert f"controlplane deploy {MODEL} RELEASE" in refused.message
