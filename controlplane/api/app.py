@@ -29,13 +29,20 @@ from controlplane.api.media import JsonBodies
 from controlplane.api.model_pages import ModelPages
 from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.page.routes import install_page
-from controlplane.api.routes import alerts, fleet, models, operations, probes
+from controlplane.api.routes import alerts, fleet, models, operations, probes, rollout
 from controlplane.api.security import Authenticate
 from controlplane.settings import Settings
 from controlplane.wiring import build
 
 # In the order the routes were declared in, which is the order of the OpenAPI document.
-ROUTERS = (probes.router, fleet.router, models.router, operations.router, alerts.router)
+ROUTERS = (
+    probes.router,
+    fleet.router,
+    models.router,
+    operations.router,
+    rollout.router,
+    alerts.router,
+)
 
 
 def create_app(settings: Settings) -> FastAPI:

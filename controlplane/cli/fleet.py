@@ -52,6 +52,8 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
         )
         if model.get("canaries"):
             lines.append(f"{'':<24} canaries: {', '.join(model['canaries'])}")
+        if model.get("paused"):
+            lines.append(f"{'':<24} {paused_text(model['paused'])}")
         if model.get("turns"):
             out_now = ", ".join(t["member"] for t in model["turns"])
             lines.append(f"{'':<24} out of rotation (rolling): {out_now}")
@@ -85,6 +87,15 @@ def fleet_table(data: dict[str, Any]) -> list[str]:
                 "(times it writes are off by that much; liveness goes by the store's)"
             )
     return lines
+
+
+def paused_text(paused: dict[str, Any]) -> str:
+    """Who paused a rollout, when and why, in one line."""
+    why = f": {one_line(str(paused['reason']))}" if paused.get("reason") else ""
+    return (
+        f"PAUSED by {paused.get('by')} at {str(paused.get('at'))[:19]}Z{why} "
+        "(controlplane rollout resume MODEL)"
+    )
 
 
 def rolling_text(state: dict[str, Any]) -> str:

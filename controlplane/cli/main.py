@@ -1,7 +1,7 @@
 """The ``controlplane`` command: the daemon (``serve``) and a client for CI and operators.
 
 The client commands live in modules of their own (operations.py, status.py, history.py,
-fleet.py); this one puts them together, with ``serve``, ``config`` and ``--version``.
+fleet.py, rollout.py); this one puts them together, with ``serve``, ``config`` and ``--version``.
 
 Exit codes, the same for every client command (output.py decides them):
 
@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 
 from controlplane import __version__
-from controlplane.cli import apply, fleet, history, operations, release, status
+from controlplane.cli import apply, fleet, history, operations, release, rollout, status
 from controlplane.cli.client import API_VERSION
 from controlplane.cli.output import EXIT_USAGE
 from controlplane.settings import settings_help
@@ -141,6 +141,7 @@ app.command()(history.history)
 app.command()(apply.apply)
 app.command()(apply.diff)
 app.add_typer(release.app, name="release")
+app.add_typer(rollout.app, name="rollout")
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from controlplane.cli.client import Client, api_path
-from controlplane.cli.fleet import refused_line
+from controlplane.cli.fleet import paused_text, refused_line
 from controlplane.cli.options import DEFAULT_URL, OutputOption, TokenOption, UrlOption, model_name
 from controlplane.cli.output import Format, Out
 from controlplane.cli.watch import Look, watch
@@ -169,6 +169,8 @@ def _fleet_lines(fleet: dict[str, Any] | None) -> list[str]:
             f"  fleet:     wants {fleet.get('target') or fleet.get('desired') or 'it unloaded'} "
             f"here (generation {fleet['generation']}); {fleet['member']} is {here}"
         )
+    if paused := fleet.get("paused"):
+        lines.append(f"  fleet:     {paused_text(paused)}")
     if fleet.get("stale"):
         lines.append(
             f"  fleet:     STALE since {fleet.get('stale_since')}: the store cannot be read; "

@@ -44,6 +44,10 @@ failure is worth retrying is part of its type, never a guess at the call site::
     │   ├── DesiredStateConflict   desired_state_conflict (another member changed the fleet's
     │   │                                             desired state first)
     │   ├── MemberFailed           member_failed     (a member of the fleet could not follow)
+    │   ├── NoRolloutInProgress    no_rollout_in_progress (a rollout control found nothing
+    │   │                                             to pause, promote or abort)
+    │   ├── RolloutNotPaused       rollout_not_paused (resume of a rollout nobody paused)
+    │   ├── RolloutAlreadyPaused   rollout_already_paused (pause of a paused one: by whom)
     │   └── StoreError             store_error       (the store refused: access denied, ...)
     └── TransientError            a later attempt may succeed
         ├── TritonUnavailable      triton_unavailable
@@ -280,6 +284,24 @@ class MemberFailed(PermanentError):
     """A member of the fleet failed to serve the desired release (``details``: each member)."""
 
     code = "member_failed"
+
+
+class NoRolloutInProgress(PermanentError):
+    """A rollout control (pause, promote, abort) found nothing of the model's to act on."""
+
+    code = "no_rollout_in_progress"
+
+
+class RolloutNotPaused(PermanentError):
+    """``resume`` of a model whose rollout nobody paused."""
+
+    code = "rollout_not_paused"
+
+
+class RolloutAlreadyPaused(PermanentError):
+    """``pause`` of a rollout that is paused already (the message says by whom, and why)."""
+
+    code = "rollout_already_paused"
 
 
 class FleetTimeout(TransientError):

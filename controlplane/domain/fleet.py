@@ -76,19 +76,35 @@ class RolloutPhase(StrEnum):
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Who paused a rollout (``controlplane rollout pause``), when and why."""
+
+    by: str  # who asked, and through which member ("cli through m1")
+    at: datetime
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Rollout:
     phase: RolloutPhase = RolloutPhase.COMPLETE
     stable: str | None = None  # what the members that are not canaries keep meanwhile
     canaries: tuple[str, ...] = ()
-    bake_seconds: float = 0.0
+    bake_seconds: float | None = 0.0  # None: the bake lasts until someone promotes it
     baking_since: datetime | None = None
     since_generation: int = 0  # the generation that started it: older member reports are stale
     note: str = ""  # how it ended, when it did not complete
     lost: tuple[str, ...] = ()  # canaries that went away and were replaced (never picked again)
+    paused: Pause | None = None  # held where it stands until resumed
 
     @property
     def in_progress(self) -> bool:
         return self.phase in (RolloutPhase.CANARY, RolloutPhase.BAKING)
+
+    @property
+    def holds(self) -> bool:
+        """Paused: no member starts towards a target it does not serve yet, none takes a
+        rolling turn, and the rollout does not move on (a stopped one holds nothing)."""
+        return self.paused is not None and self.phase is not RolloutPhase.ROLLED_BACK
 
 
 @dataclass(frozen=True)
@@ -204,6 +220,7 @@ class MemberState(StrEnum):
     # of rotation for the model (the GPU memory did not come back): no attempt until it changes
     HELD = "held"
     UNLOADED = "unloaded"  # the target is 'unloaded', and nothing serves here
+    PAUSED = "paused"  # the rollout is paused: it holds what it serves until it is resumed
 
 
 @dataclass(frozen=True)
@@ -329,6 +346,7 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
             "since_generation": rollout.since_generation,
             "note": rollout.note,
             "lost": list(rollout.lost),
+            "paused": pause_for_storage(rollout.paused),
         },
         "claim": None
         if claim is None
@@ -343,6 +361,29 @@ def desired_for_storage(desired: DesiredModel) -> dict[str, Any]:
         "turns": [turn_for_storage(turn) for turn in desired.turns],
         "unloaded": desired.unloaded,
     }
+
+
+def pause_for_storage(pause: Pause | None) -> dict[str, Any] | None:
+    """A pause as stored, and as the API shows it: who, when (ISO 8601) and why."""
+    if pause is None:
+        return None
+    return {"by": pause.by, "at": _time(pause.at), "reason": pause.reason}
+
+
+def _pause(value: object) -> Pause | None:
+    if value is None:
+        return None
+    pause = json_object(value, "rollout.paused")
+    return Pause(
+        by=text(pause["by"], "rollout.paused.by"),
+        at=moment(pause["at"], "rollout.paused.at"),
+        reason=text(pause.get("reason") or "", "rollout.paused.reason"),
+    )
+
+
+def _bake(value: object) -> float | None:
+    """A bake's length; null: until promoted (a record from before that had no key: 0)."""
+    return None if value is None else seconds(value, "rollout.bake_seconds")
 
 
 def _schema(data: Mapping[str, Any]) -> None:
@@ -426,7 +467,7 @@ def _desired(data: Mapping[str, Any]) -> DesiredModel:
             ),
             stable=_release(rollout.get("stable"), "rollout.stable"),
             canaries=_members(rollout.get("canaries") or [], "rollout.canaries"),
-            bake_seconds=seconds(rollout.get("bake_seconds") or 0.0, "rollout.bake_seconds"),
+            bake_seconds=_bake(rollout.get("bake_seconds", 0.0)),
             baking_since=None
             if rollout.get("baking_since") is None
             else moment(rollout["baking_since"], "rollout.baking_since"),
@@ -435,6 +476,7 @@ def _desired(data: Mapping[str, Any]) -> DesiredModel:
             ),
             note=text(rollout.get("note") or "", "rollout.note"),
             lost=_members(rollout.get("lost") or [], "rollout.lost"),
+            paused=_pause(rollout.get("paused")),
         ),
         claim=None
         if not claim

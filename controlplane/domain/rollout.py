@@ -22,6 +22,10 @@ With no member to take its place, the live canaries go on alone (none: the rollo
 rollout that loses more than :data:`LOST_PER_CANARY` canaries per canary is stopped, as a canary
 in trouble stops it: a release that keeps its canaries vanishing reaches no other member.
 
+A person may pause, resume, promote or abort a rollout (:mod:`.rollout_controls`): while it is
+paused nothing here moves it on (a canary in trouble still stops it), and a bake of
+``bake_seconds`` None lasts until someone promotes it.
+
 A rollback while a rollout is in progress (:func:`rollback_aim`), by hand or automatic, stops
 it the same way whichever member answers, canary or not: back to the stable release, and the
 canary's release is latched. The answering member's own history says nothing of the rollout: a
@@ -49,7 +53,7 @@ LOST_PER_CANARY = 2  # canaries replaced per canary before the rollout is stoppe
 @dataclass(frozen=True)
 class RolloutPolicy:
     canary_members: int = 0  # 0: every member at once
-    bake_seconds: float = 0.0
+    bake_seconds: float | None = 0.0  # None: the bake lasts until promoted
 
     @property
     def progressive(self) -> bool:
@@ -142,6 +146,8 @@ def advance(
         why = _canary_trouble(desired, beat)
         if why is not None:
             return _rolled_back(desired, now, by=by, why=f"canary {beat.member}: {why}")
+    if rollout.holds:
+        return None  # paused: a canary in trouble still stops it (above), nothing moves it on
     replaced = _replace_lost(desired, beats, now, by=by)
     if replaced is not None:
         return replaced
@@ -153,23 +159,28 @@ def advance(
                 by=by,
                 at=now,
                 trigger="rollout",
-                reason=f"every canary serves {release}; baking {rollout.bake_seconds:g} s",
+                reason=f"every canary serves {release}; baking {bake_text(rollout.bake_seconds)}",
                 rollout=replace(rollout, phase=RolloutPhase.BAKING, baking_since=now),
             )
         return None
     since = rollout.baking_since or now
-    if now - since < timedelta(seconds=rollout.bake_seconds):
-        return None
+    if rollout.bake_seconds is None or now - since < timedelta(seconds=rollout.bake_seconds):
+        return None  # None: it bakes until someone promotes it
     if not all(beat.overload in PASSING_VERDICTS for beat in canaries):
         return None  # a verdict we cannot read holds the bake; a breach ends it above
     return desired.changed(
         by=by,
         at=now,
         trigger="rollout",
-        reason=f"{release} baked {rollout.bake_seconds:g} s on {len(canaries)} canary(ies); "
+        reason=f"{release} baked {bake_text(rollout.bake_seconds)} on {len(canaries)} "
+        "canary(ies); "
         "every member follows",
         rollout=replace(rollout, phase=RolloutPhase.COMPLETE),
     )
+
+
+def bake_text(bake: float | None) -> str:
+    return "until promoted" if bake is None else f"{bake:g} s"
 
 
 def _replace_lost(
@@ -239,5 +250,5 @@ def _rolled_back(desired: DesiredModel, now: datetime, *, by: str, why: str) -> 
         # Nothing was stable (a first release, or one after an unload): the canaries unload it.
         unloaded=desired.release if rollout.stable is None else None,
         degraded=desired.latched(desired.release, now, f"rollout stopped: {why}"),
-        rollout=replace(rollout, phase=RolloutPhase.ROLLED_BACK, note=why),
+        rollout=replace(rollout, phase=RolloutPhase.ROLLED_BACK, note=why, paused=None),
     )

@@ -28,6 +28,7 @@ from controlplane.domain.fleet import (
     MemberState,
     RolloutPhase,
     converged,
+    pause_for_storage,
 )
 from controlplane.domain.refusals import Refusal
 from controlplane.ports import Clock, DesiredStates
@@ -317,6 +318,8 @@ def desired_json(snapshot: FleetSnapshot, wanted: DesiredModel) -> dict[str, obj
         "stable": rollout.stable if rollout.in_progress else None,
         "canaries": list(rollout.canaries),
         "rollout_note": rollout.note or None,
+        "bake_seconds": rollout.bake_seconds if rollout.in_progress else None,
+        "paused": pause_for_storage(rollout.paused) if rollout.holds else None,
         "degraded": [
             {"release": d.release, "at": d.at.isoformat(), "reason": d.reason}
             for d in wanted.degraded

@@ -270,7 +270,10 @@ class FleetLedger:
             why = f"{reason}; {said}" if said else reason
             if rollout.in_progress:
                 rollout = replace(
-                    rollout, phase=RolloutPhase.ROLLED_BACK, note=f"{self.member.name}: {why}"
+                    rollout,
+                    phase=RolloutPhase.ROLLED_BACK,
+                    note=f"{self.member.name}: {why}",
+                    paused=None,
                 )
             new = current.changed(
                 by=self.member.name,
@@ -312,6 +315,11 @@ class FleetLedger:
         the other live members so they follow now rather than at their next poll."""
         self._own_wake()
         self.tell_peers()
+
+    def wake_fleet(self) -> None:
+        """This member changed the desired state outside an operation (a rollout control):
+        look again here, and wake the others."""
+        self._wake()
 
     def tell_peers(self) -> None:
         """Wake the other live members that say where (in the background: a member that

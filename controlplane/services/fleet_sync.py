@@ -27,6 +27,8 @@ Invariants:
 * A target latched degraded here after it was set (``rollback.scope: member``) is held: this
   member does not go back to a release it rolled back from, until someone sets it again.
 * A model with an operation of this member's own running is left to it.
+* While the model's rollout is paused (:mod:`controlplane.domain.rollout_controls`) this member
+  starts nothing towards a target it does not serve yet: it reports ``paused`` and waits.
 
 It also writes this member's heartbeat every ``fleet.keepalive_seconds`` and when what it says
 changes (:mod:`.heartbeat`), and does the fleet's upkeep (:mod:`.fleet_upkeep`): it advances
@@ -50,6 +52,7 @@ from controlplane.domain.fleet import (
     MemberBeat,
     MemberModel,
     MemberState,
+    pause_for_storage,
 )
 from controlplane.domain.operations import Cause, Trigger
 from controlplane.domain.refusals import RELEASE_REFUSALS, RecordKind, Refusal
@@ -360,6 +363,16 @@ class FleetSync:
             return state(MemberState.SERVING, target=serving)
         if model in self._follows or self._client.holder(model) is not None:
             return state(MemberState.CONVERGING)
+        paused = wanted.rollout.paused
+        if wanted.rollout.holds and paused is not None and serving is not None:
+            # Paused: what serves here stays (a member that serves nothing of it yet, a new
+            # pod, still loads its target: it moves no traffic off anything).
+            return state(
+                MemberState.PAUSED,
+                error=f"the rollout is paused (by {paused.by}"
+                + (f": {paused.reason}" if paused.reason else "")
+                + f"); {target or 'the unload'} waits for controlplane rollout resume {model}",
+            )
         refused = self.refusals.of_release(wanted, target)
         if refused is not None:  # not again until the record changes
             return state(MemberState.FAILED, error=refused.message)
@@ -532,6 +545,10 @@ class FleetSync:
             "target": state.target if state is not None else None,
             "state": state.state.value if state is not None else None,
             "error": state.error if state is not None else None,
+            # who paused the model's rollout, when and why (None: not paused)
+            "paused": pause_for_storage(wanted.rollout.paused)
+            if wanted is not None and wanted.rollout.holds
+            else None,
             # its desired state's record as refused here (no member acts on a record refused)
             "refused": [
                 refusal_json(where, refusal)

@@ -14,7 +14,9 @@ that is out itself (starting) counts turns only: taking one adds nobody out, and
 starting at once must not wait for each other.
 
 Without a record of the model (its first deploy, or no fleet) there is nothing to share: the
-turn is this member's at once.
+turn is this member's at once. While the model's rollout is paused, a member that follows the
+fleet takes no turn (it waits, as for a turn another member holds); a person's own deploy
+through this member is no follower and goes on.
 """
 
 from __future__ import annotations
@@ -126,6 +128,9 @@ class FleetTurns:
                 f"{current.generation}), not {release}: following that instead, without "
                 "leaving rotation for a release already replaced"
             )
+        paused = current.rollout.paused
+        if follows and current.rollout.holds and paused is not None:
+            return [f"nobody: the rollout is paused by {paused.by}"]  # no turn until resumed
         beats = await asyncio.to_thread(self._records.beats)
         now = self._clock.now()
         alive = {name: beat.incarnation for name, beat in beats.items() if beat.alive(now)}

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.fleet import Pause
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.notifications import NotificationHealth
 from controlplane.domain.operations import Operation
@@ -80,6 +81,7 @@ class ModelOverview:
     latches: tuple[Latch, ...]
     operations: tuple[Operation, ...]  # newest first
     rollbacks: tuple[RollbackRecord, ...]  # those in the GPU history's span, oldest first
+    paused: Pause | None = None  # who paused its fleet rollout, when and why
 
 
 @dataclass(frozen=True)
@@ -283,4 +285,5 @@ class OverviewService:
             latches=tuple(latches),
             operations=operations,
             rollbacks=rollbacks,
+            paused=wanted.rollout.paused if wanted is not None and wanted.rollout.holds else None,
         )

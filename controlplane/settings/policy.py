@@ -28,11 +28,12 @@ class RolloutSettings(Group):
         "received the deploy counts) while the others keep the stable release; 0: every "
         "member at once.",
     )
-    bake_seconds: float = Field(
+    bake_seconds: float | None = Field(
         0.0,
         ge=0,
         description="Fleet rollout: how long the canaries serve the release, with healthy GPU "
-        "verdicts and no failed deploy, before every member follows.",
+        "verdicts and no failed deploy, before every member follows; null: until someone "
+        "promotes it (controlplane rollout promote MODEL). Time paused does not count.",
     )
     max_unavailable: int = Field(
         1,

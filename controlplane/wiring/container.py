@@ -28,6 +28,7 @@ from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.rollout_controls import RolloutControls
 from controlplane.services.rotation import Rotation
 from controlplane.services.runner import OperationRunner
 from controlplane.services.status import StatusService
@@ -65,6 +66,7 @@ class Container:
     rotation: Rotation  # the models that keep this member out of rotation now (/readyz)
     fleet: FleetSync | None = None  # None: fleet.enabled is false
     fleet_view: FleetService | None = None
+    rollout: RolloutControls | None = None  # pause, resume, promote, abort (None: no fleet)
     notifications: Callable[[], NotificationHealth] | None = None  # None: no SQS queue
 
     async def close(self) -> None:

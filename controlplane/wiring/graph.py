@@ -22,6 +22,7 @@ from controlplane.services.overload import OverloadWatcher
 from controlplane.services.overview import OverviewService
 from controlplane.services.reconcile import Reconciler
 from controlplane.services.rollback import AutoRollback
+from controlplane.services.rollout_controls import RolloutControls
 from controlplane.services.status import StatusService
 from controlplane.services.supervisor import Supervisor
 from controlplane.settings import Settings
@@ -88,6 +89,7 @@ def build(settings: Settings) -> Container:
         rotation=ops.rotation,
         fleet=sync,
         fleet_view=fleet_view,
+        rollout=RolloutControls(ledger=ledger, clock=base.clock) if ledger is not None else None,
         notifications=watching.notifications,
     )
 

@@ -18,6 +18,20 @@ def eventually(check: Callable[[], bool], timeout: float, what: str, every: floa
     raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
+def throughout(check: Callable[[], bool], seconds: float, what: str, every: float = 0.2) -> int:
+    """Poll ``check`` until ``seconds`` have passed, failing naming ``what`` the first time it
+    does not hold (the opposite of :func:`eventually`: something that must *not* happen); how
+    many looks it took."""
+    deadline = time.monotonic() + seconds
+    looks = 0
+    while True:
+        looks += 1
+        assert check(), f"{what} stopped holding after {looks} look(s), before {seconds} s"
+        if time.monotonic() >= deadline:
+            return looks
+        time.sleep(every)
+
+
 async def until(
     check: Callable[[], bool | Awaitable[bool]],
     what: str,

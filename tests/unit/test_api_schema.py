@@ -70,6 +70,16 @@ DEPLOY = (
     *LOAD_FAILURES,
 )
 
+# What every rollout control can answer besides its own refusals.
+CONTROL = (
+    *WRITE,
+    "invalid_name",
+    "model_not_found",
+    "desired_state_conflict",
+    "store_error",
+    "store_unavailable",
+)
+
 # (method, path) -> (success statuses, error codes it can answer without a token configured)
 ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
     ("get", "/healthz"): ({200}, set()),
@@ -111,6 +121,13 @@ ROUTES: dict[tuple[str, str], tuple[set[int], set[str]]] = {
             "fleet_timeout",
         },
     ),
+    ("post", "/v1/models/{name}/rollout/pause"): (
+        {200},
+        {*CONTROL, "no_rollout_in_progress", "rollout_already_paused"},
+    ),
+    ("post", "/v1/models/{name}/rollout/resume"): ({200}, {*CONTROL, "rollout_not_paused"}),
+    ("post", "/v1/models/{name}/rollout/promote"): ({200}, {*CONTROL, "no_rollout_in_progress"}),
+    ("post", "/v1/models/{name}/rollout/abort"): ({200}, {*CONTROL, "no_rollout_in_progress"}),
     ("get", "/v1/operations/{operation_id}"): ({200}, {"operation_not_found"}),
     ("get", "/v1/operations"): ({200}, {"invalid_request", "invalid_name"}),
     ("post", "/v1/alerts"): ({200}, set(WRITE)),

@@ -22,6 +22,7 @@ from controlplane.domain.fleet import (
     MemberBeat,
     MemberModel,
     MemberState,
+    Pause,
     Rollout,
     RolloutPhase,
     beat_for_storage,
@@ -229,6 +230,7 @@ def every_field_set() -> DesiredModel:
             since_generation=6,
             note="a note",
             lost=("member-c",),
+            paused=Pause("cli through member-a", T0 - timedelta(seconds=5), "dashboards red"),
         ),
         claim=Claim(
             release="r4",
@@ -520,6 +522,18 @@ BAD_DESIRED: dict[str, dict[str, Any]] = {
     "stable a number": {"rollout": {**ROLLING, "stable": 1}},
     "note a number": {"rollout": {**ROLLING, "note": 1}},
     "lost a string": {"rollout": {**ROLLING, "lost": "b"}},
+    "paused a string": {"rollout": {**ROLLING, "paused": "yes"}},
+    "paused a list": {"rollout": {**ROLLING, "paused": ["cli"]}},
+    "paused at without a zone": {
+        "rollout": {**ROLLING, "paused": {"by": "cli through a", "at": NAIVE}}
+    },
+    "paused by a number": {"rollout": {**ROLLING, "paused": {"by": 1, "at": T0.isoformat()}}},
+    "paused reason a list": {
+        "rollout": {
+            **ROLLING,
+            "paused": {"by": "cli through a", "at": T0.isoformat(), "reason": ["x"]},
+        }
+    },
     "claim at without a zone": {
         "claim": {"release": "r4", "member": "a", "incarnation": "i", "at": NAIVE}
     },

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.domain import rollout_controls
 from controlplane.domain.errors import FleetTimeout, Superseded
 from controlplane.domain.fleet import DesiredModel
 from controlplane.domain.operations import OperationKind, StepStatus, Trigger
@@ -266,3 +267,56 @@ def test_a_member_following_the_fleet_gives_up_waiting_once_the_fleet_wants_anot
     assert "the fleet wants r3 here now" in message
     assert "not r2" in message
     assert turns_then == [("b", "b-inc-1")]  # b's still; this member took none
+
+
+def test_no_follower_takes_a_turn_while_the_rollout_is_paused_and_one_does_once_resumed(
+    tmp_path: Path,
+) -> None:
+    """A rolling update paused between two members: the next follower waits with every turn
+    free, and takes one once a person resumes it; a person's own deploy is no follower."""
+
+    async def body(r: Rig) -> tuple[list[list[tuple[str, str]]], list[tuple[str, str]]]:
+        r.record("r2")
+        r.alive("a", "b")
+        current = r.records.read(MODEL)
+        assert current is not None
+        r.records.desired[MODEL] = rollout_controls.pause(
+            current, r.records.heartbeats, r.clock.now(), member="b", trigger="cli"
+        )
+        turns = FleetTurns(records=r.records, member=ME, clock=r.clock)
+        follower = r.run(OperationKind.DEPLOY, "r2", trigger=Trigger.FLEET)
+        seen: list[list[tuple[str, str]]] = []
+
+        async def mine() -> None:
+            async with turns.turn(follower.tracker, MODEL, "r2", max_unavailable=1, timeout=60):
+                seen.append(turns_of(r))
+
+        task = asyncio.create_task(mine())
+        for _look in range(3):
+            await r.clock.sleeping()
+            assert not seen  # paused: no turn, though none is taken
+            r.clock.advance(TURN_POLL)
+        paused = r.records.read(MODEL)
+        assert paused is not None
+        r.records.desired[MODEL] = rollout_controls.resume(
+            paused, r.clock.now(), member="b", trigger="cli"
+        )
+        r.alive("a", "b")
+        r.clock.advance(TURN_POLL)
+        await task
+        # A person's deploy through this member goes on while paused.
+        again = r.records.read(MODEL)
+        assert again is not None
+        r.records.desired[MODEL] = rollout_controls.pause(
+            again, {}, r.clock.now(), member="b", trigger="cli"
+        )
+        mine_too: list[tuple[str, str]] = []
+        person = r.run(OperationKind.DEPLOY, "r3")
+        async with turns.turn(person.tracker, MODEL, "r3", max_unavailable=1, timeout=60):
+            mine_too = turns_of(r)
+        return seen, mine_too
+
+    seen, person = scenario(tmp_path, body)
+
+    assert seen == [[("a", "a-inc-1")]]
+    assert person == [("a", "a-inc-1")]

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 from controlplane.api.page.plot import NO_SAMPLES, gpu_plot
 from controlplane.api.page.render import content, page
 from controlplane.domain.evaluator import Evaluation, Verdict
+from controlplane.domain.fleet import Pause
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import (
     Operation,
@@ -254,6 +255,18 @@ def test_the_key_that_signed_the_serving_release_is_shown() -> None:
 
     fields = {e.attrs["data-field"]: e.text for e in tree.having("data-field")}
     assert fields["signer"] == "ci-2026"
+
+
+def test_a_paused_rollout_says_who_paused_it_when_and_why_as_text() -> None:
+    paused = Pause(f"cli through {EVIL}", START, f"looking at {EVIL}")
+    tree = Tree(content(_overview(_model(phase="baking", canaries=("pod-a",), paused=paused))))
+
+    fields = {e.attrs["data-field"]: e.text for e in tree.having("data-field")}
+    assert fields["paused"] == (
+        f"PAUSED by cli through {EVIL} at {START.isoformat(timespec='seconds')}: looking at {EVIL}"
+    )
+    assert fields["phase"].startswith("baking (canaries: pod-a)")
+    assert "<script>alert" not in content(_overview(_model(paused=paused)))
 
 
 def test_the_status_page_tags_a_model_that_keeps_the_member_out_with_why() -> None:

@@ -166,6 +166,13 @@ def _releases(model: ModelOverview) -> str:
         phase += f" (canaries: {esc(', '.join(model.canaries))})"
     if model.rollout_note:
         phase += f" &middot; {esc(model.rollout_note)}"
+    if model.paused is not None:
+        paused = model.paused
+        why = f": {esc(paused.reason)}" if paused.reason else ""
+        phase += (
+            f' &middot; <span class="error" data-field="paused">PAUSED by {esc(paused.by)} at '
+            f"{esc(paused.at.isoformat(timespec='seconds'))}{why}</span>"
+        )
     triton = esc(view.triton_state)
     if view.triton_reason:
         triton += f' <span class="none">{esc(view.triton_reason)}</span>'

@@ -93,3 +93,7 @@ class UnloadRequest(_Body):
     fleet: FleetWaits = False
     fleet_timeout_seconds: FleetTimeout = 600.0
     reason: Reason = None
+
+
+class RolloutControlRequest(_Body):
+    reason: Reason = None
