@@ -7,6 +7,7 @@ carries nothing, so a member that missed one converges at its next poll all the 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from controlplane.domain.fleet import DesiredModel, MemberBeat
@@ -56,6 +57,13 @@ class DesiredStates(Protocol):
 
     def beats(self) -> dict[str, MemberBeat]:
         """Every member's last heartbeat, alive or not, by member."""
+        ...
+
+    def heard_from(self) -> dict[str, datetime | None]:
+        """Every member that has a heartbeat record (readable or not) and when it last landed
+        in the store, on this reader's clock (None when the store does not say): from a
+        listing alone, so a look for departed members costs the same whatever the fleet's
+        size (:meth:`beats` fetches each record that changed: every one, at every keepalive)."""
         ...
 
     def beat_of(self, member: str) -> MemberBeat | None:

@@ -106,16 +106,19 @@ DEPARTED_AFTER = 3600.0  # s without a heartbeat after which a member is forgott
 
 async def forget_departed(records: DesiredStates, member: str, now: datetime) -> list[str]:
     """Delete the heartbeats of members not seen for :data:`DEPARTED_AFTER` s (pods replaced
-    by a rollout are named anew, so the list would only grow); the names forgotten."""
+    by a rollout are named anew, so the list would only grow); the names forgotten. Judged
+    from when each record landed in the store, by one listing: reading every member's record
+    here would cost each member a GET per member, a fleet's cost growing with its square. A
+    record that cannot be parsed is judged alike; one the store gives no time for is kept."""
     try:
-        beats = await asyncio.to_thread(records.beats)
+        heard = await asyncio.to_thread(records.heard_from)
     except ControlPlaneError as exc:
-        log.warning("cannot read the members' heartbeats to forget departed ones: %s", exc)
+        log.warning("cannot list the members' heartbeats to forget departed ones: %s", exc)
         return []
     gone = [
         name
-        for name, beat in beats.items()
-        if name != member and (now - beat.seen).total_seconds() > DEPARTED_AFTER
+        for name, landed in heard.items()
+        if name != member and landed is not None and (now - landed).total_seconds() > DEPARTED_AFTER
     ]
     for name in gone:
         try:

@@ -9,6 +9,7 @@ The listing's beat (``store.full_scan_seconds``) is driven by a clock the test m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -22,7 +23,8 @@ from controlplane.adapters.stores.s3 import S3Store
 from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 from controlplane.adapters.stores.s3_generations import INDEX_NAME, encode_index, parse_index
 from controlplane.domain.errors import StoreUnavailable
-from controlplane.domain.fleet import DesiredModel, first_generation
+from controlplane.domain.fleet import DesiredModel, MemberBeat, first_generation
+from controlplane.services.fleet_upkeep import DEPARTED_AFTER, forget_departed
 from tests.support.fault_proxy import FaultProxy, SeenRequest
 from tests.support.s3 import s3_client
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
@@ -344,3 +346,37 @@ def test_an_index_that_is_not_ours_is_replaced_in_a_fleet_without_records(
     start = len(proxy.requests)
     member.read_all()
     assert asked(proxy, start) == ["GET index"]  # no listing at every read
+
+
+def test_the_look_for_departed_members_lists_the_heartbeats_and_reads_none_of_them(
+    reader: Callable[[Beat], S3DesiredStates], proxy: FaultProxy, direct: Any, bucket: str
+) -> None:
+    """Each member looks for departed ones every 900 s: a GET of every heartbeat that changed
+    (every one, at every keepalive) would cost each member a request per member, the fleet's
+    cost growing with the square of its size. It is judged from the listing's dates alone."""
+    writer = reader(Beat())
+    members = [f"m{n:02d}" for n in range(30)]
+    for name in members:
+        writer.beat(
+            MemberBeat(
+                member=name,
+                incarnation=f"{name}-1",
+                at=datetime.now(UTC),
+                interval=60.0,
+                version="1",
+            )
+        )
+    junk = f"{PREFIX}/_controlplane/members/junk.json"
+    direct.put_object(Bucket=bucket, Key=junk, Body=b"{not json")
+    member = reader(Beat())
+
+    start = len(proxy.requests)
+    assert asyncio.run(forget_departed(member, "m00", datetime.now(UTC))) == []
+    assert asked(proxy, start) == ["GET listing"]
+
+    start = len(proxy.requests)
+    later = datetime.now(UTC) + timedelta(seconds=DEPARTED_AFTER + 60)
+    forgotten = asyncio.run(forget_departed(member, "m00", later))
+    assert sorted(forgotten) == sorted([*members[1:], "junk"])  # itself kept; junk too old
+    assert asked(proxy, start) == ["GET listing", *(f"DELETE {n}.json" for n in forgotten)]
+    assert sorted(member.heard_from()) == ["m00"]

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -582,6 +583,9 @@ class FakeDesiredStates:
 
     def beats(self) -> dict[str, MemberBeat]:
         return dict(self.heartbeats)
+
+    def heard_from(self) -> dict[str, datetime | None]:
+        return {name: beat.seen for name, beat in self.heartbeats.items()}
 
     def beat_of(self, member: str) -> MemberBeat | None:
         return self.heartbeats.get(member)

@@ -7,10 +7,13 @@ exclude other processes, so the threads of one process need a test of their own)
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,6 +40,7 @@ from controlplane.domain.fleet import (
     first_generation,
 )
 from controlplane.domain.refusals import RecordKind, RefusalReason
+from controlplane.services.fleet_upkeep import DEPARTED_AFTER, forget_departed
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 MODEL = "m"
@@ -748,3 +752,23 @@ def test_a_reader_that_has_not_beaten_yet_asks_the_store_for_its_clock(root: Pat
 
     assert abs((landed - (datetime.now(UTC) - timedelta(minutes=10))).total_seconds()) < 2
     assert list((root / "_controlplane").glob(".clock-*")) == []  # the probe is gone
+
+
+def test_the_look_for_departed_members_dates_each_record_by_its_file_and_reads_none(
+    records: LocalDesiredStates, root: Path
+) -> None:
+    for name in ("alive", "gone"):
+        records.beat(heartbeat(name))
+    beat_file(root, "junk").write_bytes(b"{not json")  # dated like any record, and forgotten
+    beat_file(root, "Not A Name").write_bytes(b"{}")  # no member's: never deleted here
+    an_hour_ago = time.time() - DEPARTED_AFTER - 60
+    for name in ("gone", "junk", "Not A Name"):
+        os.utime(beat_file(root, name), (an_hour_ago, an_hour_ago))
+
+    forgotten = asyncio.run(forget_departed(records, "me", datetime.now(UTC)))
+
+    assert sorted(forgotten) == ["gone", "junk"]
+    assert sorted(p.name for p in (root / "_controlplane" / "members").iterdir()) == [
+        "Not A Name.json",
+        "alive.json",
+    ]

@@ -41,7 +41,12 @@ from controlplane.adapters.stores.fleet_records import (
 )
 from controlplane.adapters.stores.local import missing_store
 from controlplane.adapters.stores.markers import read_at_most
-from controlplane.domain.errors import ControlPlaneError, StoreError, StoreUnavailable
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    InvalidName,
+    StoreError,
+    StoreUnavailable,
+)
 from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
 from controlplane.domain.refusals import Refusal
@@ -150,6 +155,21 @@ class LocalDesiredStates:
                 bad[str(path)] = beat
         self._bad_beats = bad  # one assignment, as for the desired states
         return found
+
+    def heard_from(self) -> dict[str, datetime | None]:
+        """Each record's mtime, nothing read."""
+        heard: dict[str, datetime | None] = {}
+        for path in _records(self._members):
+            try:
+                written = path.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue  # forgotten meanwhile
+            except OSError as exc:
+                raise _translated(exc, path) from None
+            with contextlib.suppress(InvalidName):  # no member's record: never deleted here
+                name = validate_member_name(path.name.removesuffix(SUFFIX))
+                heard[name] = _mtime(written) + self._store_offset()
+        return heard
 
     def beat_of(self, member: str) -> MemberBeat | None:
         beat = self._read_beat(self._members / f"{validate_member_name(member)}{SUFFIX}")

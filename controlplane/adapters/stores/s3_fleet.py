@@ -268,6 +268,14 @@ class S3DesiredStates:
         self._bad_beats = bad  # one assignment, as for the desired states
         return found
 
+    def heard_from(self) -> dict[str, datetime | None]:
+        """One listing: each record's LastModified, nothing fetched."""
+        heard: dict[str, datetime | None] = {}
+        for key, (_etag, landed) in self._dated(self._members).items():
+            with contextlib.suppress(InvalidName):  # no member's record: never deleted here
+                heard[validate_member_name(_name(key).removesuffix(SUFFIX))] = landed
+        return heard
+
     def beat_of(self, member: str) -> MemberBeat | None:
         key = f"{self._members}{validate_member_name(member)}{SUFFIX}"
         fetched = self._fetch(key)
