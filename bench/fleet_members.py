@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,7 @@ from tests.support.fleet import Member
 
 POLL_ENV = "CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS"
 BEAT_ENV = "CONTROLPLANE_FLEET__KEEPALIVE_SECONDS"
+PROBLEMS = ("warning", "error")  # the levels log_problems reports
 
 
 def intervals(poll: float, beat: float) -> dict[str, str]:
@@ -103,8 +105,9 @@ def deployed(member: Member, model: str, release: str) -> None:
         raise RuntimeError(f"deploy {model} {release} via {member.name}: {answer.text[:2000]}")
 
 
-def log_problems(members: Sequence[Member]) -> Counter[str]:
-    """The warnings and errors in the members' daemon logs (JSON lines), by message."""
+def log_problems(members: Sequence[Member], since: datetime | None = None) -> Counter[str]:
+    """The warnings and errors in the members' daemon logs (JSON lines), by message; with
+    ``since`` (aware), only those logged from then on."""
     found: Counter[str] = Counter()
     for member in members:
         if member.daemon is None or not member.daemon.log_path.exists():
@@ -112,9 +115,15 @@ def log_problems(members: Sequence[Member]) -> Counter[str]:
         for line in member.daemon.log().splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
-                if isinstance(record, dict) and record.get("level") in ("warning", "error"):
-                    message = str(record.get("message", ""))[:200]
-                    found[f"{record['level']} {record.get('logger', '')}: {message}"] += 1
+                if not isinstance(record, dict) or record.get("level") not in PROBLEMS:
+                    continue
+                if (
+                    since is not None
+                    and datetime.fromisoformat(str(record.get("time", ""))) < since
+                ):
+                    continue
+                message = str(record.get("message", ""))[:200]
+                found[f"{record['level']} {record.get('logger', '')}: {message}"] += 1
     return found
 
 

@@ -24,7 +24,8 @@ INTRO_ROW = (
     "where the time goes (the receiving member's deploy, the followers' wait for the wake and "
     "their deploys), failed requests of clients on every member; an idle fleet's store requests "
     "per member per minute on S3 (through a counting proxy) and on a directory store (strace), "
-    "and what 100 members cost per month at S3 list prices |"
+    "and what 100 members cost per month at S3 list prices, at a 5 s keepalive (at today's "
+    "defaults, before and after issue 23: `fleet_idle.py`) |"
 )
 
 # AWS S3 Standard, us-east-1, list prices per 1,000 requests as written down on PRICES_AS_OF
@@ -198,22 +199,14 @@ def table(phases: Phases, idle: IdleCounts) -> str:
 
 
 def cost_split(idle: IdleCounts) -> str:
-    """The idle S3 bill of FLEET members by purpose, and what each further model adds."""
+    """The idle S3 bill of FLEET members by purpose."""
     cost = {p: 0.0 for p, _m in idle.s3}
     for (purpose, method), rate in idle.s3.items():
         cost[purpose] += monthly(rate, method)
     whole = sum(cost.values()) or 1.0
-    split = ", ".join(
+    return ", ".join(
         f"{purpose} {100 * c / whole:.0f} %"
         for purpose, c in sorted(cost.items(), key=lambda x: -x[1])
-    )
-    polls = idle.s3.get(("desired", "LIST"), 0.0)  # one per pass: passes per minute
-    per_model = monthly(polls, "LIST")
-    return (
-        f"{split}; each further model adds one release listing per pass ({polls:.1f} passes a "
-        f"minute; its desired-state record is read again only when its ETag changes), "
-        f"${per_model:,.2f} a month for {FLEET} members (derived from the passes counted here, "
-        "not measured with several models)"
     )
 
 
@@ -242,9 +235,12 @@ def verdict(phases: Phases, idle: IdleCounts) -> str:
         f"Result: 0 failed requests during rollouts: **{'met' if bad == 0 else 'missed'}** "
         f"({bad:.0f} failed or wrong of {requests:.0f}). Every member serving within a fleet "
         f"of one + one poll interval + 1 s, at the median over runs: " + "; ".join(held) + ". "
-        f"An idle member asks S3 {per_minute:.1f} times a minute (poll {POLL:g} s, heartbeat "
-        f"{BEAT:g} s, one model): {FLEET} members cost **${cost:,.2f} a month** at S3 Standard "
-        f"us-east-1 list prices as of {PRICES_AS_OF} ({cost_split(idle)}). On a directory "
+        f"An idle member asks S3 {per_minute:.1f} times a minute at poll {POLL:g} s and a "
+        f"{BEAT:g} s keepalive with one model: {FLEET} members cost **${cost:,.2f} a month** at "
+        f"S3 Standard us-east-1 list prices as of {PRICES_AS_OF} ({cost_split(idle)}); a "
+        f"{BEAT:g} s beat was the default until issue 23, and what an idle member costs at "
+        "today's defaults, before and after the issue, with 1 and 20 models, is "
+        "`fleet_idle.py`'s (below). On a directory "
         f"store an idle member makes {local:.0f} file-system calls a minute on the store."
     )
 
@@ -288,7 +284,8 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
 - Members: each a bundled Triton with a repository of its own and `python -m controlplane
   serve` beside it, configured by environment only: `CONTROLPLANE_FLEET__MEMBER`,
   `CONTROLPLANE_STORE__POLL_INTERVAL_SECONDS` (the interval under test) and
-  `CONTROLPLANE_FLEET__HEARTBEAT_SECONDS=5` (the default); everything else is the default
+  `CONTROLPLANE_FLEET__KEEPALIVE_SECONDS=5` (the heartbeat's default until issue 23, 60 s
+  since; `fleet.heartbeat_seconds` then); everything else is the default
   (strategy `blue-green`, `retire_after_seconds` 30 s). Each fleet size has a directory store
   of its own; all {members} members of one poll interval run at once, on the machine above.
 - Model: Python backend, `OUTPUT0 = INPUT0 * k`, one CPU instance per slot; r0 serves on every
@@ -322,7 +319,8 @@ Smoke run (~1.5 min): `.venv/bin/python bench/fleet.py --quick`.
   0 to one interval (the previous figures, in git history: 14.15 s for 3 members at 10 s). Here
   the followers' deploys share the CPUs (they grow with the fleet); on hosts of their own each
   would take about as long as the single deploy.
-- Idle store traffic (poll {POLL:g} s, heartbeat {BEAT:g} s, the defaults, set explicitly): two
+- Idle store traffic (poll {POLL:g} s, keepalive {BEAT:g} s, set explicitly: the defaults
+  until issue 23; `fleet_idle.py` counts at today's, before and after the issue): two
   more fleets of {idle.s3_members} members serving one model, counted for {args.idle_seconds:g} s
   before the rollouts. S3 is moto's server (its own process) with a counting proxy per member
   (the tests' `FaultProxy`, no fault scripted), each request put in a purpose by its key or

@@ -12,12 +12,12 @@ every name importable from here (``from controlplane.ports import ModelStore``):
     triton       Triton, its metrics, memory and processes, the stress preflight's load
     persistence  one repository per aggregate: serving, operations, releases, rollbacks, ...
     telemetry    Telemetry, what the use cases report for /metrics
-    fleet        DesiredStates (the fleet's records in the store), FleetPeers
+    fleet        DesiredStates (the fleet's records in the store), DesiredStateEvents, FleetPeers
     clock        Clock
 """
 
 from controlplane.ports.clock import Clock
-from controlplane.ports.fleet import DesiredStates, FleetPeers
+from controlplane.ports.fleet import DesiredStateEvents, DesiredStates, FleetPeers
 from controlplane.ports.persistence import (
     AlertBook,
     MemoryBook,
@@ -67,6 +67,7 @@ __all__ = [
     "CachedFiles",
     "ChangeEvents",
     "Clock",
+    "DesiredStateEvents",
     "DesiredStates",
     "FetchProgress",
     "FetchedRelease",

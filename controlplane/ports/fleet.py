@@ -6,7 +6,7 @@ carries nothing, so a member that missed one converges at its next poll all the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from controlplane.domain.fleet import DesiredModel, MemberBeat
@@ -31,9 +31,11 @@ class DesiredStates(Protocol):
         :meth:`ModelStore.describe`)."""
         ...
 
-    def read_all(self) -> dict[str, DesiredModel]:
+    def read_all(self, named: Collection[str] = ()) -> dict[str, DesiredModel]:
         """Every model's record, by model. A record that cannot be read is left out (and
-        kept for :meth:`unreadable`): a model the fleet cannot read is not acted on."""
+        kept for :meth:`unreadable`): a model the fleet cannot read is not acted on.
+        ``named``: models an event said changed, read from the store whatever a cheaper
+        summary of the records (an S3 store's generations index) says."""
         ...
 
     def unreadable(self) -> dict[str, Refusal]:
@@ -62,6 +64,18 @@ class DesiredStates(Protocol):
 
     def forget(self, member: str) -> None:
         """Delete a member's heartbeat (it left the fleet for good)."""
+        ...
+
+
+class DesiredStateEvents(Protocol):
+    """The store's announcements of changes of the desired state, heard by this member alone
+    (its own queue on the bucket's topic): while they are heard throughout, the desired state
+    need not be read to know that it did not change."""
+
+    def vouch(self) -> int | None:
+        """A token that stays the same for as long as every change announced since it was
+        given has been (or will be) passed on (a poke of the fleet sync); None when nothing
+        can be vouched for now (the queue not reached yet, or unreachable)."""
         ...
 
 

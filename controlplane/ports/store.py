@@ -101,6 +101,17 @@ class ModelStore(Protocol):
         prefix) left out because its name is no release's is passed to ``ignored``."""
         ...
 
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        """Every model in the store with its releases, models in natural order: what
+        :meth:`list_models` and then :meth:`list_releases` of each model say, as cheaply as
+        the store can say it (S3: one paginated listing of the whole store, not one per
+        model). A model gone between the two looks is left out (it is not in the store),
+        never :class:`ModelNotFound`; an empty store is ``{}``. Each entry left out for its
+        name is passed to ``ignored`` with the model it is under (None: the store's top)."""
+        ...
+
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         """The release, or :class:`ReleaseNotFound`. A store that does not answer is tried
         again for a few seconds, then :class:`StoreUnavailable`; ``patient`` (a caller that

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
@@ -54,7 +55,7 @@ from controlplane.domain.operations import Cause, Trigger
 from controlplane.domain.refusals import RELEASE_REFUSALS, RecordKind, Refusal
 from controlplane.domain.rollback import DegradedRelease
 from controlplane.domain.turns import rolling_progress
-from controlplane.ports import Clock, ModelRecord, RollbackBook, ServingRepo
+from controlplane.ports import Clock, DesiredStateEvents, ModelRecord, RollbackBook, ServingRepo
 from controlplane.services.deploy import DeployService
 from controlplane.services.fleet_ledger import FleetLedger
 from controlplane.services.fleet_refusals import SyncRefusals, refusal_json
@@ -69,7 +70,8 @@ T = TypeVar("T")
 RETRY = Backoff(first=2.0, limit=300.0)
 TRANSIENT_RETRY_MOST = 10.0  # s: an outage of the store or Triton is retried this often at least
 POKE_GAP = 1.0  # seconds: passes started by other members' wakes are at least this apart
-FORGET_EVERY = 300.0  # s between looks for departed members
+FORGET_EVERY = 900.0  # s between looks for departed members (forgotten after an hour)
+CHECK_EVERY = 300.0  # s: the desired state is read at least this often (store.full_scan_seconds)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class FleetSync:
         overload: Callable[[], str] | None = None,
         wake: Wake | None = None,
         rotation: Rotation | None = None,
+        check_every: float = CHECK_EVERY,
     ) -> None:
         self._ledger = ledger
         self._records = ledger.records
@@ -139,6 +142,14 @@ class FleetSync:
         # what it refuses of the records it reads (and the newest generation read of each)
         self.refusals = SyncRefusals(clock, where=self._records.where)
         self._pokes = PokeGap(POKE_GAP, clock)
+        # Reading the desired state only when something may have changed (module docstring):
+        self._events: DesiredStateEvents | None = None
+        self._check_every = check_every
+        self._vouched: int | None = None  # the events' token at the last read
+        self._next_check = -math.inf  # monotonic time of the next read events cannot spare
+        self._named: set[str] = set()  # models events said changed since the last read
+        self._woken = False  # the wait before this pass was cut short by a wake
+        self._desired_read: dict[str, DesiredModel] = {}  # what the last read returned
 
     @property
     def name_conflict(self) -> str | None:
@@ -194,12 +205,48 @@ class FleetSync:
             task.cancel()  # a no-op once it is done; else this loop was cancelled: so is it
         return task.result()
 
-    def poke(self) -> None:
-        """Another member changed the desired state (``POST /v1/fleet/wake``): read it now, or
-        a second after the last pass that a poke started, whichever is later (a wake needs no
-        token, so a flood of them must not become a flood of store reads)."""
+    def poke(self, models: Collection[str] = ()) -> None:
+        """Another member changed the desired state (``POST /v1/fleet/wake``, or the bucket's
+        event of ``models``' records): read it now, or a second after the last pass that a
+        poke started, whichever is later (a wake needs no token, so a flood of them must not
+        become a flood of store reads)."""
+        self._named.update(models)
         self._pokes.poked = True
         self.wake.set()
+
+    def hear_from(self, events: DesiredStateEvents) -> None:
+        """The bucket's events of changes of the desired state (this member's own queue):
+        while they vouch that nothing changed, a pass reuses what it read last."""
+        self._events = events
+
+    def _must_read(self) -> bool:
+        """Whether this pass reads the desired state from the store: always, unless events
+        vouch that it did not change since the last read, nothing woke this pass, and the
+        last read is less than ``check_every`` s old."""
+        if self.last is None or self.last.error is not None or self._woken or self._named:
+            return True
+        if self._events is None or self._clock.monotonic() >= self._next_check:
+            return True
+        token = self._events.vouch()
+        return token is None or token != self._vouched
+
+    async def _read_desired(self) -> dict[str, DesiredModel]:
+        """The desired state: read from the store when it may have changed, else as last
+        read (events vouch for it)."""
+        self._woken = False
+        if not self._must_read():
+            return dict(self._desired_read)
+        token = self._events.vouch() if self._events is not None else None  # before the read
+        named, self._named = frozenset(self._named), set()
+        try:
+            desired = await asyncio.to_thread(self._records.read_all, named)
+        except BaseException:
+            self._named.update(named)  # read at the next pass
+            raise
+        self._vouched = token
+        self._next_check = self._clock.monotonic() + self._check_every
+        self._desired_read = dict(desired)
+        return desired
 
     async def _until_next_pass(self) -> None:
         """Sleep a poll interval (less when a retry is due, or when woken), beating on the way."""
@@ -211,9 +258,12 @@ class FleetSync:
         while (left := deadline - self._clock.monotonic()) > 0:
             beat_in = max(0.0, self._heart.wake_at - self._clock.monotonic())
             if await self.wake.sleep(min(left, beat_in)) is Woke.WAKE:
+                self._woken = True
                 break
             await self._heart.write_if_due(self.heartbeat())
         await self._pokes.spaced()
+        if self.wake.is_set():  # a wake during the last beat's write or the pokes' gap
+            self._woken = True
         self.wake.clear()
 
     async def sync_pass(self, *, wait: bool = False) -> SyncReport:
@@ -221,7 +271,7 @@ class FleetSync:
         once what it started has ended (the first pass, so readiness means converged)."""
         report = SyncReport(at=self._clock.now())
         try:
-            desired = await asyncio.to_thread(self._records.read_all)
+            desired = await self._read_desired()
         except ControlPlaneError as exc:
             report.error = str(exc)
             if self.stale_since is None:

@@ -16,12 +16,15 @@ looks again at its next scans, and claims it itself if the claimer died before f
 
 A beat costs what changed, not what the store holds. With a store's change events
 (:class:`~controlplane.ports.ChangeEvents`: a local store's inotify, an S3 bucket's
-notifications through SQS) a beat lists only the models whose dirs had events, plus those whose
-last listing failed or whose auto-deploy waits for a retry;
-the whole store is listed every ``full_scan_every`` s anyway, and on every beat while the events
-cannot be trusted (not set up yet, broken, a network filesystem, no events at all, or events
-that may be late or lost: SQS, which names models but never vouches for the others), so an
-event dropped on the way delays a release until the next full scan, never loses it. After each
+notifications through an SQS queue of this member's own) a beat lists only the models whose
+dirs had events, plus those whose last listing failed or whose auto-deploy waits for a retry: a
+quiet beat lists nothing. The whole store is listed every ``full_scan_every`` s anyway, and on
+every beat while the events cannot be trusted (not set up yet, broken, a network filesystem, no
+events at all, or a queue the fleet shares, whose events name models but never vouch for the
+others: another member may have taken theirs), so an event dropped on the way delays a release
+until the next full scan, never loses it. A full scan is one call,
+:meth:`~controlplane.ports.ModelStore.list_store` (one paginated listing of an S3 store, however
+many models it holds); a beat that events name lists those models one by one. After each
 scan the watcher tells the events which models it has listed and acted on
 (:meth:`~controlplane.ports.ChangeEvents.handled`): SQS deletes a message only then. A model
 whose listing is the one the last scan recorded (the store adapters make that listing cheap) is
@@ -247,11 +250,12 @@ class ReleaseWatcher:
         in one worker thread: a hop to a thread per model cost more than listing the model
         once its markers were no longer hashed. The entries the models' listing leaves out are
         appended to ``top``."""
-        names = self._store.list_models(ignored=top.append) if plan.top else []
-        if plan.models is not None:
-            names = sorted(plan.models, key=natural_key)
+        if plan.models is None:
+            return self._list_everything(top)
+        if plan.top:  # only for the entries at the top that are no model's
+            self._store.list_models(ignored=top.append)
         listings = []
-        for model in names:
+        for model in sorted(plan.models, key=natural_key):
             ignored: list[IgnoredName] = []
             try:
                 releases = self._store.list_releases(model, ignored=ignored.append)
@@ -259,6 +263,20 @@ class ReleaseWatcher:
             except ControlPlaneError as exc:
                 listings.append(_Listed(model, exc, []))
         return listings
+
+    def _list_everything(self, top: list[IgnoredName]) -> list[_Listed]:
+        """A full scan: every model and its releases in one call (one listing of an S3 store,
+        whatever its number of models); it fails as a whole or not at all."""
+        ignored: dict[str | None, list[IgnoredName]] = {}
+
+        def left_out(model: str | None, entry: IgnoredName) -> None:
+            ignored.setdefault(model, []).append(entry)
+
+        store = self._store.list_store(ignored=left_out)
+        top.extend(ignored.pop(None, []))
+        return [
+            _Listed(model, releases, ignored.get(model, [])) for model, releases in store.items()
+        ]
 
     async def _scan_model(
         self,

@@ -57,8 +57,20 @@ class StoreNotificationsSettings(Group):
         "(s3:ObjectCreated:*, suffix SHA256SUMS) go to. Each member long-polls it and lists a "
         "model as soon as a release's SHA256SUMS is uploaded; a message is deleted once that "
         "listing is done. The watcher still lists the whole store every "
-        "store.poll_interval_seconds, so a lost event or an unreachable queue delays a "
-        "release until then, never loses it. Default none: polling only (or sns_topic_arn).",
+        "store.poll_interval_seconds (every store.full_scan_seconds with queue_per_member), "
+        "so a lost event or an unreachable queue delays a release until then, never loses it. "
+        "Default none: polling only (or sns_topic_arn).",
+    )
+    queue_per_member: bool = Field(
+        False,
+        description="With sqs_queue_url: the queue is this member's alone, subscribed to the "
+        "SNS topic of the bucket's events (made by the operator, where members may not make "
+        "their own), so it hears every release. Its events then vouch for the models they "
+        "do not name: a quiet beat lists nothing, and the whole store is listed every "
+        "store.full_scan_seconds rather than every store.poll_interval_seconds. Never set it "
+        "for a queue several members read: each event reaches one of them, and the others "
+        "would find that release only at their next full scan. Implied by sns_topic_arn. "
+        "Default false: a queue given may be shared.",
     )
     sns_topic_arn: str | None = Field(
         None,
@@ -119,6 +131,12 @@ class StoreNotificationsSettings(Group):
                 "or by the topic) or sns_topic_arn (each member makes and subscribes its own "
                 "queue), not both"
             )
+        if self.queue_per_member and self.sqs_queue_url is None and self.sns_topic_arn is None:
+            raise ValueError(
+                "store.notifications.queue_per_member says the queue of "
+                "store.notifications.sqs_queue_url is this member's alone: give that queue's "
+                "URL too (or sns_topic_arn, whose queues are each member's own), or remove it"
+            )
         if self.queue_name is not None and self.sns_topic_arn is None:
             raise ValueError(
                 "store.notifications.queue_name names the queue a member makes on the SNS "
@@ -130,6 +148,12 @@ class StoreNotificationsSettings(Group):
     def enabled(self) -> bool:
         """Whether any queue is set: a given one, or this member's on the topic."""
         return self.sqs_queue_url is not None or self.sns_topic_arn is not None
+
+    @property
+    def own_queue(self) -> bool:
+        """Whether this member's queue is its alone: one it makes on the topic, or one given
+        as such (queue_per_member)."""
+        return self.sns_topic_arn is not None or (self.enabled and self.queue_per_member)
 
 
 # arn:<partition>:sns:<region>:<account>:<topic>
@@ -145,19 +169,26 @@ class StoreSettings(Group):
         True, description="Refuse releases without SHA256SUMS (the publisher's commit marker)."
     )
     poll_interval_seconds: float = Field(
-        10.0, gt=0, description="How often the watcher lists the store for new releases."
+        10.0,
+        gt=0,
+        description="How often the watcher looks at the store for new releases: a listing of "
+        "the whole store, or only of the models the store's events named when those events "
+        "can be trusted (store.full_scan_seconds says when).",
     )
     full_scan_seconds: float = Field(
         300.0,
         gt=0,
-        description="Local store: how often the watcher lists every model even though "
-        "filesystem events name the ones that changed (between these, a beat lists only those). "
-        "The safety net for events the kernel drops (an inotify queue overflow): a release "
-        "whose event was missed is seen at the next full scan at the latest, never lost. Where "
-        "events cannot be trusted (a network or FUSE filesystem such as NFS, EFS or SMB, where "
-        "a release published from another host raises no event; inotify unavailable) and for "
-        "S3, every beat is a full scan; with S3's notifications (store.notifications) an event "
-        "brings a listing of its model forward and every quiet beat is a full scan.",
+        description="How often the watcher lists every model even though the store's events "
+        "name the ones that changed (between these, a beat lists only those, and a quiet beat "
+        "nothing): a local store's filesystem events, or an S3 store's notifications through "
+        "a queue of this member's own (store.notifications.sns_topic_arn, or sqs_queue_url "
+        "with queue_per_member). The safety net for events lost on the way (an inotify queue "
+        "overflow, a bucket notification removed): a release whose event was missed is seen "
+        "at the next full scan at the latest, never lost. Where events cannot be trusted (a "
+        "network or FUSE filesystem such as NFS, EFS or SMB, where a release published from "
+        "another host raises no event; inotify unavailable; a queue the fleet shares, or none) "
+        "every beat is a full scan; with a shared queue an event brings a listing of its model "
+        "forward. A full scan of S3 is one listing of the whole store (1,000 keys a request).",
     )
     max_concurrency: int = Field(
         8, ge=1, le=64, description="Parallel downloads (objects and ranged parts) from S3."
@@ -196,7 +227,9 @@ class StoreSettings(Group):
         "they go to, on which each member subscribes a queue of its own (queue_name), so "
         "every member hears every release and change of the desired state "
         "(docs/notifications.md). A member lists a model as soon as its event arrives, rather "
-        "than at the next poll; the polls stay as the safety net. Default none: polling only.",
+        "than at the next poll. With a queue of its own (sns_topic_arn, or queue_per_member) "
+        "a quiet beat lists nothing and the full scans (store.full_scan_seconds) are the safety "
+        "net; with a shared one every quiet beat lists the store. Default none: polling only.",
     )
 
     require_signature: bool = Field(

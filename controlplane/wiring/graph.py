@@ -43,6 +43,8 @@ def build(settings: Settings) -> Container:
     sync = _fleet_sync(base, ops, ledger, overload, fleet_wake)
     # The bucket's events of a change of the desired state wake the sync as a peer's wake does.
     watching = parts.watching(base, ops, sync.poke if sync is not None else None)
+    if sync is not None and watching.events is not None:
+        sync.hear_from(watching.events)  # a queue of its own vouches: no read while quiet
     fleet_view = (
         FleetService(records=ledger.records, sync=sync, clock=base.clock)
         if (ledger is not None and sync is not None)
@@ -185,6 +187,7 @@ def _fleet_sync(
         overload=overload.verdict if overload is not None else None,
         wake=wake,
         rotation=ops.rotation,
+        check_every=settings.store.full_scan_seconds,
     )
 
 

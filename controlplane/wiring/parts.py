@@ -287,7 +287,7 @@ class Watching:
 
 
 def watching(
-    b: Base, ops: Pipelines, desired_changed: Callable[[], None] | None = None
+    b: Base, ops: Pipelines, desired_changed: Callable[[frozenset[str]], None] | None = None
 ) -> Watching:
     """The release watcher and what tells it of changes; ``desired_changed`` (the fleet sync's
     wake) hears the bucket's events of changes of the desired state."""

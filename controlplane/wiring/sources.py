@@ -43,7 +43,7 @@ def build_store_events(
     store: ModelStore,
     wake: Callable[[], None],
     clock: Clock,
-    desired_changed: Callable[[], None] | None = None,
+    desired_changed: Callable[[frozenset[str]], None] | None = None,
 ) -> LocalStoreEvents | SqsStoreEvents | None:
     """What tells the release watcher which models changed: a local store's inotify, an S3
     bucket's notifications through the SQS queue the settings name (or this member's own queue
@@ -72,6 +72,8 @@ def build_store_events(
         wake=wake,
         clock=clock,
         poll_interval=settings.store.poll_interval_seconds,
+        own_queue=notifications.own_queue,
+        full_scan_every=settings.store.full_scan_seconds,
         desired_changed=desired_changed,
     )
 
@@ -86,7 +88,7 @@ def build_records(
         from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 
         assert isinstance(store, S3Store)
-        return S3DesiredStates(store, clock=clock)
+        return S3DesiredStates(store, clock=clock, listing_every=settings.store.full_scan_seconds)
     return LocalDesiredStates(settings.store.local_path, clock=clock)
 
 

@@ -50,6 +50,7 @@ MODEL = "m"
 KEY = f"{PREFIX}/_controlplane/desired/{MODEL}.json"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 RecordsFactory = Callable[..., S3DesiredStates]
+LISTING_EVERY = 300.0  # store.full_scan_seconds: the records are listed at a reader's first read
 
 
 def generation_one(model: str = MODEL, *, by: str = "a", release: str = "r1") -> DesiredModel:
@@ -107,8 +108,9 @@ def make_records(proxy: FaultProxy, bucket: str) -> Iterator[RecordsFactory]:
         client = s3_client(proxy.endpoint)
         clients.append(client)
         kwargs.setdefault("backoff_max", 0.005)
+        listing_every = kwargs.pop("listing_every", LISTING_EVERY)
         store = S3Store(f"s3://{bucket}/{prefix}", client=client, **kwargs)
-        return S3DesiredStates(store, clock=clock)
+        return S3DesiredStates(store, clock=clock, listing_every=listing_every)
 
     yield make
     for client in clients:
@@ -298,8 +300,11 @@ def test_read_all_leaves_out_and_lists_what_it_cannot_use(
 
 
 def test_an_unchanged_desired_state_costs_one_listing_and_no_get(
-    records: S3DesiredStates, proxy: FaultProxy, direct: Any, bucket: str
+    make_records: RecordsFactory, proxy: FaultProxy, direct: Any, bucket: str
 ) -> None:
+    """The listing (what every read is in a fleet whose generations index cannot be used, and
+    every store.full_scan_seconds otherwise: test_fleet_index_s3.py) reads only what moved."""
+    records = make_records(listing_every=0.0)
     for model in ("a", "b", "c"):
         records.swap(generation_one(model))
     first = records.read_all()
@@ -389,6 +394,7 @@ def test_the_records_live_under_controlplane_and_list_models_never_lists_them(
         keys = [o["Key"] for o in direct.list_objects_v2(Bucket=bucket)["Contents"]]
         assert sorted(k for k in keys if "_controlplane" in k) == [
             f"{PREFIX}/_controlplane/desired/{MODEL}.json",
+            f"{PREFIX}/_controlplane/generations.json",
             f"{PREFIX}/_controlplane/members/a.json",
         ]
         assert store.list_models() == ["model-a"]
@@ -412,7 +418,7 @@ def test_with_the_store_down_reads_give_up_within_the_scan_budget(
 
     assert SCAN_RETRY_SECONDS <= took < SCAN_RETRY_SECONDS + 3  # not the 60 s of a deploy
     assert caught.value.details["cause"] == "connection"
-    assert "_controlplane/desired" in str(caught.value)
+    assert "_controlplane/" in str(caught.value)
 
 
 def test_with_the_store_down_every_call_is_store_unavailable(
@@ -460,13 +466,13 @@ def test_a_listing_cut_after_its_headers_is_retried_not_read_as_empty(
     records.beat(heartbeat("a"))
     records.beat(heartbeat("b"))
     records.swap(generation_one())
-    reads: list[tuple[Callable[[], dict[str, Any]], list[str]]] = [
-        (records.beats, ["a", "b"]),
-        (records.read_all, [MODEL]),
+    reads: list[tuple[Callable[[], dict[str, Any]], list[str], int]] = [
+        (records.beats, ["a", "b"], 0),
+        (records.read_all, [MODEL], 1),  # after its GET of the generations index
     ]
-    for read, expected in reads:
+    for read, expected, skip in reads:
         listings = _listings(proxy)
-        proxy.fail_next(1, "cut_after_headers", key=f"/{bucket}")
+        proxy.fail_next(1, "cut_after_headers", key=f"/{bucket}", skip=skip)
         assert sorted(read()) == expected
         assert _listings(proxy) == listings + 2  # the cut one, and the one retried
 

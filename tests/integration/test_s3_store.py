@@ -16,6 +16,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +204,74 @@ def test_the_listings_report_the_prefixes_they_ignore_for_their_names(
         ("r 5", f"{base}/m/r 5/"),
     ]
     assert all("is not allowed: use letters, digits" in e.reason for e in models + releases)
+
+
+def test_the_whole_store_in_one_listing_says_what_listing_model_by_model_says(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy
+) -> None:
+    """Models on both sides of ``_controlplane/`` (capitals and digits sort before '_'), and
+    1,200 heartbeats between them: more than a page (1,000 keys) of records, skipped by a
+    listing that starts after them; names that are no model's or release's reported alike."""
+    for model in ("2tower", "Bert", "resnet", "vit"):
+        upload_release(direct, bucket, PREFIX, model, "r1", {"config.pbtxt": b"x"})
+    upload_release(direct, bucket, PREFIX, "resnet", "r2", {"a": b"1"}, checksums=False)
+    upload_release(direct, bucket, PREFIX, "resnet", "r 5", {"a": b"1"})
+    upload_release(direct, bucket, PREFIX, "bad name", "r1", {"a": b"1"})
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/vit/r1/SHA256SUMS.sig", Body=b"sig")
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/_controlplane/desired/vit.json", Body=b"{}")
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda n: direct.put_object(
+                    Bucket=bucket, Key=f"{PREFIX}/_controlplane/members/m{n:04}.json", Body=b"{}"
+                ),
+                range(1200),
+            )
+        )
+    store = make_store()
+    ignored: list[tuple[str | None, IgnoredName]] = []
+    before = len(proxy.requests)
+
+    listed = store.list_store(ignored=lambda model, entry: ignored.append((model, entry)))
+
+    listings = proxy.requests[before:]
+    by_model: list[tuple[str | None, IgnoredName]] = []
+    expected = {}
+    for model in store.list_models(ignored=lambda entry: by_model.append((None, entry))):
+        expected[model] = store.list_releases(model, ignored=partial(_in, by_model, model))
+    assert listed == expected
+    assert sorted(ignored, key=str) == sorted(by_model, key=str)
+    assert list(listed) == ["2tower", "Bert", "resnet", "vit"]
+    assert [(r.name, r.complete, r.signed) for r in listed["resnet"] + listed["vit"]] == [
+        ("r1", True, False),
+        ("r2", False, False),
+        ("r1", True, True),
+    ]
+    assert sorted((model, entry.name) for model, entry in ignored if model) == [("resnet", "r 5")]
+    assert [entry.name for model, entry in ignored if model is None] == ["bad name"]
+    # The keys before the records and the first page of records, then the keys after them.
+    assert len(listings) == 2, listings
+    assert f"start-after={PREFIX}/_controlplane0" in listings[1].query
+
+
+def _in(found: list[tuple[str | None, IgnoredName]], model: str | None, entry: IgnoredName) -> None:
+    found.append((model, entry))
+
+
+def test_a_whole_store_of_twenty_models_is_one_request(
+    direct: Any, bucket: str, make_store: StoreFactory, proxy: FaultProxy
+) -> None:
+    for n in range(20):
+        upload_release(direct, bucket, PREFIX, f"model-{n}", "r1", {"config.pbtxt": b"x"})
+    direct.put_object(Bucket=bucket, Key=f"{PREFIX}/_controlplane/members/m1.json", Body=b"{}")
+    store = make_store()
+    before = len(proxy.requests)
+
+    listed = store.list_store()
+
+    assert len(proxy.requests) - before == 1
+    assert list(listed) == [f"model-{n}" for n in range(20)]
+    assert make_store("empty-prefix").list_store() == {}
 
 
 def test_list_releases_of_an_unknown_model_is_model_not_found(make_store: StoreFactory) -> None:

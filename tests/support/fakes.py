@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from controlplane.adapters.triton.overrides import alias_config, cpu_only_config
 from controlplane.domain.errors import (
     ControlPlaneError,
     PreflightFailed,
+    StoreUnavailable,
     TritonError,
     TritonLoadFailed,
     TritonTimeout,
@@ -546,6 +547,8 @@ class FakeDesiredStates:
         self.heartbeats: dict[str, MemberBeat] = {}
         self.written: list[DesiredModel] = []
         self.refused: dict[str, Refusal] = {}  # what unreadable() says: records a read refused
+        self.reads: list[frozenset[str]] = []  # each read_all, by the models it was told of
+        self.failing = 0  # this many read_all calls from now on raise StoreUnavailable
         self._meanwhile: deque[Callable[[], DesiredModel]] = deque()
         self._lock = threading.Lock()
 
@@ -556,7 +559,11 @@ class FakeDesiredStates:
     def read(self, model: str, *, patient: bool = False) -> DesiredModel | None:
         return self.desired.get(model)
 
-    def read_all(self) -> dict[str, DesiredModel]:
+    def read_all(self, named: Collection[str] = ()) -> dict[str, DesiredModel]:
+        self.reads.append(frozenset(named))
+        if self.failing > 0:
+            self.failing -= 1
+            raise StoreUnavailable(f"{self.where} does not answer (the test says so)")
         return dict(self.desired)
 
     def swap(self, desired: DesiredModel) -> None:

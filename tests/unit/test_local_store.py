@@ -204,6 +204,39 @@ def test_a_manifest_dir_does_not_make_a_release_complete(store_root: Path) -> No
     assert LocalStore(store_root).list_releases("m") == [ReleaseInfo("m", "r1", False)]
 
 
+def test_list_store_is_the_models_then_each_models_releases(store_root: Path) -> None:
+    for model, release in (("resnet", "r1"), ("resnet", "r2"), ("bert10", "r1"), ("bert2", "r1")):
+        write_release(store_root, model, release, {"config.pbtxt": CONFIG})
+    write_release(store_root, "resnet", "r 5", {"config.pbtxt": CONFIG})
+    (store_root / "with space").mkdir()
+    (store_root / "empty").mkdir()
+    store = LocalStore(store_root)
+    ignored: list[tuple[str | None, str]] = []
+
+    listed = store.list_store(ignored=lambda model, entry: ignored.append((model, entry.name)))
+
+    assert list(listed) == ["bert2", "bert10", "empty", "resnet"]
+    assert listed == {model: store.list_releases(model) for model in store.list_models()}
+    assert set(ignored) == {(None, "with space"), ("resnet", "r 5")}
+
+
+def test_list_store_leaves_out_a_model_gone_since_the_models_were_listed(
+    store_root: Path,
+) -> None:
+    class Racing(LocalStore):
+        def list_models(self, **kwargs: Any) -> list[str]:
+            return [*super().list_models(**kwargs), "vanished"]  # removed right after
+
+    write_release(store_root, "m", "r1", {"config.pbtxt": CONFIG})
+
+    assert list(Racing(store_root).list_store()) == ["m"]
+
+
+def test_list_store_of_a_missing_store_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable):
+        LocalStore(tmp_path / "gone").list_store()
+
+
 def test_list_releases_of_an_unknown_model(store_root: Path) -> None:
     with pytest.raises(ModelNotFound) as caught:
         LocalStore(store_root).list_releases("ghost")

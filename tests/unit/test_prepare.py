@@ -161,6 +161,11 @@ class StallingStore:
     ) -> list[ReleaseInfo]:
         return self._inner.list_releases(model, ignored=ignored)
 
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        return self._inner.list_store(ignored=ignored)
+
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         return self._inner.describe(model, release, patient=patient)
 

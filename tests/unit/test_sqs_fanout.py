@@ -132,7 +132,7 @@ def _job(
         bucket="models",
         base="prod/",
         wake=lambda: wakes.append("watcher"),
-        desired_changed=lambda: wakes.append("fleet sync"),
+        desired_changed=lambda models: wakes.append(f"fleet sync: {', '.join(sorted(models))}"),
         clock=clock,
         poll_interval=300,
         client=sqs,
@@ -240,12 +240,15 @@ def test_a_change_of_the_desired_state_wakes_the_fleet_sync_and_a_heartbeat_noth
         assert wakes == []
 
         sqs.send("deployed", _through_sns("prod/_controlplane/desired/resnet.json"))
-        await until(lambda: wakes == ["fleet sync"], "the fleet sync woken")
+        await until(lambda: wakes == ["fleet sync: resnet"], "the fleet sync woken for resnet")
         await until(lambda: "deployed" in sqs.deleted, "deleted at once: the sync reads it all")
         sqs.send(
             "by hand", _through_sns("prod/_controlplane/desired/bert.json", "ObjectRemoved:Delete")
         )
-        await until(lambda: wakes == ["fleet sync"] * 2, "woken for a record deleted by hand")
+        await until(
+            lambda: wakes == ["fleet sync: resnet", "fleet sync: bert"],
+            "woken for a record deleted by hand",
+        )
         await until(lambda: "by hand" in sqs.deleted, "that one deleted too")
         assert events.take().models == frozenset()  # nothing for the release watcher to list
         job.cancel()

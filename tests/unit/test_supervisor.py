@@ -55,6 +55,11 @@ class FullDiskStore:
     ) -> list[ReleaseInfo]:
         raise OSError(28, "No space left on device")
 
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        raise OSError(28, "No space left on device")
+
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         raise OSError(28, "No space left on device")
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+from controlplane.adapters.stores.local import LocalStore
+from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.operations import REFUSE
+from controlplane.domain.releases import ReleaseInfo
 from controlplane.ports import StoreChanges
 from controlplane.services.deploy import DeployService
 from controlplane.services.watcher import ReleaseWatcher
@@ -38,8 +42,40 @@ class FakeEvents:
         self.acted.append(models)
 
 
+class CountingStore(LocalStore):
+    """The local store, saying what the watcher asked of it: ``store`` for a listing of the
+    whole store, ``<model>`` for a listing of one model's releases."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.asked: list[str] = []
+        self._whole = False
+
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        self.asked.append("store")
+        self._whole = True
+        try:
+            return super().list_store(ignored=ignored)
+        finally:
+            self._whole = False
+
+    def list_releases(
+        self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
+    ) -> list[ReleaseInfo]:
+        if not self._whole:
+            self.asked.append(model)
+        return super().list_releases(model, ignored=ignored)
+
+
 def _watcher(
-    service: DeployService, parts: Parts, events: FakeEvents, *, auto_deploy: bool = False
+    service: DeployService,
+    parts: Parts,
+    events: FakeEvents,
+    *,
+    auto_deploy: bool = False,
+    store: LocalStore | None = None,
 ) -> ReleaseWatcher:
     return release_watcher(
         service,
@@ -48,6 +84,7 @@ def _watcher(
         interval=1.0,
         events=events,
         full_scan_every=FULL_SCAN,
+        store=store or parts.store,
     )
 
 
@@ -70,6 +107,32 @@ def test_a_beat_lists_only_the_models_the_events_name(tmp_path: Path) -> None:
             assert [(r.model, r.name) for r in beat.new] == [("b", "r2")]
             assert (quiet.full, quiet.listed, quiet.new) == (False, [], [])
             assert [r.name for r in await parts.repos.releases.seen("b")] == ["r1", "r2"]
+
+    asyncio.run(scenario())
+
+
+def test_a_full_scan_is_one_listing_of_the_store_and_a_quiet_beat_lists_nothing(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with deploy_service(tmp_path) as (service, parts):
+            for model in ("a", "b", "c"):
+                write_scale_release(parts.store_path, model, "r1", k=1.0)
+            store = CountingStore(parts.store_path)
+            events = FakeEvents()
+            watcher = _watcher(service, parts, events, store=store)
+
+            first = await watcher.scan()
+            events.name("c")
+            await watcher.scan()
+            for _ in range(3):
+                await watcher.scan()
+            parts.clock.advance(FULL_SCAN)
+            due = await watcher.scan()
+
+            assert first.listed == due.listed == ["a", "b", "c"]
+            assert due.full
+            assert store.asked == ["store", "c", "store"]
 
     asyncio.run(scenario())
 

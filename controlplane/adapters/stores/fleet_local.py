@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -83,10 +83,11 @@ class LocalDesiredStates:
         require_named(desired, model, str(path))
         return desired
 
-    def read_all(self) -> dict[str, DesiredModel]:
-        """Every record; a file is read again only when its inode, size or mtime changed
-        (every write renames a new file in, so a change is a new inode): every member reads
-        every poll interval, so an idle fleet costs one stat per model."""
+    def read_all(self, named: Collection[str] = ()) -> dict[str, DesiredModel]:
+        """Every record (``named`` changes nothing: every record is looked at); a file is read
+        again only when its inode, size or mtime changed (every write renames a new file in,
+        so a change is a new inode): every member reads every poll interval, so an idle fleet
+        costs one stat per model."""
         self._require_root()
         found: dict[str, DesiredModel] = {}
         seen: dict[Path, tuple[tuple[int, int, int], DesiredModel | Refusal | None]] = {}

@@ -129,6 +129,21 @@ class LocalStore:
         self._markers.keep_only(model, (info.name for _, info in keyed))
         return [info for _, info in keyed]
 
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        """The models, then each model's releases: a directory has no listing of the whole
+        tree that would be cheaper (each model dir is read once either way)."""
+        store: dict[str, list[ReleaseInfo]] = {}
+        top = None if ignored is None else functools.partial(ignored, None)
+        for model in self.list_models(ignored=top):
+            under = None if ignored is None else functools.partial(ignored, model)
+            try:
+                store[model] = self.list_releases(model, ignored=under)
+            except ModelNotFound:
+                continue  # gone since the models were listed: it is not in the store
+        return store
+
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         # A directory answers at once or not at all: nothing to wait for, patient or not.
         path = self._release_dir(model, release)

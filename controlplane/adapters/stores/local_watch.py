@@ -90,6 +90,11 @@ class LocalStoreEvents:
         self._missed = self.state is not WatchState.LIVE
         return changes
 
+    def vouch(self) -> int | None:
+        """Never: a directory store's desired state is a stat per model to read, and a fleet
+        shares it over a network filesystem, whose changes made elsewhere no inotify hears."""
+        return None
+
     def handled(self, models: frozenset[str]) -> None:
         """Nothing to do: an inotify event is not redelivered."""
 

@@ -12,7 +12,8 @@ fetched) and :mod:`.s3_download` (the parallel download of a release's objects).
 Retries are ours (:mod:`.retries`, bounded by ``retry_seconds``): the client is built with
 botocore's own retries off, so one policy decides and the attempt count in a message is the
 real one. What a deploy fetches (the manifest, the listing, every GET) gets the whole budget;
-the scans of the watcher and of status (``list_models``, ``list_releases``) and ``describe``
+the scans of the watcher and of status (``list_models``, ``list_releases``, ``list_store``) and
+``describe``
 get a few seconds: the scans run again on their own, and ``describe`` answers an API call
 before any work starts (a store that does not answer is ``store_unavailable`` within seconds,
 for the caller to retry, rather than a request held for the whole budget). A caller that
@@ -115,6 +116,11 @@ class S3Store:
         self, model: str, *, ignored: Callable[[IgnoredName], None] | None = None
     ) -> list[ReleaseInfo]:
         return s3_listing.list_releases(self._bucket, model, ignored=ignored)
+
+    def list_store(
+        self, *, ignored: Callable[[str | None, IgnoredName], None] | None = None
+    ) -> dict[str, list[ReleaseInfo]]:
+        return s3_listing.list_store(self._bucket, ignored=ignored)
 
     def describe(self, model: str, release: str, *, patient: bool = False) -> ReleaseInfo:
         return s3_listing.describe(self._bucket, model, release, patient=patient)

@@ -247,12 +247,20 @@ class S3Bucket:
             raise Interrupted(f"the store {self.uri} is closing") from None
 
     def pages(
-        self, prefix: str, *, delimiter: str | None = None, retrier: Retrier | None = None
+        self,
+        prefix: str,
+        *,
+        delimiter: str | None = None,
+        retrier: Retrier | None = None,
+        start_after: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """ListObjectsV2 pages under ``prefix``; each page call is retried on its own."""
+        """ListObjectsV2 pages under ``prefix`` (of the keys after ``start_after``, when
+        given); each page call is retried on its own."""
         kwargs: dict[str, Any] = {"Bucket": self.name, "Prefix": prefix}
         if delimiter is not None:
             kwargs["Delimiter"] = delimiter
+        if start_after is not None:
+            kwargs["StartAfter"] = start_after
         while True:
             page = self.call(lambda: self.client.list_objects_v2(**kwargs), prefix, retrier)
             yield page

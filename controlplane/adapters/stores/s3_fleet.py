@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import logging
+import math
+import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -51,11 +55,15 @@ from controlplane.adapters.stores.fleet_records import (
     utc_now,
 )
 from controlplane.adapters.stores.s3 import S3Store
-from controlplane.domain.errors import ControlPlaneError, ReleaseNotFound, StoreError
+from controlplane.adapters.stores.s3_generations import Entry, GenerationsIndex
+from controlplane.domain.errors import ControlPlaneError, InvalidName, ReleaseNotFound, StoreError
 from controlplane.domain.fleet import RESERVED_PREFIX, DesiredModel, MemberBeat
 from controlplane.domain.names import validate_member_name, validate_model_name
 from controlplane.domain.refusals import Refusal
 
+log = logging.getLogger(__name__)
+LISTING_EVERY = 300.0  # s between listings of the records (store.full_scan_seconds)
+MOST_FETCHES = 32  # records one read fetches through the index; more: a listing instead
 # A lost race: the precondition failed, or two conditional writes raced. (An If-Match on a key
 # deleted since it was read, NoSuchKey, is one too: see _put.)
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
@@ -70,7 +78,14 @@ class S3DesiredStates:
     have landed (:attr:`MemberBeat.landed`: an object's LastModified, moved by how far the
     Date of the answer that gave it is from this reader's clock)."""
 
-    def __init__(self, store: S3Store, *, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        store: S3Store,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        listing_every: float = LISTING_EVERY,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._client = store.client
@@ -83,6 +98,13 @@ class S3DesiredStates:
         self._seen: dict[str, tuple[str, DesiredModel | Refusal | None]] = {}
         self._bad_beats: dict[str, Refusal] = {}  # member records the last listing refused
         self._beats_seen: dict[str, tuple[str, MemberBeat | Refusal | None]] = {}  # ETag, beat
+        self._index = GenerationsIndex(store)
+        self._known_index: dict[str, Entry] = {}  # what the index said when last read whole
+        self._acted: dict[str, str] = {}  # key -> the index's version of it last looked at
+        self._listing_every = listing_every
+        self._monotonic = monotonic
+        self._next_listing = -math.inf  # monotonic time of the next listing of the records
+        self._reading = threading.Lock()
 
     @property
     def where(self) -> str:
@@ -96,11 +118,59 @@ class S3DesiredStates:
         require_named(found[0], model, self._url(key))
         return found[0]
 
-    def read_all(self) -> dict[str, DesiredModel]:
-        """One listing, and a GET only of the records whose ETag changed since the last call:
-        every member reads every poll interval, so an idle fleet costs one LIST per member
-        per poll, whatever the number of models."""
-        records: dict[str, DesiredModel] = {}
+    def read_all(self, named: Collection[str] = ()) -> dict[str, DesiredModel]:
+        """Every model's record. Every member reads every poll interval, so what an idle
+        fleet pays here is what an idle reader asks: one GET of the generations index with
+        ``If-None-Match`` (answered 304 while nothing changed), and a GET of a record only
+        when the index names a version of it this reader does not hold, or when an event
+        ``named`` its model (the event of a record may come before its writer set the
+        index). Every ``listing_every`` s, on every read while the fleet has no index this
+        reader can use, and when the index names more than :data:`MOST_FETCHES` records to
+        fetch, the records are listed instead (a GET only of those whose ETag changed), and
+        the index is repaired (:mod:`.s3_generations`). One read at a time (the fleet sync's
+        and the fleet view's come from two threads)."""
+        with self._reading:
+            if self._monotonic() >= self._next_listing:
+                return self._read_by_listing()
+            try:
+                return self._read_by_index(named)
+            except BaseException:
+                self._index.forget()  # what moved is read again next time, not taken as read
+                raise
+
+    def _read_by_index(self, named: Collection[str]) -> dict[str, DesiredModel]:
+        entries = self._index.changed()
+        if entries is None:
+            return self._read_by_listing()
+        seen = dict(self._seen)
+        acted = dict(self._acted)
+        wanted = {self._key(model) for model in named if _is_model_name(model)}
+        if isinstance(entries, dict):
+            self._known_index = entries
+            for model, (version, _) in entries.items():
+                key = self._key(model)
+                held = seen.get(key)
+                if version != acted.get(key) and (held is None or held[0] != version):
+                    wanted.add(key)
+                acted[key] = version
+        if len(wanted) > MOST_FETCHES:  # a listing reads them cheaper (1,000 ETags a page)
+            return self._read_by_listing()
+        for key in sorted(wanted):
+            fetched = self._fetch(key)
+            if fetched is None:
+                seen.pop(key, None)
+                continue
+            seen[key] = (fetched.etag, read_desired(fetched.data, self._url(key), _name(key)))
+        self._seen, self._acted = seen, acted  # a concurrent reader sees the old or the new
+        return _records_of(seen)
+
+    def _read_by_listing(self) -> dict[str, DesiredModel]:
+        """One listing, and a GET only of the records whose ETag changed since they were read;
+        then the index repaired, where it names other versions than those listed."""
+        known = self._index.changed()  # first: a swap from now on shows in the listing
+        if isinstance(known, dict):
+            self._known_index = known
+        before = dict(self._known_index) if known is not None else {}
         seen: dict[str, tuple[str, DesiredModel | Refusal | None]] = {}
         for key, etag in self._listed(self._desired).items():
             cached = self._seen.get(key)
@@ -109,10 +179,31 @@ class S3DesiredStates:
             else:
                 record = self._read_record(key)
             seen[key] = (etag, record)
-            if isinstance(record, DesiredModel):
-                records[record.model] = record
         self._seen = seen  # one assignment: a concurrent reader sees the old or the new
-        return records
+        self._acted = {key: etag for key, (etag, _) in seen.items()}
+        listed = {
+            record.model: (etag, record.generation)
+            for etag, record in seen.values()
+            if isinstance(record, DesiredModel)
+        }
+        if known is None or listed != before:
+            self._write_index(lambda: self._index.repair(listed, before))
+        self._next_listing = self._monotonic() + self._listing_every
+        return _records_of(seen)
+
+    def _write_index(self, write: Callable[[], bool]) -> None:
+        """``write`` the index; a store that refuses leaves it to the next listing (the
+        records are what members follow; the index only makes reading them cheap)."""
+        try:
+            write()
+        except ControlPlaneError as exc:
+            log.info(
+                "could not write the fleet's generations index %s (%s); members list the "
+                "desired state until it is",
+                self._index.where,
+                exc,
+            )
+        self._index.forget()  # read it whole next time: it may hold more than was written
 
     def unreadable(self) -> dict[str, Refusal]:
         desired = {
@@ -143,6 +234,8 @@ class S3DesiredStates:
         after = self._get(key, patient=True)
         if after is None or not same_write(after[0], desired):
             raise conflict(desired, after[0] if after else None, self._url(key))
+        entry = {desired.model: (after[1], desired.generation)}
+        self._write_index(lambda: self._index.record(entry))
 
     def beat(self, beat: MemberBeat) -> None:
         key = f"{self._members}{validate_member_name(beat.member)}{SUFFIX}"
@@ -291,6 +384,9 @@ class S3DesiredStates:
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{key}"
 
+    def _key(self, model: str) -> str:
+        return f"{self._desired}{model}{SUFFIX}"
+
 
 class _Fetched(NamedTuple):
     data: bytes
@@ -300,3 +396,17 @@ class _Fetched(NamedTuple):
 
 def _name(key: str) -> str:
     return key.rpartition("/")[2]
+
+
+def _records_of(
+    seen: dict[str, tuple[str, DesiredModel | Refusal | None]],
+) -> dict[str, DesiredModel]:
+    return {record.model: record for _, record in seen.values() if isinstance(record, DesiredModel)}
+
+
+def _is_model_name(name: str) -> bool:
+    try:
+        validate_model_name(name)
+    except InvalidName:
+        return False
+    return True

@@ -7,10 +7,14 @@ release watcher with the models the events name (:mod:`.s3_events` reads a messa
 store's :class:`~controlplane.ports.ChangeEvents`, as the local store's inotify is, with two
 differences that follow from SQS:
 
-- **At-least-once, late or lost.** So events never vouch for the models they do not name: a
-  take that names none is "not complete", and the watcher's quiet beat (every
-  ``store.poll_interval_seconds``) lists the whole store. An event only brings a listing
-  forward.
+- **At-least-once, late or lost; one consumer each.** A queue of this member's own (the
+  fan-out's, or one given with ``store.notifications.queue_per_member``) hears every release
+  marker: a take vouches for the models it does not name (``complete``) when the queue was
+  live the whole time since the previous take (never the first take after its first answer or
+  after an unreachable spell), so a quiet beat lists nothing, and the whole store every
+  ``store.full_scan_seconds`` finds what an event lost on the way would have named. A queue the
+  fleet shares hands each event to one member: a quiet take is not complete, and every quiet
+  beat (``store.poll_interval_seconds``) lists the whole store.
 - **A message is deleted only once handled.** A take hands the named models' messages to the
   watcher's scan; they are deleted when the watcher says it has listed those models and acted
   on them (:meth:`handled`), and only those. A daemon that dies in between, or a listing that
@@ -78,8 +82,11 @@ class SqsStoreEvents:
     the job that receives them.
 
     ``queue``: the URL of a queue given, or this member's queue on the fleet's SNS topic, made
-    by the job before it receives. ``desired_changed``: what to call when the fleet's desired
-    state changed (the fleet sync's wake); None without a fleet."""
+    by the job before it receives. ``own_queue``: the queue given is this member's alone (one
+    it makes always is), so its events vouch for the models they do not name;
+    ``full_scan_every``: the watcher's full scans, for the log. ``desired_changed``: what to
+    call when the fleet's desired state changed (the fleet sync's wake); None without a
+    fleet."""
 
     def __init__(
         self,
@@ -90,7 +97,9 @@ class SqsStoreEvents:
         wake: Callable[[], None],
         clock: Clock,
         poll_interval: float,
-        desired_changed: Callable[[], None] | None = None,
+        own_queue: bool = False,
+        full_scan_every: float = 300.0,
+        desired_changed: Callable[[frozenset[str]], None] | None = None,
         client: Any | None = None,
         wait_seconds: int = WAIT_SECONDS,
         backoff: Backoff = RECONNECT,
@@ -103,6 +112,8 @@ class SqsStoreEvents:
         self._desired_changed = desired_changed
         self._clock = clock
         self._poll_interval = poll_interval
+        self._vouches = own_queue or isinstance(queue, MemberQueue)  # hears every marker
+        self._full_scan_every = full_scan_every
         self._wait = wait_seconds
         self._backoff = backoff
         self._owns_client = client is None
@@ -115,6 +126,7 @@ class SqsStoreEvents:
         self._to_delete: list[str] = []
         self._deletes = asyncio.Event()
         self._drops = _DropLog(clock)
+        self._lives = 0  # how many times the queue turned live: a token for vouch()
 
     # --- ChangeEvents -------------------------------------------------------------------
 
@@ -122,7 +134,10 @@ class SqsStoreEvents:
         # Messages taken by a scan that never said it handled them (it failed) are left
         # alone: SQS shows them again after their visibility timeout.
         self._taken, self._pending = self._pending, {}
-        complete = bool(self._taken) and self._health.up and not self._missed
+        live = self._health.up and not self._missed  # the whole time since the last take
+        # A queue of this member's own hears every release: what it did not name did not
+        # change. A shared one's events for other models may have gone to another member.
+        complete = live and (self._vouches or bool(self._taken))
         self._missed = not self._health.up
         return StoreChanges(frozenset(self._taken), complete=complete)
 
@@ -131,6 +146,16 @@ class SqsStoreEvents:
             self._to_delete.extend(self._taken.pop(model))
         if self._to_delete:
             self._deletes.set()
+
+    def vouch(self) -> int | None:
+        """The fleet sync's :class:`~controlplane.ports.DesiredStateEvents`: a token that
+        holds while this member's own queue (the fan-out) is live, so every change of the
+        desired state the bucket announces reaches it (``own_queue``, or one it made); None
+        with a queue the fleet shares (another member may take an event), or while the queue
+        is not live."""
+        if not self._vouches or self._desired_changed is None or not self._health.up:
+            return None
+        return self._lives
 
     def health(self) -> NotificationHealth:
         return self._health
@@ -181,7 +206,7 @@ class SqsStoreEvents:
             if heard.models:
                 self._wake()
             if heard.desired and self._desired_changed is not None:
-                self._desired_changed()
+                self._desired_changed(heard.desired)
             if self._to_delete:
                 self._deletes.set()
 
@@ -269,6 +294,7 @@ class SqsStoreEvents:
             return
         was = self._health.state
         self._set(NotificationState.LIVE)
+        self._lives += 1
         if was is NotificationState.UNREACHABLE:
             log.info(
                 "SQS queue %s answers again: new releases are listed as soon as their "
@@ -279,12 +305,16 @@ class SqsStoreEvents:
         else:
             log.info(
                 "receiving the bucket's events from SQS queue %s: a release is listed as soon "
-                "as its SHA256SUMS is uploaded%s (and the whole store every %g s)",
+                "as its SHA256SUMS is uploaded%s; %s",
                 self._queue,
                 ", the fleet's desired state read as soon as it changes"
                 if self._desired_changed is not None
                 else "",
-                self._poll_interval,
+                f"the queue is this member's own, so a quiet beat lists nothing and the whole "
+                f"store is listed every {self._full_scan_every:g} s"
+                if self._vouches
+                else f"the queue may be shared, so every quiet beat lists the whole store "
+                f"(every {self._poll_interval:g} s)",
             )
 
     def _unreachable(self, why: str, backoff: float) -> None:

@@ -69,13 +69,13 @@ async def list_models(
     `after` for the next page (null on the last one). A store of up to 100 models fits the
     default page. Releases are those the release watcher listed at its last look, Triton's
     states those of an index read at most a second ago (none of the daemon's operations
-    saved since); `as_of` says when: `store` (the watcher's last look; with a local store's
-    events, one at the models that changed), `store_full_scan` (its last look at every
-    model) and `triton`. `ignored_models` lists the store's dirs (or S3 prefixes) that
-    the watcher's last listing left out because their names are no model's, each with the
-    rule it breaks (at most 100, the first by name; the log names each once); each model's
-    `ignored_releases` does the same for its release dirs. `GET /v1/models/{name}` reads
-    the store and Triton."""
+    saved since); `as_of` says when: `store` (the watcher's last look; with a store's events
+    it trusts, inotify or a queue of the member's own, one at the models that changed),
+    `store_full_scan` (its last look at every model) and `triton`. `ignored_models` lists
+    the store's dirs (or S3 prefixes) that the watcher's last listing left out because their
+    names are no model's, each with the rule it breaks (at most 100, the first by name; the
+    log names each once); each model's `ignored_releases` does the same for its release
+    dirs. `GET /v1/models/{name}` reads the store and Triton."""
     page = await c.status.list_models(limit=limit, after=after)
     return Response(content=pages.render(page), media_type="application/json")
 
