@@ -13,18 +13,21 @@ For each fleet (N members, M models, the fan-out on or off):
   scan's period: each periodic action falls in it exactly once per member and period, since
   the phases are spread evenly over the fleet), per member per minute, by kind. The fleet's
   upkeep (``forget_departed``: a listing of the heartbeats and a GET of each one that changed)
-  costs a GET per member of the fleet, so at large N it runs on a sample of members (at most
-  ``--upkeep-gets`` GETs per upkeep period in all) and is counted per member that ran it.
-* moto's CPU seconds per minute in that window (``/proc``, through psutil), against its own
-  floor with no member (measured before the members start), and the proxies' and the
-  members' processes.
+  costs a GET per member of the fleet, so it runs on a sample of members (at most
+  ``--upkeep-gets`` GETs in all), each once inside the window, and is counted per run.
+* CPU seconds per minute in that window (``/proc``, through psutil) of moto (against its own
+  floor with no member, measured before the members start), the proxies and the members'
+  processes; and moto's answer time to a GET of the bench's own (:class:`Probe`), straight and
+  through the proxy, while the fleet starts, idles and hears changes.
 * Propagation: ``--changes`` changes of the desired state, each a ``swap()`` through one member
   (another model each time); for every other member the time from the swap's start to its
-  ``read_all()`` returning the new generation (and, with the fan-out, to its queue saying so).
+  ``read_all()`` returning the new generation (and, with the fan-out, to its queue saying so),
+  and the cores each process kept busy meanwhile.
 
 Fleets whose load is light run side by side (each with its own moto, proxies and workers, so
-counts and CPU stay apart); a fleet of 1,000 runs alone. Propagation is measured one fleet at a
-time, the others paused. Run from the repo root:
+counts and CPU stay apart); a fleet of 1,000 runs alone. A fleet whose members do not start
+within ``--start-timeout`` s is reported as such and stopped; the others go on. Propagation is
+measured one fleet at a time, the others paused. Run from the repo root:
 ``.venv/bin/python bench/fleet_scale.py [--quick] [--write-readme]``.
 """
 
@@ -32,12 +35,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import multiprocessing
 import os
 import random
+import shlex
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
@@ -54,7 +61,7 @@ from bench.fleet_sim import Cadences, MemberSpec, WorkerSpec, worker_main
 from bench.fleet_store import PREFIX
 from bench.report import README, host, run_main
 from bench.s3_download import MotoProcess, moto_server_process
-from bench.store_counter import counting_proxies
+from bench.store_counter import PROBE_KEY, counting_proxies
 from controlplane.adapters.stores.s3 import S3Store
 from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 from controlplane.adapters.stores.sqs_events import WAIT_SECONDS
@@ -62,17 +69,59 @@ from controlplane.domain.fleet import first_generation
 from tests.support.s3 import notify_topic, s3_client, sns_client, upload_release
 
 BUCKET = "fleet-scale"
-# Fleets as members x models. Polling 100 x 20 is left out: 100 members listing 21 prefixes
-# every 10 s is 210 listings a second, several times what moto's server answers here; and so
-# is 1,000 x 20 with the fan-out (70 a second at each member's full scan).
+# Fleets as members x models. Polling 1,000 is left out: 1,000 members listing the store and
+# reading the index every 10 s is over 200 requests a second, several times what moto's server
+# answers on this host beside the members (about 50 a second per CPU). So is 1,000 x 20 with
+# the fan-out, for time (a fleet of 1,000 takes half an hour here): an idle member's requests
+# do not depend on the models (a full scan is one listing), as 10 and 100 members show.
 FLEETS = "10x1,10x20,100x1,100x20,1000x1"
-POLLING = "10x1,10x20,100x1"
+POLLING = "10x1,10x20,100x1,100x20"
 QUICK = ("10x1,10x20,100x1", "10x1")
 RELEASES = 3  # r0 serves; changes go to r1 and r2
 FILES = {"config.pbtxt": b'backend: "python"\n', "1/model.py": b"# a release\n"}
 
 
 # --- one fleet -------------------------------------------------------------------------------
+
+
+class Probe:
+    """How long moto takes to answer while a fleet runs: every ``every`` s a GET of a small
+    object of the bench's own, straight to moto and through the fleet's counting proxy (which
+    counts it apart), each sample kept under the phase it fell in ("idle", "spread"). Not
+    through the members' processes: what it shows is moto's (and the proxy's) answer time."""
+
+    def __init__(self, moto: str, proxy: str, every: float = 2.0) -> None:
+        self.clients = {
+            "moto": s3_client(moto, read_timeout=120),
+            "proxy": s3_client(proxy, read_timeout=120),
+        }
+        self.every = every
+        self.phase: str | None = None  # None: not sampling
+        self.samples: dict[tuple[str, str], list[float]] = {}
+        self._stop = threading.Event()
+        self.clients["moto"].put_object(Bucket=BUCKET, Key=PROBE_KEY, Body=b"probe\n")
+        self._thread = threading.Thread(target=self._run, name="moto-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            phase = self.phase
+            if phase is None:
+                continue
+            for way, client in self.clients.items():
+                began = time.perf_counter()
+                try:
+                    client.get_object(Bucket=BUCKET, Key=PROBE_KEY)["Body"].read()
+                except Exception:  # a timeout or a refusal: counted as the longest wait
+                    self.samples.setdefault((phase, way), []).append(math.inf)
+                    continue
+                self.samples.setdefault((phase, way), []).append(time.perf_counter() - began)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=150)
+        for client in self.clients.values():
+            client.close()
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -104,6 +153,8 @@ class SimFleet:
             self.counters = self._stack.enter_context(counting_proxies(self.moto.endpoint))
             self._stack.callback(self._stop_workers)
             self.topic = self._fill_store()
+            self.probe = Probe(self.moto.endpoint, self.counters.endpoints["fleet"])
+            self._stack.callback(self.probe.close)
         except BaseException:
             self._stack.close()
             raise
@@ -147,10 +198,15 @@ class SimFleet:
             order, shift = rng.sample(range(n), n), rng.random()
             phases[action] = [(order[i] + shift) / n * period for i in range(n)]
         sample = min(n, max(1, self.args.upkeep_gets // n))
-        upkeep = set(rng.sample(range(n), sample))
+        upkeep = rng.sample(range(n), sample)
+        # The sample's upkeep falls inside the idle window (its last tenth left for the last
+        # run's requests): its cost is counted per run, and a run is due every period.
+        span = 0.9 * min(self.args.window, periods["upkeep"])
+        for rank, i in enumerate(upkeep):
+            phases["upkeep"][i] = (rank + rng.random()) / sample * span
         self.result.upkeep_members = sample
         members = [
-            MemberSpec(f"m{i:04d}", {a: phases[a][i] for a in periods}, i in upkeep)
+            MemberSpec(f"m{i:04d}", {a: phases[a][i] for a in periods}, i in set(upkeep))
             for i in range(n)
         ]
         per = self.args.per_worker
@@ -162,6 +218,7 @@ class SimFleet:
                 topic_arn=self.topic,
                 members=members[start : start + per],
                 cadences=cadences,
+                start_timeout=self.args.start_timeout,
             )
             for start in range(0, n, per)
         ]
@@ -174,15 +231,24 @@ class SimFleet:
             process.start()
             self.workers.append((process, mine))
 
-    def ready(self, timeout: float) -> None:
+    def ready(self, timeout: float) -> bool:
+        """Whether the fleet started: all but 1 % of its members within the workers' start
+        timeout. One that did not is stopped, and the result says why."""
         answers = [self._answer(conn, timeout) for _, conn in self.workers]
         self.result.startup_s = max(seconds for _, seconds, _ in answers)
         failed = [why for _, _, found in answers for why in found]
-        self.result.problems.update(f"did not start: {why}"[:200] for why in failed)
-        if len(failed) > self.config.members // 100:  # a few are reported, not fatal
-            raise RuntimeError(
-                f"{self.config.label}: {len(failed)} members did not start: {failed[:5]}"
-            )
+        self.result.problems.update(f"did not start: {why}"[:300] for why in failed)
+        if len(failed) <= self.config.members // 100:  # a few are reported, not fatal
+            return True
+        self.result.not_started = (
+            f"{len(failed)} of {self.config.members} members had not started after "
+            f"{self.result.startup_s:.0f} s (the first: {failed[0][:300]})"
+        )
+        print(f"  {self.config.label}: {self.result.not_started}", flush=True)
+        self.probe.phase = None
+        self.result.probe = dict(self.probe.samples)
+        self._stack.close()  # its members, proxies and moto stop now
+        return False
 
     def send(self, *command: Any) -> list[Any]:
         for _, conn in self.workers:
@@ -227,16 +293,21 @@ class SimFleet:
         result.fleet, result.upkeep = found["fleet"], found["upkeep"]
         result.cpu = {role: seconds / result.minutes for role, seconds in cpu.items()}
         periods = self.args.cadences.periods(self.config.fanout)
-        for stats in self.send("stats"):
+        runs: Counter[str] = Counter()
+        for stats in self.send("stats", begin, end):
+            runs.update(stats["runs"])
             for action, late in stats["late"].items():
-                result.done[action] = result.done.get(action, 0.0) + len(late)
                 result.late[action] = max(result.late.get(action, 0.0), percentile(late, 99))
             result.problems.update(stats["errors"])
             result.problems.update(stats["logged"])
         for action, period in periods.items():
-            runs = self.upkeep_members if action == "upkeep" else self.config.members
-            due = runs * (end - begin) / period
-            result.done[action] = result.done.get(action, 0.0) / due if due else 0.0
+            if action == "upkeep":  # the sample's phases put one run each in the window
+                due = self.upkeep_members * max(1, math.floor((end - begin) / period))
+            else:
+                due = self.config.members * (end - begin) / period
+            result.done[action] = runs[action] / due if due else 0.0
+        result.upkeep_runs = runs["upkeep"]
+        result.upkeep_period = periods["upkeep"]
 
     @property
     def upkeep_members(self) -> int:
@@ -245,35 +316,37 @@ class SimFleet:
     def propagate(self, changes: int, timeout: float, rng: random.Random) -> None:
         """``changes`` changes of the desired state through the first member, each read by
         every other member (or ``timeout`` s passed) before the next."""
-        before = 0.0
         for k in range(-1, changes):  # the first, not counted, warms moto's fan-out up
             if k == 0:
                 self.result.changes.clear()
-                before = cpu_seconds([self.moto.pid])
             model = self.models[k % len(self.models)]
+            cpu = {role: cpu_seconds(pids) for role, pids in self.pids.items()}
             try:
                 began, ended, generation = self.ask(0, "swap", model, f"r{1 + k % 2}")
             except RuntimeError as exc:  # the store did not answer the writer in time
-                self.result.problems[f"a change failed: {exc}"[:200]] += 1
+                self.result.problems[f"a change failed: {exc}"[:300]] += 1
                 self.result.failed_changes += 1
                 continue
             deadline = began + timeout
             reads: list[float] = []
             heard: list[float] = []
             missing = 0
-            for i, answer in enumerate(self.send("collect", model, generation, deadline, False)):
-                times, short = answer
-                missing += short
-                for j, (heard_at, read_at) in enumerate(times):
+            for i, times in enumerate(self.send("collect", model, generation, deadline)):
+                for j, found in enumerate(times):
                     if i == 0 and j == 0:
                         continue  # the writer: it made the change
+                    if found is None:
+                        missing += 1
+                        continue
+                    heard_at, read_at = found
                     reads.append(read_at - began)
                     if heard_at is not None:
                         heard.append(heard_at - began)
-            self.result.changes.append(Change(ended - began, reads, heard, missing))
+            spread = time.perf_counter() - began  # until the last read (or the deadline)
+            used = {role: cpu_seconds(pids) - cpu[role] for role, pids in self.pids.items()}
+            change = Change(ended - began, reads, heard, missing, spread, used)
+            self.result.changes.append(change)
             time.sleep(rng.uniform(1.0, 2.0))
-        made = max(1, len(self.result.changes))
-        self.result.moto_cpu_per_change = (cpu_seconds([self.moto.pid]) - before) / made
 
 
 # --- groups of fleets --------------------------------------------------------------------------
@@ -284,7 +357,7 @@ def expected_rate(config: Config, args: argparse.Namespace) -> float:
     the fan-out, a long poll per member every 20 s too)."""
     periods: dict[str, float] = args.cadences.periods(config.fanout)
     per_member = 1 / periods["beat"] + 1 / periods["name check"] + 1 / periods["desired"]
-    per_member += (1 + config.models) / periods["releases"]
+    per_member += 1 / periods["releases"]  # a full scan: one listing of the whole store
     upkeep: int = min(config.members, max(1, args.upkeep_gets // config.members))
     if config.fanout:
         per_member += 1 / WAIT_SECONDS
@@ -320,19 +393,28 @@ def run_group(group: Sequence[Config], root: Path, args: argparse.Namespace) -> 
         floor = cpu_seconds(moto) - floor  # all of them: each alike
         for fleet in fleets:
             fleet.result.moto_floor = floor / len(fleets) / (args.floor_seconds / 60)
+            fleet.probe.phase = "start"
             fleet.start(rng)
+        started = [fleet for fleet in fleets if fleet.ready(args.start_timeout + 300)]
+        results = [fleet.result for fleet in fleets]
+        fleets = started
+        if not fleets:
+            return results
         for fleet in fleets:
-            fleet.ready(timeout=900)
+            fleet.probe.phase = None
         begin = time.perf_counter() + 3.0
         for fleet in fleets:
             fleet.send("go", begin)
         time.sleep(max(0.0, begin - time.perf_counter()))
+        for fleet in fleets:
+            fleet.probe.phase = "idle"
         load = os.getloadavg()[0]
         cpu = [{r: cpu_seconds(p) for r, p in f.pids.items()} for f in fleets]
         time.sleep(args.window)
         end = time.perf_counter()
         for fleet, before in zip(fleets, cpu, strict=True):
             used = {r: cpu_seconds(p) - before[r] for r, p in fleet.pids.items()}
+            fleet.probe.phase = None
             fleet.count(begin, end, used)
             fleet.result.load = (load, os.getloadavg()[0])
             fleet.send("pause")
@@ -340,10 +422,13 @@ def run_group(group: Sequence[Config], root: Path, args: argparse.Namespace) -> 
         for fleet in fleets:
             fleet.send("resume")
             timeout = 120.0 if fleet.config.fanout else args.cadences.poll + 60.0
+            fleet.probe.phase = "spread"
             fleet.propagate(args.changes, timeout, rng)
+            fleet.probe.phase = None
+            fleet.result.probe = dict(fleet.probe.samples)
             fleet.send("pause")
             print(f"  {fleet.config.label}: {summary(fleet.result)}", flush=True)
-        return [fleet.result for fleet in fleets]
+        return results
 
 
 def slug(config: Config) -> str:
@@ -370,8 +455,8 @@ def summary(result: FleetResult) -> str:
         f"propagation: queue said so p50 {percentile(heard, 50):.2f} s p99 "
         f"{percentile(heard, 99):.2f} s; read p50 {percentile(reads, 50):.2f} s p99 "
         f"{percentile(reads, 99):.2f} s; {sum(c.missing for c in result.changes)} not read in "
-        f"time, {result.failed_changes} failed; moto {result.moto_cpu_per_change:.2f} CPU s "
-        "per change"
+        f"time, {result.failed_changes} failed; CPU busy meanwhile (cores): "
+        f"{', '.join(f'{role} {v:.2f}' for role, v in result.busy().items())}"
     )
 
 
@@ -404,10 +489,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--per-worker", type=int, default=250, help="members per process (250)")
     parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=600.0,
+        help="s for a fleet's members to start; a fleet that does not is not measured (600)",
+    )
+    parser.add_argument(
         "--group-rate",
         type=float,
-        default=60.0,
-        help="fleets run side by side up to this many expected requests/s in all (60)",
+        default=40.0,
+        help="fleets run side by side up to this many expected requests/s in all (40)",
     )
     parser.add_argument(
         "--floor-seconds", type=float, default=10.0, help="moto alone, before members (10)"
@@ -422,6 +513,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "3 changes",
     )
     args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--workdir" in given:  # a path of this machine: not for the README
+        at = given.index("--workdir")
+        del given[at : at + 2]
+    args.command = " ".join(shlex.quote(a) for a in given if not a.startswith("--workdir="))
     if args.quick:
         args.fleets, args.polling_fleets, args.window, args.changes = (*QUICK, 60.0, 3)
     args.cadences = Cadences()

@@ -38,12 +38,12 @@ from typing import Any
 
 from controlplane.adapters.stores.daemon_thread import in_daemon_thread
 from controlplane.adapters.stores.s3 import S3Store
+from controlplane.adapters.stores.s3_client import READ_TIMEOUT
 from controlplane.adapters.stores.s3_fleet import S3DesiredStates
 from controlplane.adapters.stores.sqs_events import SqsStoreEvents
 from controlplane.adapters.stores.sqs_member_queue import MemberQueue
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import MemberBeat, MemberModel, MemberState
-from controlplane.ports import ModelStore
 from controlplane.services.fleet_sync import FORGET_EVERY
 from controlplane.services.fleet_upkeep import forget_departed
 from controlplane.services.heartbeat import NAME_CHECK_BEATS
@@ -112,21 +112,13 @@ class Recorder:
         self.serving: dict[str, tuple[str | None, int]] = {}  # model -> release, generation
         self.told: dict[tuple[str, int], Told] = {}
 
-    def tell(self, model: str, release: str | None, generation: int, told: Told) -> None:
-        if generation > self.serving.get(model, (None, 0))[1]:
-            self.serving[model] = (release, generation)
-            self.told[(model, generation)] = told
-
-
-def full_scan(store: ModelStore) -> None:
-    """The release watcher's full scan: the store's one whole-store listing where it has one
-    (``list_store``), else the models and then each model's releases."""
-    whole = getattr(store, "list_store", None)
-    if callable(whole):
-        whole()
-        return
-    for model in store.list_models():
-        store.list_releases(model)
+    def tell(self, model: str, release: str | None, generation: int, told: Told) -> bool:
+        """Whether this is news: a newer generation than it serves."""
+        if generation <= self.serving.get(model, (None, 0))[1]:
+            return False
+        self.serving[model] = (release, generation)
+        self.told[(model, generation)] = told
+        return True
 
 
 class SimMember:
@@ -134,14 +126,29 @@ class SimMember:
         self.spec = spec
         self.name = spec.name
         self.store = S3Store(work.uri, client=clients.s3)
-        self.records = S3DesiredStates(self.store)
+        # The daemon lists the records at the first read once a full scan's period has passed
+        # since the last listing ended: with the fan-out, at every read (its reads are that
+        # period apart, counted from the end of the last); polling, every 30th or 31st. On this
+        # absolute schedule a read comes exactly a period after the last one began, before the
+        # listing is due again: half a poll interval of slack keeps it due at each read (and
+        # polling, every 30th), as the daemon's is. ``since``: its clock, moved on a full
+        # scan's period at "go", as if the member had started that long ago (else the idle
+        # window would begin with reads that find the start's listing too recent).
+        self.since = 0.0
+        self.records = S3DesiredStates(
+            self.store,
+            listing_every=work.cadences.full_scan - work.cadences.poll / 2,
+            monotonic=lambda: time.monotonic() + self.since,
+        )
         self.upkeep_records = (
             S3DesiredStates(S3Store(work.uri, client=clients.upkeep)) if spec.upkeep else None
         )
         self.incarnation = uuid.uuid4().hex
         self.keepalive = work.cadences.keepalive
         self.recorder = Recorder()
+        self.beat_on_change = False  # from "go" on: the start's beat says what it read
         self.desired_changed = asyncio.Event()
+        self.named: set[str] = set()  # models the queue said changed since the last read
         self.released = asyncio.Event()
         self.heard_at: float | None = None
         self.events: SqsStoreEvents | None = None
@@ -158,8 +165,10 @@ class SimMember:
                 client=clients.sqs,
             )
 
-    def _heard(self) -> None:
+    def _heard(self, models: frozenset[str]) -> None:
+        """The fleet sync's ``poke``: the models the event named are fetched at the read."""
         self.heard_at = time.perf_counter()
+        self.named.update(models)
         self.desired_changed.set()
 
     # --- what a member asks of the store ------------------------------------------------
@@ -178,14 +187,26 @@ class SimMember:
         await asyncio.to_thread(self.records.beat_of, self.name)
 
     async def read_desired(self, heard_at: float | None = None) -> None:
-        desired = await asyncio.to_thread(self.records.read_all)
+        """``read_all`` with what events named since the last read; a heartbeat at once when
+        what this member serves changed (the daemon's writer beats when what it says
+        changes: here once, since the recorder serves at once)."""
+        named, self.named = frozenset(self.named), set()
+        try:
+            desired = await asyncio.to_thread(self.records.read_all, named)
+        except BaseException:
+            self.named.update(named)
+            raise
         read_at = time.perf_counter()
+        changed = False
         for model, record in desired.items():
             target = record.target_for(self.name)
-            self.recorder.tell(model, target, record.generation, Told(target, heard_at, read_at))
+            told = Told(target, heard_at, read_at)
+            changed |= self.recorder.tell(model, target, record.generation, told)
+        if changed and self.beat_on_change:
+            await self.beat()
 
     async def scan_releases(self) -> None:
-        await asyncio.to_thread(full_scan, self.store)
+        await asyncio.to_thread(self.store.list_store)  # the watcher's full scan
 
     async def upkeep(self) -> None:
         if self.upkeep_records is not None:
@@ -229,17 +250,18 @@ class SimMember:
             await _patiently(step)
 
 
-async def _patiently(step: Callable[[], Awaitable[None]], tries: int = 5) -> None:
-    """A start-up step tried again after a failure, as the daemon's next pass would: many
-    members starting at once can keep moto's server from answering within a read timeout."""
-    for attempt in range(1, tries + 1):
+async def _patiently(step: Callable[[], Awaitable[None]]) -> None:
+    """A start-up step tried again after a failure until it succeeds, as the daemon's loops
+    go on (the worker's ``start_timeout`` bounds it): many members starting at once can keep
+    moto's server from answering within the daemon's read timeout."""
+    attempt = 0
+    while True:
         try:
             await step()
             return
         except ControlPlaneError:
-            if attempt == tries:
-                raise
-            await asyncio.sleep(2.0 * attempt)
+            attempt += 1
+            await asyncio.sleep(min(10.0, 2.0 * attempt))
 
 
 @dataclass
@@ -263,6 +285,7 @@ class Schedule:
     t_ref: float
     running: asyncio.Event
     late: dict[str, list[float]] = field(default_factory=dict)  # action -> done - due
+    due: dict[str, list[float]] = field(default_factory=dict)  # action -> when each run was due
     errors: Counter[str] = field(default_factory=Counter)
 
     async def every(
@@ -282,18 +305,24 @@ class Schedule:
                 self.errors[f"{action}: {type(exc).__name__}: {exc}"[:160]] += 1
             # How long after it was due it was done: waits for a thread or for moto show here.
             self.late.setdefault(action, []).append(time.perf_counter() - due)
+            self.due.setdefault(action, []).append(due)
             k += 1
 
 
 class _Logged(logging.Handler):
-    """Warnings and errors the adapters log, counted by message template."""
+    """Warnings and errors the adapters log, counted by message template, each with the
+    first message of its kind as it was logged."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.seen: Counter[str] = Counter()
+        self.example: dict[str, str] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.seen[f"{record.name}: {record.msg}"[:160]] += 1
+        kind = f"{record.name}: {record.msg}"[:100]
+        self.seen[kind] += 1
+        if kind not in self.example:
+            self.example[kind] = record.getMessage()[:300]
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
@@ -308,8 +337,9 @@ async def _worker(spec: WorkerSpec, conn: Connection, logged: _Logged) -> None:
     loop.set_default_executor(ThreadPoolExecutor(spec.threads, thread_name_prefix="store"))
     pool = spec.threads + 8
     clients = Clients(
-        s3=s3_client(spec.endpoint, max_pool_connections=pool),
-        upkeep=s3_client(spec.upkeep_endpoint, max_pool_connections=8),
+        # The daemon's S3 read timeout (build_client's), not the tests' longer one.
+        s3=s3_client(spec.endpoint, max_pool_connections=pool, read_timeout=READ_TIMEOUT),
+        upkeep=s3_client(spec.upkeep_endpoint, max_pool_connections=8, read_timeout=READ_TIMEOUT),
         sqs=sqs_client(spec.endpoint, max_pool_connections=len(spec.members) + pool),
         sns=sns_client(spec.endpoint),
     )
@@ -382,6 +412,8 @@ async def _obey(
         schedule.running.set()
         periods = spec.cadences.periods(fanout)
         for member in members:
+            member.beat_on_change = True
+            member.since = spec.cadences.full_scan
             actions: dict[str, Callable[[], Awaitable[None]]] = {
                 "beat": member.beat,
                 "name check": member.name_check,
@@ -403,12 +435,17 @@ async def _obey(
     if command == "swap":
         return await _swap(members[0], *args)
     if command == "collect":
-        return await _collect(members[1:] if args[3] else members, *args[:3])
-    if command == "stats":
+        return await _collect(members, *args)
+    if command == "stats":  # begin, end: the runs due in that window, by action
+        begin, end = args
         return {
             "late": schedule.late,
+            "runs": {
+                action: sum(1 for due in dues if begin <= due < end)
+                for action, dues in schedule.due.items()
+            },
             "errors": dict(schedule.errors),
-            "logged": dict(logged.seen),
+            "logged": {logged.example[kind]: n for kind, n in logged.seen.items()},
         }
     raise ValueError(f"unknown command {command!r}")
 
@@ -434,14 +471,13 @@ async def _swap(writer: SimMember, model: str, release: str) -> tuple[float, flo
 
 async def _collect(
     members: Iterable[SimMember], model: str, generation: int, deadline: float
-) -> tuple[list[tuple[float | None, float]], int]:
-    """(heard_at, read_at) of each member that read ``generation`` of ``model`` by
-    ``deadline`` (perf_counter), and how many had not."""
+) -> list[tuple[float | None, float] | None]:
+    """(heard_at, read_at) of each member (perf_counter), None where it had not read
+    ``generation`` of ``model`` by ``deadline``."""
     members = list(members)
     while time.perf_counter() < deadline:
         if all((model, generation) in m.recorder.told for m in members):
             break
         await asyncio.sleep(0.02)
     found = [m.recorder.told.get((model, generation)) for m in members]
-    times = [(t.heard_at, t.read_at) for t in found if t is not None]
-    return times, len(members) - len(times)
+    return [None if t is None else (t.heard_at, t.read_at) for t in found]
