@@ -65,10 +65,14 @@ MiB = 1024 * 1024
 READ_TIMEOUT = 300.0  # moto reads a whole object for every ranged GET: first bytes can be slow
 METHODS = ("store", "baseline", "matched")
 
-# The moto server, in its own process: it prints its port, then serves until stdin closes.
+# The moto server, in its own process: it prints its port, then serves until stdin closes. Its
+# listen backlog is werkzeug's 128 unless argv[1] says more (a thousand clients at once).
 SERVER = """\
 import sys
 from moto.server import ThreadedMotoServer
+from werkzeug.serving import BaseWSGIServer
+if len(sys.argv) > 1:
+    BaseWSGIServer.request_queue_size = int(sys.argv[1])
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 print(server.get_host_and_port()[1], flush=True)
@@ -100,12 +104,28 @@ def _answers(host: str, port: int) -> bool:
         connection.close()
 
 
+@dataclass(frozen=True)
+class MotoProcess:
+    endpoint: str  # http://127.0.0.1:<port>
+    pid: int  # the server's process, whose CPU time a bench may read
+
+
 @contextlib.contextmanager
 def moto_process(log: Path, timeout: float = 60.0) -> Iterator[str]:
     """Run moto's S3 server in a child process; yield its endpoint; stop it however we leave."""
+    with moto_server_process(log, timeout) as server:
+        yield server.endpoint
+
+
+@contextlib.contextmanager
+def moto_server_process(
+    log: Path, timeout: float = 60.0, *, backlog: int | None = None
+) -> Iterator[MotoProcess]:
+    """:func:`moto_process`, yielding its process id too; ``backlog``: its listen queue."""
+    extra = [] if backlog is None else [str(backlog)]
     with log.open("wb") as stderr:
         server = subprocess.Popen(
-            [sys.executable, "-c", SERVER],
+            [sys.executable, "-c", SERVER, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -121,7 +141,7 @@ def moto_process(log: Path, timeout: float = 60.0) -> Iterator[str]:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the moto server on port {port} does not answer; see {log}")
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield MotoProcess(f"http://127.0.0.1:{port}", server.pid)
     finally:
         with contextlib.suppress(OSError):
             if server.stdin is not None:

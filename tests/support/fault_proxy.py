@@ -60,6 +60,7 @@ class SeenRequest:
     ranged: bool
     query: str = ""  # unquoted query string (ListObjectsV2 carries its prefix here)
     range: str = ""  # the Range header ("bytes=0-131071"), empty without one
+    target: str = ""  # X-Amz-Target: the action of a JSON-protocol call (SQS), else empty
 
 
 @dataclass
@@ -142,6 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
             "range" in self.headers,
             unquote(parts.query),
             self.headers.get("range", ""),
+            self.headers.get("x-amz-target", ""),
         )
         fault = proxy._record(seen)
         if proxy.latency:
@@ -255,6 +257,7 @@ def _flip_one_byte(chunks: Iterator[bytes], total: int) -> Iterator[bytes]:
 class _ProxyServer(ThreadingHTTPServer):
     daemon_threads = False  # server_close() joins every handler thread
     block_on_close = True
+    request_queue_size = 128  # socketserver's 5 drops connections a burst of clients opens
 
     def __init__(self, proxy: FaultProxy) -> None:
         self.proxy = proxy

@@ -118,10 +118,13 @@ def s3_client(
     return _session().client("s3", endpoint_url=endpoint, config=config)
 
 
-def sqs_client(endpoint: str) -> Any:
-    """A boto3 SQS client for ``endpoint`` (moto serves SQS beside S3); close it."""
+def sqs_client(endpoint: str, *, max_pool_connections: int = 10) -> Any:
+    """A boto3 SQS client for ``endpoint`` (moto serves SQS beside S3); close it. Each long
+    poll in flight holds one of its ``max_pool_connections``."""
     config = botocore.config.Config(
-        retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=30
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        read_timeout=30,
+        max_pool_connections=max_pool_connections,
     )
     return _session().client("sqs", endpoint_url=endpoint, config=config)
 
