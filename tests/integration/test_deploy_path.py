@@ -32,8 +32,10 @@ from devtools.launcher import RunningTriton
 from tests.support.models import write_scale_release
 
 MOST_ON_THE_CHAIN = 15  # of services and adapters, route to gRPC load
-MOST_TOUCHED = 23  # the same deploy: every module of services and adapters whose code runs
-# (23 since auto became the default: its choice, in services/rolling, comes before blue-green)
+MOST_TOUCHED = 24  # the same deploy: every module of services and adapters whose code runs
+# (23 since auto became the default: its choice, in services/rolling, comes before blue-green;
+# 24 since the signature step, SHA256SUMS.sig and model.sig, left services/prepare for a
+# module of its own, services/signature_step)
 LOAD = ("controlplane.adapters.triton.driver", "load")
 START = ("controlplane.services.runner", "start")  # where the request hands over to the task
 
