@@ -999,8 +999,8 @@ def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
 
     # What served before is the fleet's, which the journal's loss did not take: the view says
     # so, and a rollback "to previous" goes exactly where the view said.
-    idle = partial(_idle, member, fleet.model)
-    eventually(idle, 30, "the member's catch-up operation ending")
+    caught_up = partial(_caught_up, member, fleet.model)
+    eventually(caught_up, 30, "the member's catch-up operation (trigger fleet) ending")
     assert member.api.get(f"/v1/models/{fleet.model}").json()["previous_release"] == "r1"
     rolled = member.api.post(f"/v1/models/{fleet.model}/rollback", {"to": "previous", "wait": True})
     assert rolled.status_code == 200, rolled.text
@@ -1008,8 +1008,13 @@ def test_a_member_that_lost_its_journal_serves_on_without_a_failed_request(
     assert member.answer(fleet.model) == 1.0
 
 
-def _idle(member: Member, model: str) -> bool:
-    return member.api.get(f"/v1/models/{model}").json()["running_operation"] is None
+def _caught_up(member: Member, model: str) -> bool:
+    """The fleet's catch-up has run and nothing runs now. Idle alone is not enough: the start-up
+    reconcile records r2 before the fleet's sync starts its operation."""
+    if member.api.get(f"/v1/models/{model}").json()["running_operation"] is not None:
+        return False
+    done = member.api.get(f"/v1/operations?model={model}").json()["operations"]
+    return any(op["trigger"] == "fleet" and op["status"] == "succeeded" for op in done)
 
 
 def _serves_r2(member: Member, model: str) -> bool:
