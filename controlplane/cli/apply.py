@@ -23,7 +23,7 @@ import typer
 
 from controlplane.cli.client import ApiError, Client, Unreachable, api_path
 from controlplane.cli.models_file import ModelsFileError, WantedRelease, read_models_file
-from controlplane.cli.operations import Start
+from controlplane.cli.operations import Start, refuse_fleet_without_wait
 from controlplane.cli.options import (
     DEFAULT_URL,
     FleetOption,
@@ -112,9 +112,7 @@ def apply(
     after the other, as 'controlplane deploy' does; models unchanged or not listed are left
     alone. --timeout is for the whole file."""
     out = Out(output)
-    if fleet and not wait:
-        out.warn("--fleet waits for the fleet: use it with --wait")
-        raise typer.Exit(EXIT_USAGE)
+    refuse_fleet_without_wait(out, fleet=fleet, wait=wait)
     deadline = time.monotonic() + timeout
     client = Client(url, token)
     changes = plan(out, client, _read(out, filename))

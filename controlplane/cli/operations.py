@@ -104,6 +104,13 @@ def wait(
     out.document({"operation": follow(out, client, operation, deadline, timeout)})
 
 
+def refuse_fleet_without_wait(out: Out, *, fleet: bool, wait: bool) -> None:
+    """``--fleet`` is a wait for the fleet: alone it is bad usage, said before anything starts."""
+    if fleet and not wait:
+        out.warn("--fleet waits for the fleet: use it with --wait")
+        raise typer.Exit(EXIT_USAGE)
+
+
 class Start:
     """Start one operation and, as asked, follow it and the fleet."""
 
@@ -121,9 +128,7 @@ class Start:
 
     def run(self, path: str, body: dict[str, Any]) -> None:
         out, client = self.out, self.client
-        if self.fleet and not self.wait:
-            out.warn("--fleet waits for the fleet: use it with --wait")
-            raise typer.Exit(EXIT_USAGE)
+        refuse_fleet_without_wait(out, fleet=self.fleet, wait=self.wait)
         if self.fleet:  # before anything starts: a daemon that is not in a fleet cannot wait
             out.call(lambda: client.get("/v1/fleet"))
         deadline = time.monotonic() + self.timeout
