@@ -5,8 +5,8 @@ one side file of the release (:class:`~controlplane.ports.ReleaseSigner`).
 statement that names the model and the release followed by the bytes of ``SHA256SUMS``
 (:func:`controlplane.domain.signatures.statement`), exactly what the openssl commands there
 sign, so a member's keyring verifies it as it verifies theirs. :class:`ShippedSignature`
-uploads a ``SHA256SUMS.sig`` the release dir already holds (signed elsewhere). Another
-scheme (OpenSSF Model Signing's ``model.sig``) is one more signer beside these.
+uploads a signature the release dir already holds (signed elsewhere): a ``SHA256SUMS.sig``,
+or OpenSSF Model Signing's ``model.sig``.
 """
 
 from __future__ import annotations
@@ -39,13 +39,18 @@ class StatementSigner:
 
 
 class ShippedSignature:
-    """The ``SHA256SUMS.sig`` in the release dir, uploaded as it is."""
+    """A signature file the release dir holds already (``SHA256SUMS.sig``, or Model Signing's
+    ``model.sig``, as NGC ships it), uploaded as it is, after the files and before the
+    marker: a member hears of a release by either, so neither may land before the files."""
+
+    def __init__(self, name: str = SIGNATURE_NAME, *, limit: int = MAX_SIGNATURE_BYTES) -> None:
+        self._name, self._limit = name, limit
 
     def sign(self, release: ReleaseToPublish) -> SideFile:
-        path = release.path / SIGNATURE_NAME
+        path = release.path / self._name
         data = path.read_bytes()
-        if len(data) > MAX_SIGNATURE_BYTES:
+        if len(data) > self._limit:
             raise InvalidRequest(
-                f"{path} is {len(data)} bytes; a signature has at most {MAX_SIGNATURE_BYTES}"
+                f"{path} is {len(data)} bytes; a signature has at most {self._limit}"
             )
-        return SideFile(SIGNATURE_NAME, data, signer="shipped in the release dir")
+        return SideFile(self._name, data, signer="shipped in the release dir")

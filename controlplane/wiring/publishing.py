@@ -30,8 +30,14 @@ from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local_publish import LocalReleaseTarget
 from controlplane.adapters.stores.release_dir import ReleaseDirStore
 from controlplane.adapters.triton.model_config import ProtobufConfigEditor
-from controlplane.domain.checksums import MANIFEST_NAME, SIGNATURE_NAME, render_manifest
+from controlplane.domain.checksums import (
+    MANIFEST_NAME,
+    SIDE_FILES,
+    SIGNATURE_NAME,
+    render_manifest,
+)
 from controlplane.domain.errors import InvalidRequest
+from controlplane.domain.model_signing import MAX_MODEL_SIGNATURE_BYTES, MODEL_SIGNATURE_NAME
 from controlplane.domain.names import validate_model_name, validate_release_name
 from controlplane.ports import ReleaseSigner, ReleaseTarget, ReleaseToPublish
 from controlplane.services.prepare import SignaturePolicy
@@ -96,7 +102,7 @@ def _last_two(text: str) -> tuple[str, str, str]:
 def release_to_publish(path: Path, model: str, release: str) -> ReleaseToPublish:
     """The release in ``path``: its files hashed, and the ``SHA256SUMS`` to publish (the
     dir's own, when it ships one; else written here, in memory)."""
-    files = digests(path, skip=frozenset({MANIFEST_NAME, SIGNATURE_NAME}))
+    files = digests(path, skip=SIDE_FILES | {MANIFEST_NAME})  # signatures go up as side files
     own = path / MANIFEST_NAME
     if own.is_file() and not own.is_symlink():
         manifest = own.read_bytes()
@@ -176,12 +182,18 @@ def release_target(
 
 
 def signers(path: Path, key: Path | None) -> Sequence[ReleaseSigner]:
-    """The release's signers: the key given, or the signature the dir ships, or none."""
+    """The release's signers: the key given, or the ``SHA256SUMS.sig`` the dir ships, and the
+    ``model.sig`` it ships (Model Signing's, made elsewhere), or none."""
+    found: list[ReleaseSigner] = []
+    if (path / MODEL_SIGNATURE_NAME).is_file():  # first: docs/signatures.md's order
+        found.append(ShippedSignature(MODEL_SIGNATURE_NAME, limit=MAX_MODEL_SIGNATURE_BYTES))
     if key is not None:
         if ships_signature(path):
             raise InvalidRequest(
                 f"{path} holds a {SIGNATURE_NAME} already, and --sign would make another: "
                 "remove it, or publish without --sign to upload it as it is"
             )
-        return [StatementSigner(key)]
-    return [ShippedSignature()] if ships_signature(path) else []
+        found.append(StatementSigner(key))
+    elif ships_signature(path):
+        found.append(ShippedSignature())
+    return found

@@ -21,6 +21,7 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.fault_proxy import FaultProxy
 from tests.support.inference import infer_once
+from tests.support.model_signing import make_ec_key
 from tests.support.models import corrupt_file, write_scale_release, write_sha256sums
 from tests.support.s3 import aws_env
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
@@ -230,6 +231,46 @@ def test_a_release_published_to_a_directory_store_deploys_and_serves(
     again = controlplane("release", "publish", str(build), where, "--sign", str(key.private))
     assert again.returncode == EXIT_FAILED
     assert "error: release_exists: release 'r1' of model" in again.stderr
+
+
+def test_a_release_signed_with_model_signing_is_checked_published_and_deployed(
+    daemons: DaemonFactory, tmp_path: Path, model_name: str, triton: RunningTriton
+) -> None:
+    """A dir as NGC ships it (its files and ``model.sig``): the check verifies it, the publish
+    writes a SHA256SUMS that lists the files but not model.sig, and uploads model.sig after
+    every file (a member hears of a release by it), then the marker."""
+    store, keyring = tmp_path / "store", tmp_path / "ring"
+    store.mkdir()
+    publisher = make_ec_key(tmp_path / "keys", "publisher")
+    publisher.public_pem(keyring / "publisher.pem")
+    build = write_scale_release(tmp_path / "build", "any", "thing", k=7.0, checksums=False)
+    (build / "tokenizer.json").write_text("{}", encoding="utf-8")  # after model.sig by name
+    publisher.sign(build)
+    daemon = daemons(store, config=f"store:\n  require_signature: true\n  keyring: {keyring}\n")
+
+    checked = controlplane(
+        "release", "check", str(build), "--keyring", str(keyring), "--require-signature",
+        "-o", "json",
+    )  # fmt: skip
+    published = controlplane("release", "publish", str(build), f"{store}/{model_name}/r1")
+
+    assert checked.returncode == 0, checked.stderr
+    assert document(checked)["steps"][0]["detail"]["signer"] == "publisher"
+    assert published.returncode == 0, published.stderr
+    order = [line.split()[1] for line in published.stdout.splitlines() if "uploaded  " in line]
+    assert order == ["1/model.py", "config.pbtxt", "tokenizer.json", "model.sig", "SHA256SUMS"]
+    sums = (store / model_name / "r1" / "SHA256SUMS").read_text(encoding="utf-8")
+    assert sorted(line.split()[1] for line in sums.splitlines()) == [
+        "1/model.py",
+        "config.pbtxt",
+        "tokenizer.json",
+    ]
+    deployed = daemon.deploy(model_name, "r1")
+    assert deployed.status_code == 200, deployed.text
+    signature = next(s for s in deployed.json()["operation"]["steps"] if s["name"] == "signature")
+    assert signature["detail"]["signer"] == "publisher"
+    assert signature["detail"]["signed_with"] == ["model.sig"]
+    assert serves(triton, model_name, 7.0)
 
 
 def _s3_daemon(daemons: DaemonFactory, tmp_path: Path, endpoint: str, bucket: str) -> Daemon:
