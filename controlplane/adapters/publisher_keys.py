@@ -7,6 +7,7 @@ Imported by :class:`controlplane.adapters.keyring.Keyring` when it is built, so 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, r
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from controlplane.adapters.keyring import KeyringError
+from controlplane.domain.model_signing import pae
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
@@ -98,13 +100,10 @@ def _kind(key: object) -> str:
     return f"a {type(key).__name__}"
 
 
-def sign_with(path: Path, data: bytes) -> bytes:
-    """``data`` signed with the private key in the PEM file ``path``, as the openssl commands
-    of docs/signatures.md sign it: Ed25519 raw (``pkeyutl -sign -rawin``), ECDSA P-256 over
-    SHA-256 in DER (``dgst -sha256 -sign``). Any other key, or a file that holds none, is
-    :class:`KeyringError` naming the file."""
+def _private_key(path: Path) -> object:
+    """The private key in the PEM file ``path``, or :class:`KeyringError` saying why not."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        return serialization.load_pem_private_key(path.read_bytes(), password=None)
     except OSError as exc:
         raise KeyringError(f"cannot read the signing key {path}: {exc.strerror or exc}") from None
     except TypeError:
@@ -114,6 +113,14 @@ def sign_with(path: Path, data: bytes) -> bytes:
         ) from None
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise KeyringError(f"{path} is not a PEM private key ({exc})") from None
+
+
+def sign_with(path: Path, data: bytes) -> bytes:
+    """``data`` signed with the private key in the PEM file ``path``, as the openssl commands
+    of docs/signatures.md sign it: Ed25519 raw (``pkeyutl -sign -rawin``), ECDSA P-256 over
+    SHA-256 in DER (``dgst -sha256 -sign``). Any other key, or a file that holds none, is
+    :class:`KeyringError` naming the file."""
+    key = _private_key(path)
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key.sign(data)
     if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
@@ -122,3 +129,24 @@ def sign_with(path: Path, data: bytes) -> bytes:
         f"{path} is not an Ed25519 or ECDSA P-256 private key; a member's keyring takes only "
         "those (openssl genpkey -algorithm ed25519)"
     )
+
+
+_CURVE_HASHES: dict[int, type[hashes.HashAlgorithm]] = {256: hashes.SHA256, 384: hashes.SHA384}
+
+
+def sign_model(path: Path, payload: bytes) -> tuple[bytes, str]:
+    """``payload`` (an in-toto statement) signed with the EC private key in the PEM file
+    ``path`` as ``model_signing sign key`` signs it: ECDSA over DSSE's encoding, with the
+    curve's hash; and the key's hint (the SHA-256 of its public PEM). Any key but EC P-256 or
+    P-384 is :class:`KeyringError` naming the file."""
+    key = _private_key(path)
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.key_size not in _CURVE_HASHES:
+        raise KeyringError(
+            f"{path} is not an ECDSA P-256 or P-384 private key; Model Signing's key mode "
+            "takes only those (openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256)"
+        )
+    signature = key.sign(pae(payload), ec.ECDSA(_CURVE_HASHES[key.curve.key_size]()))
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return signature, hashlib.sha256(public).hexdigest()

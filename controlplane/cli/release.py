@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
     from controlplane.services.release_check import CheckedRelease
 
 T = TypeVar("T")
+
+
+class SignAs(StrEnum):
+    """The signature ``release publish --sign`` makes."""
+
+    SUMS = "SHA256SUMS.sig"
+    MODEL = "model.sig"
+
 
 app = typer.Typer(
     help="Check a release dir as a deploy would, offline, and publish it to a store.",
@@ -107,10 +116,19 @@ def publish(
         typer.Option(
             "--sign",
             metavar="KEY",
-            help="Sign it with this private key (PEM, Ed25519 or ECDSA P-256): "
-            "SHA256SUMS.sig, as docs/signatures.md's openssl commands make it.",
+            help="Sign it with this private key (PEM): SHA256SUMS.sig (Ed25519 or ECDSA "
+            "P-256), as docs/signatures.md's openssl commands make it, or model.sig with "
+            "--sign-as.",
         ),
     ] = None,
+    sign_as: Annotated[
+        SignAs,
+        typer.Option(
+            "--sign-as",
+            help="The signature --sign makes: SHA256SUMS.sig, or model.sig (OpenSSF Model "
+            "Signing's key mode, ECDSA P-256 or P-384, as 'model_signing sign key' writes it).",
+        ),
+    ] = SignAs.SUMS,
     retry_seconds: Annotated[
         float | None,
         typer.Option(
@@ -153,7 +171,7 @@ def publish(
     _need_dir(path)
     try:
         where = publishing.destination(destination)
-        signers = publishing.signers(path, sign)
+        signers = publishing.signers(path, sign, sign_as.value)
     except ControlPlaneError as exc:
         raise _usage(exc.code, exc.message) from None
 

@@ -244,6 +244,50 @@ def disagreement(where: str, sums: Mapping[str, str], signed: Mapping[str, str])
         )
 
 
+# What model_signing 1.x leaves out of a dir it signs (``model.sig`` itself and git's files):
+# written into a statement made here as it writes it, so its own verifier reads ours alike.
+IGNORED_WHEN_SIGNING = ("model.sig", ".gitattributes", ".gitignore", ".github", ".git")
+
+
+def statement(subject: str, files: Mapping[str, str]) -> bytes:
+    """The in-toto statement ``model_signing sign`` makes for a dir named ``subject`` holding
+    ``files`` (path -> SHA-256): the payload a publisher signs (``release publish --sign KEY
+    --sign-as model.sig``). Resources sorted by path; the subject's digest is over their
+    digests in that order, as :func:`read_manifest` checks."""
+    names = sorted(files)
+    root = hashlib.sha256(b"".join(bytes.fromhex(files[n]) for n in names)).hexdigest()
+    document = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": subject, "digest": {"sha256": root}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "serialization": {
+                "allow_symlinks": False,
+                "hash_type": "sha256",
+                "ignore_paths": list(IGNORED_WHEN_SIGNING),
+                "method": "files",
+            },
+            "resources": [{"name": n, "digest": files[n], "algorithm": "sha256"} for n in names],
+        },
+    }
+    return json.dumps(document, separators=(",", ":")).encode("utf-8")
+
+
+def key_bundle(payload: bytes, signature: bytes, key_hint: str) -> bytes:
+    """A key-mode ``model.sig``: the Sigstore bundle around ``payload`` and its DSSE
+    ``signature``, ``key_hint`` the SHA-256 of the public key's PEM (as model_signing writes)."""
+    bundle = {
+        "mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+        "verificationMaterial": {"publicKey": {"hint": key_hint}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(payload).decode("ascii"),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{"sig": base64.b64encode(signature).decode("ascii"), "keyid": ""}],
+        },
+    }
+    return json.dumps(bundle, indent=2).encode("utf-8")
+
+
 def _b64(value: object) -> bytes:
     if not isinstance(value, str):
         raise ValueError("not base64 text")

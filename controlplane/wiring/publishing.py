@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from pydantic import ValidationError
 
 from controlplane.adapters.keyring import Keyring
-from controlplane.adapters.release_signers import ShippedSignature, StatementSigner
+from controlplane.adapters.release_signers import ModelSigner, ShippedSignature, StatementSigner
 from controlplane.adapters.release_tree import digests
 from controlplane.adapters.staging.fs import StagingArea
 from controlplane.adapters.stores.local_publish import LocalReleaseTarget
@@ -181,18 +181,25 @@ def release_target(
     return LocalReleaseTarget(store.local_path, where.model, where.release)
 
 
-def signers(path: Path, key: Path | None) -> Sequence[ReleaseSigner]:
-    """The release's signers: the key given, or the ``SHA256SUMS.sig`` the dir ships, and the
-    ``model.sig`` it ships (Model Signing's, made elsewhere), or none."""
+def signers(path: Path, key: Path | None, sign_as: str = SIGNATURE_NAME) -> Sequence[ReleaseSigner]:
+    """The release's signers: the key given, making ``sign_as`` (``SHA256SUMS.sig`` or
+    ``model.sig``), and the signatures the dir ships (uploaded as they are), or none. A key
+    asked to make a signature the dir ships already is refused: which one counts?"""
+    if sign_as not in (SIGNATURE_NAME, MODEL_SIGNATURE_NAME):
+        raise InvalidRequest(
+            f"--sign-as {sign_as!r}: give {SIGNATURE_NAME} or {MODEL_SIGNATURE_NAME}"
+        )
+    if key is not None and (path / sign_as).is_file():
+        raise InvalidRequest(
+            f"{path} holds a {sign_as} already, and --sign would make another: "
+            "remove it, or publish without --sign to upload it as it is"
+        )
     found: list[ReleaseSigner] = []
-    if (path / MODEL_SIGNATURE_NAME).is_file():  # first: docs/signatures.md's order
+    if key is not None and sign_as == MODEL_SIGNATURE_NAME:  # first: docs/signatures.md's order
+        found.append(ModelSigner(key))
+    elif (path / MODEL_SIGNATURE_NAME).is_file():
         found.append(ShippedSignature(MODEL_SIGNATURE_NAME, limit=MAX_MODEL_SIGNATURE_BYTES))
-    if key is not None:
-        if ships_signature(path):
-            raise InvalidRequest(
-                f"{path} holds a {SIGNATURE_NAME} already, and --sign would make another: "
-                "remove it, or publish without --sign to upload it as it is"
-            )
+    if key is not None and sign_as == SIGNATURE_NAME:
         found.append(StatementSigner(key))
     elif ships_signature(path):
         found.append(ShippedSignature())

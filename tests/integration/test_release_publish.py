@@ -21,7 +21,7 @@ from tests.integration.conftest import DaemonFactory
 from tests.support.daemon import Daemon
 from tests.support.fault_proxy import FaultProxy
 from tests.support.inference import infer_once
-from tests.support.model_signing import make_ec_key
+from tests.support.model_signing import make_ec_key, model_signing
 from tests.support.models import corrupt_file, write_scale_release, write_sha256sums
 from tests.support.s3 import aws_env
 from tests.support.s3_fixtures import fault_proxy, moto_endpoint, s3_bucket  # noqa: F401
@@ -271,6 +271,51 @@ def test_a_release_signed_with_model_signing_is_checked_published_and_deployed(
     assert signature["detail"]["signer"] == "publisher"
     assert signature["detail"]["signed_with"] == ["model.sig"]
     assert serves(triton, model_name, 7.0)
+
+
+@pytest.mark.parametrize("curve", ["p256", "p384"])
+def test_publish_signs_model_sig_as_model_signing_does_and_a_member_verifies_it(
+    daemons: DaemonFactory, tmp_path: Path, model_name: str, triton: RunningTriton, curve: str
+) -> None:
+    """``--sign KEY --sign-as model.sig``: Model Signing's own verifier accepts what we wrote,
+    a member that requires signatures deploys it with the key's name as signer, and a key that
+    Model Signing's key mode does not take is refused before anything is uploaded."""
+    store, keyring = tmp_path / "store", tmp_path / "ring"
+    store.mkdir()
+    key = make_ec_key(tmp_path / "keys", "ci-model-key", curve)
+    key.public_pem(keyring / "ci-model-key.pem")
+    daemon = daemons(store, config=f"store:\n  require_signature: true\n  keyring: {keyring}\n")
+    build = write_scale_release(tmp_path / "build", "any", "thing", k=8.0, checksums=False)
+    published_dir = store / model_name / "r1"
+    openssl_key = make_key(tmp_path / "keys", "ed", "ed25519").private
+
+    wrong = controlplane(
+        "release", "publish", str(build), f"{store}/{model_name}/r0",
+        "--sign", str(openssl_key), "--sign-as", "model.sig",
+    )  # fmt: skip
+    published = controlplane(
+        "release", "publish", str(build), str(published_dir),
+        "--sign", str(key.private), "--sign-as", "model.sig",
+    )  # fmt: skip
+
+    assert wrong.returncode == 2
+    assert "is not an ECDSA P-256 or P-384 private key" in wrong.stderr
+    assert not (store / model_name / "r0").exists()
+    assert published.returncode == 0, published.stderr
+    model_signing(
+        "verify", "key", published_dir, "--public_key", keyring / "ci-model-key.pem",
+        "--signature", published_dir / "model.sig",
+        "--ignore-paths", published_dir / "SHA256SUMS",
+    )  # fmt: skip
+    deployed = daemon.deploy(model_name, "r1")
+    assert deployed.status_code == 200, deployed.text
+    signature = next(s for s in deployed.json()["operation"]["steps"] if s["name"] == "signature")
+    assert signature["detail"] == {
+        "signed": True,
+        "signer": "ci-model-key",
+        "signed_with": ["model.sig"],
+    }
+    assert serves(triton, model_name, 8.0)
 
 
 def _s3_daemon(daemons: DaemonFactory, tmp_path: Path, endpoint: str, bucket: str) -> Daemon:
