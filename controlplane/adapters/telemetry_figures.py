@@ -147,6 +147,12 @@ class FiguresCollector(Collector):
             "higher at every change).",
             labels=["model"],
         )
+        paused = GaugeMetricFamily(
+            "controlplane_fleet_rollout_paused",
+            "1 while the model's rollout is paused (controlplane rollout pause: it holds where "
+            "it stands until resumed), else 0, as this member last read the desired state.",
+            labels=["model"],
+        )
         converged = GaugeMetricFamily(
             "controlplane_fleet_model_converged",
             "1 when every live member serves its target of the model, 0 when one does not, as "
@@ -177,9 +183,10 @@ class FiguresCollector(Collector):
                 refused.add_metric([kind.value, reason.value], number)
             for model, number in sorted(fleet.generations.items()):
                 generation.add_metric([model], number)
+                paused.add_metric([model], _flag(model in fleet.paused))
             if fleet.view is not None:
                 for model, done in sorted(fleet.view.converged.items()):
                     converged.add_metric([model], _flag(done))
                 for state in MemberStanding:
                     members.add_metric([state.value], fleet.view.members.get(state, 0))
-        yield from (generation, converged, members, refused)
+        yield from (generation, paused, converged, members, refused)

@@ -128,6 +128,11 @@ class FigureReader:
                 model: wanted.generation
                 for model, wanted in (sync.desired.items() if sync is not None else ())
             },
+            paused=frozenset(
+                model
+                for model, wanted in (sync.desired.items() if sync is not None else ())
+                if wanted.rollout.holds
+            ),
             view=view,
             refused=count(refused),
         )

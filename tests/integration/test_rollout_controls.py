@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from devtools.launcher import RunningTriton
 from tests.integration.test_cli import cli, document
+from tests.integration.test_metrics import gauge, shows
 from tests.support.fleet import Fleet, Member, running_fleet
 from tests.support.models import write_scale_release
 from tests.support.polling import eventually, throughout
@@ -142,6 +144,9 @@ def test_a_pause_holds_every_member_past_the_bake_and_resume_lets_it_complete(
         )
 
     throughout(held, BAKE + 3, "the paused rollout held")
+    for member in fleet.members:  # what silences ControlplaneFleetNotConverged for it
+        exported = partial(shows, member.api, 1, "controlplane_fleet_rollout_paused", model=model)
+        eventually(exported, 30, f"{member.name} exporting the pause")
     assert m1.answer(model) == 1.0
     assert m3.answer(model) == 1.0
 
@@ -161,6 +166,7 @@ def test_a_pause_holds_every_member_past_the_bake_and_resume_lets_it_complete(
     fleet.wait_serving(model, "r2", 2.0, timeout=BAKE + 60)
     eventually(lambda: _view(fleet, model)["phase"] == "complete", 30, "the rollout complete")
     assert _rollout(m1, "resume", model).returncode == 1  # nothing paused any more
+    assert gauge(m1.api, "controlplane_fleet_rollout_paused", model=model) == 0
 
 
 def test_promote_ends_a_bake_of_no_set_length_at_once(fleet: Fleet, models: Models) -> None:

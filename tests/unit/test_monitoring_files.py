@@ -59,6 +59,7 @@ EXPORTED_BY_CONTROLPLANE = frozenset(
         "controlplane_fleet_members",
         "controlplane_fleet_model_converged",
         "controlplane_fleet_model_generation",
+        "controlplane_fleet_rollout_paused",
     }
 )
 # Triton's own, from its metrics endpoint (port 8002).
@@ -80,6 +81,7 @@ ALERTS = frozenset(
         "ControlplaneModelOnCpuOnly",
         "ControlplaneMemoryNotReturned",
         "ControlplaneFleetNotConverged",
+        "ControlplaneRolloutPaused",
         "ControlplaneFleetMemberStale",
         "ControlplaneFleetMemberNameConflict",
         "ControlplaneTritonMemoryGrowth",
