@@ -12,10 +12,16 @@ import socket
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests.support.filesystems import other_filesystem  # noqa: F401  (a fixture)
 
 _INET = (socket.AF_INET, socket.AF_INET6)
+
+# Property tests judge behaviour, not speed: Hypothesis's 200 ms deadline per example failed a
+# run on a busy 2-core host (372 ms for a first call), so there is none.
+settings.register_profile("controlplane", deadline=None)
+settings.load_profile("controlplane")
 
 
 def _refuse(original: Any) -> Any:
