@@ -1,5 +1,9 @@
 """``controlplane status``: what serves, what Triton says, the last operation; once, or live.
 
+``last op:`` is the newest deploy, rollback, unload or cpu-fallback (what changes what
+serves); ``upkeep:`` the newest of the daemon's housekeeping (a retire of the old slot, a
+repair), on a line of its own so that a retire never hides the deploy before it.
+
 The table is built from ``GET /v1/models`` (or one model's ``GET /v1/models/{name}``), plus
 the daemon's jobs that are down from ``/healthz``; the document of ``-o json|yaml`` is the
 models' answer alone. Store entries the daemon ignores for their names (``ignored_models``,
@@ -126,12 +130,10 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
         lines.append(f"  store:     {view['store_error']}")
     last = view.get("last_operation")
     if last:
-        outcome = last["status"]
-        if last.get("error"):
-            outcome += f" ({last['error']['code']})"
-        lines.append(
-            f"  last op:   {last['kind']} {last.get('release') or ''} {outcome} [{last['id']}]"
-        )
+        lines.append(f"  last op:   {_operation(last)}")
+    upkeep = view.get("last_housekeeping")
+    if upkeep:
+        lines.append(f"  upkeep:    {_housekeeping(upkeep)}")
     if view.get("running_operation"):
         lines.append(f"  running:   {view['running_operation']}")
     out = view.get("out_of_rotation") or {}
@@ -149,6 +151,23 @@ def model_lines(view: dict[str, Any], said: str | None = None) -> list[str]:
             f"  repaired:  {repair['status']} at {repair['created_at']}: {why} [{repair['id']}]"
         )
     return lines + _rollback_lines(view)
+
+
+def _operation(op: dict[str, Any]) -> str:
+    """One operation on a line: kind, release, outcome (with the error's code), id."""
+    return f"{op['kind']} {op.get('release') or ''} {_outcome(op)} [{op['id']}]"
+
+
+def _housekeeping(op: dict[str, Any]) -> str:
+    """A retire or a repair on a line: it names no release (a retire frees a slot), so when it
+    ran and why (the slot, the repair's finding) say what it did."""
+    why = f": {op['reason']}" if op.get("reason") else ""
+    return f"{op['kind']} {_outcome(op)} at {op['created_at']}{why} [{op['id']}]"
+
+
+def _outcome(op: dict[str, Any]) -> str:
+    error = op.get("error")
+    return f"{op['status']} ({error['code']})" if error else str(op["status"])
 
 
 def _names(ignored: list[dict[str, Any]]) -> str:

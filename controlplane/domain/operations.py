@@ -15,12 +15,31 @@ from enum import StrEnum
 
 
 class OperationKind(StrEnum):
+    """What an operation does. Two families, which status keeps apart (:data:`CHANGES`,
+    :data:`HOUSEKEEPING`):
+
+    * changes of what serves, asked for by a person, a script or the daemon's watchers: deploy,
+      rollback, unload, and cpu-fallback (the rollback chain's last step reloads the serving
+      release on CPU only, so what serves, and how, changes). Status's "last operation" is the
+      newest of these: what an operator asked for, or what was done to the model on its behalf.
+    * housekeeping, the daemon's own upkeep that leaves what serves as it was meant to be:
+      retire (freeing the old blue-green slot once its keep-warm time is over) and repair
+      (putting back what Triton lost), by kind, even a repair that redeploys. Shown apart, so a
+      retire half a minute after a deploy never hides that deploy's outcome.
+    """
+
     DEPLOY = "deploy"
     ROLLBACK = "rollback"
     UNLOAD = "unload"
     RETIRE = "retire"
     CPU_FALLBACK = "cpu-fallback"  # the serving release reloaded on CPU-only instances
     REPAIR = "repair"  # put back what should serve after Triton lost it (restart, drift)
+
+
+CHANGES = frozenset(
+    {OperationKind.DEPLOY, OperationKind.ROLLBACK, OperationKind.UNLOAD, OperationKind.CPU_FALLBACK}
+)
+HOUSEKEEPING = frozenset({OperationKind.RETIRE, OperationKind.REPAIR})
 
 
 class Trigger(StrEnum):

@@ -7,7 +7,7 @@ the ``writes`` counts tell a reader whether what it read is still current.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -79,15 +79,23 @@ class OperationLog(Protocol):
 
     async def get(self, operation_id: str) -> Operation | None: ...
 
-    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]: ...
+    async def recent(
+        self,
+        model: str | None = None,
+        limit: int = 20,
+        kinds: Collection[OperationKind] | None = None,
+    ) -> list[Operation]:
+        """The newest operations, newest first (of ``model``, of ``kinds``, when given)."""
+        ...
 
     async def unfinished(self) -> list[Operation]: ...
 
     async def latest(
-        self, models: Sequence[str], kind: OperationKind | None = None
+        self, models: Sequence[str], kinds: Collection[OperationKind] | None = None
     ) -> dict[str, Operation]:
-        """The newest operation (of ``kind``, when given) of each of ``models`` that has one,
-        in one read: for answers about many models at once."""
+        """The newest operation (of one of ``kinds``, when given) of each of ``models`` that
+        has one, in one read: for answers about many models at once. With ``kinds``, its cost
+        does not grow with each model's history (one index look per model and kind)."""
         ...
 
     async def last_deploys(self, releases: Mapping[str, str]) -> dict[str, Operation]:

@@ -4,8 +4,9 @@ services already know.
 Per model: what should serve (the fleet's desired release, or this daemon's own record when it
 is not in a fleet), what each member serves (the fleet's heartbeats, this member as it is now),
 the slots with Triton's state of each (:class:`StatusService`), the rollout phase, the degraded
-latch (the fleet's and this member's), the last operations with their steps, and the rollbacks
-of the GPU history's span; once per page, that history and its threshold
+latch (the fleet's and this member's), the last operations with their steps (changes of what
+serves only), the last housekeeping apart (a retire, a repair: the model view's), and the
+rollbacks of the GPU history's span; once per page, that history and its threshold
 (:class:`OverloadWatcher`). Nothing here writes, and a part that cannot be read (the store,
 Triton) makes the overview less complete, never an error: the page is what people open when
 things are broken.
@@ -27,7 +28,7 @@ from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.fleet import Pause
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.notifications import NotificationHealth
-from controlplane.domain.operations import Operation
+from controlplane.domain.operations import CHANGES, Operation
 from controlplane.domain.rollback import RollbackRecord
 from controlplane.ports import Clock, OperationLog, RollbackBook
 from controlplane.services.fleet import FleetService, FleetSnapshot
@@ -79,7 +80,7 @@ class ModelOverview:
     rollout_note: str | None
     canaries: tuple[str, ...]
     latches: tuple[Latch, ...]
-    operations: tuple[Operation, ...]  # newest first
+    operations: tuple[Operation, ...]  # newest first; housekeeping is the view's
     rollbacks: tuple[RollbackRecord, ...]  # those in the GPU history's span, oldest first
     paused: Pause | None = None  # who paused its fleet rollout, when and why
 
@@ -207,13 +208,14 @@ class OverviewService:
         return snapshot, None
 
     async def _recent_operations(self, names: Sequence[str]) -> dict[str, tuple[Operation, ...]]:
-        """The last operations of each model, read again only after the journal saved one."""
+        """The last operations of each model that change what serves (the housekeeping after
+        them would push them off the page), read again only after the journal saved one."""
         writes = self._journal.writes  # before the reads: one saved during them counts as after
         cached = self._operations
         if cached is not None and cached[0] == writes and cached[1] == tuple(names):
             return cached[2]
         found = await asyncio.gather(
-            *(self._journal.recent(name, OPERATIONS_PER_MODEL) for name in names)
+            *(self._journal.recent(name, OPERATIONS_PER_MODEL, CHANGES) for name in names)
         )
         operations = {name: tuple(ops) for name, ops in zip(names, found, strict=True)}
         self._operations = (writes, tuple(names), operations)

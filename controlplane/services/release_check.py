@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.domain.names import validate_model_name, validate_release_name
@@ -131,14 +131,19 @@ class _Kept:
     async def get(self, operation_id: str) -> Operation | None:
         return self.last if self.last is not None and self.last.id == operation_id else None
 
-    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]:
+    async def recent(
+        self,
+        model: str | None = None,
+        limit: int = 20,
+        kinds: Collection[OperationKind] | None = None,
+    ) -> list[Operation]:
         return [] if self.last is None else [self.last]
 
     async def unfinished(self) -> list[Operation]:
         return []
 
     async def latest(
-        self, models: Sequence[str], kind: OperationKind | None = None
+        self, models: Sequence[str], kinds: Collection[OperationKind] | None = None
     ) -> dict[str, Operation]:
         return {}
 

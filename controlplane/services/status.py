@@ -32,7 +32,7 @@ from datetime import datetime
 from controlplane.domain.errors import ControlPlaneError, ModelNotFound
 from controlplane.domain.ignored import IgnoredName
 from controlplane.domain.names import validate_model_name
-from controlplane.domain.operations import Operation, OperationKind
+from controlplane.domain.operations import CHANGES, HOUSEKEEPING, Operation, OperationKind
 from controlplane.domain.releases import natural_key
 from controlplane.domain.rollback import DegradedRelease, RollbackRecord
 from controlplane.domain.rotation import OutOfRotation
@@ -276,17 +276,21 @@ class StatusService:
         *,
         overload: OverloadView | None,
     ) -> list[ModelView]:
-        """The views of ``names``, their history read in four reads whatever their number (one
+        """The views of ``names``, their history read in six reads whatever their number (one
         read per model and table made a page of 100 models cost 700 round trips), queued at
-        once (the database thread runs them back to back)."""
+        once (the database thread runs them back to back). The last operation is the newest
+        change of what serves, the daemon's housekeeping read apart (see
+        :class:`~controlplane.domain.operations.OperationKind`): a retire after a failed
+        deploy must not hide it."""
         serving = {
             name: record.active_release
             for name in names
             if (record := records.get(name)) is not None and record.active_release is not None
         }
-        last_operations, repairs, rollbacks, degraded, deploys = await asyncio.gather(
-            self._journal.latest(names),
-            self._journal.latest(names, OperationKind.REPAIR),
+        last_operations, upkeep, repairs, rollbacks, degraded, deploys = await asyncio.gather(
+            self._journal.latest(names, CHANGES),
+            self._journal.latest(names, HOUSEKEEPING),
+            self._journal.latest(names, {OperationKind.REPAIR}),
             self._rollbacks.last_of(names),
             self._rollbacks.latched_of(names),
             self._journal.last_deploys(serving),
@@ -303,6 +307,7 @@ class StatusService:
                     rollbacks.get(name),
                     tuple(degraded.get(name, ())),
                     _signer(deploys.get(name)),
+                    upkeep.get(name),
                 ),
                 overload,
             )
@@ -342,6 +347,7 @@ class StatusService:
             store_error=listing.error,
             running_operation=self._holder(model),
             last_operation=history.last_operation,
+            last_housekeeping=history.last_housekeeping,
             overload=overload,
             fallback=self._fallback(record, history.degraded) if record else None,
             last_rollback=history.last_rollback,

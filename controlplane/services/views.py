@@ -29,6 +29,8 @@ class ModelView:
     releases: tuple[ReleaseInfo, ...]
     store_error: str | None
     running_operation: str | None
+    # The newest change of what serves (deploy, rollback, unload, cpu-fallback: CHANGES in
+    # domain/operations.py), whatever the daemon's housekeeping did after it.
     last_operation: Operation | None
     strategy: str = "inplace"
     alias_target: str | None = None  # blue-green: the slot the alias points at
@@ -49,6 +51,7 @@ class ModelView:
     # The publisher key that signed the serving release, as the deploy that made it serve
     # recorded it (None: unsigned, or deployed before this daemon checked signatures).
     signer: str | None = None
+    last_housekeeping: Operation | None = None  # the newest retire or repair (HOUSEKEEPING)
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,9 @@ class ModelPage:
 class History:
     """What the database holds about one model besides its record, read in bulk."""
 
-    last_operation: Operation | None
+    last_operation: Operation | None  # the newest of CHANGES
     last_repair: Operation | None  # the reconcile loop's last repair
     last_rollback: RollbackRecord | None
     degraded: tuple[DegradedRelease, ...]
     signer: str | None = None  # the key that signed the serving release, as its deploy found
+    last_housekeeping: Operation | None = None  # the newest of HOUSEKEEPING

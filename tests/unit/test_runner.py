@@ -8,7 +8,7 @@ the database thread), and ``GET /v1/operations/{id}`` answered 404 for an id the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from controlplane.adapters.staging.fs import StagingArea
@@ -40,14 +40,19 @@ class QueuedJournal:
     async def get(self, operation_id: str) -> Operation | None:
         return self.landed.get(operation_id)
 
-    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]:
+    async def recent(
+        self,
+        model: str | None = None,
+        limit: int = 20,
+        kinds: Collection[OperationKind] | None = None,
+    ) -> list[Operation]:
         return list(self.landed.values())[:limit]
 
     async def unfinished(self) -> list[Operation]:
         return [op for op in self.landed.values() if not op.status.finished]
 
     async def latest(
-        self, models: Sequence[str], kind: OperationKind | None = None
+        self, models: Sequence[str], kinds: Collection[OperationKind] | None = None
     ) -> dict[str, Operation]:
         return {}
 

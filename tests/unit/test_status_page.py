@@ -233,6 +233,32 @@ def test_the_model_shows_its_releases_members_slots_latch_and_operations() -> No
     assert "triton_load_failed" in operation.text
 
 
+def test_housekeeping_has_its_own_section_and_never_counts_as_a_last_operation() -> None:
+    retire = dataclasses.replace(
+        _operation(),
+        id="op2",
+        kind=OperationKind.RETIRE,
+        release="r2",
+        trigger=Trigger.SCHEDULE,
+        status=OperationStatus.SUCCEEDED,
+        created_at=NOW - timedelta(seconds=5),
+        steps=(),
+        error=None,
+    )
+    tree = Tree(content(_overview(_model(view=_view(last_housekeeping=retire)))))
+
+    [operations] = tree.all("ol", data_field="operations")
+    [housekeeping] = tree.all("ol", data_field="housekeeping")
+    assert [e.attrs["data-operation"] for e in operations.children] == ["op1"]
+    assert [e.attrs["data-operation"] for e in housekeeping.children] == ["op2"]
+    assert housekeeping.text.startswith("retire r2")
+    assert "Housekeeping" in [h.text for h in tree.all("h3")]
+
+    quiet = Tree(content(_overview(_model(view=_view()))))
+    [none] = quiet.all("p", data_field="housekeeping")
+    assert none.text == "no retire or repair yet"
+
+
 def test_without_a_fleet_the_daemons_own_record_is_the_desired_release() -> None:
     alone = _model(
         desired_by="member",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -65,19 +65,31 @@ class SqliteOperationLog:
 
         return await self._db.read(job)
 
-    async def recent(self, model: str | None = None, limit: int = 20) -> list[Operation]:
+    async def recent(
+        self,
+        model: str | None = None,
+        limit: int = 20,
+        kinds: Collection[OperationKind] | None = None,
+    ) -> list[Operation]:
+        where: list[str] = []
+        params: list[object] = []
+        if model is not None:
+            where.append("model = ?")
+            params.append(model)
+        if kinds is not None:
+            where.append(f"kind IN ({', '.join('?' * len(kinds))})")
+            params.extend(sorted(kind.value for kind in kinds))
+        # By model, the walk goes back through the model's history in time and stops at
+        # ``limit`` rows of the kinds (housekeeping is at most one in two of them).
+        indexed = "INDEXED BY operations_by_model " if model is not None else ""
+        query = (  # only placeholders are formatted in; the values are bound
+            f"SELECT * FROM operations {indexed}"  # noqa: S608
+            f"{'WHERE ' + ' AND '.join(where) + ' ' if where else ''}"
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        )
+
         def job(db: sqlite3.Connection) -> list[Operation]:
-            if model is None:
-                rows = db.execute(
-                    "SELECT * FROM operations ORDER BY created_at DESC, rowid DESC LIMIT ?",
-                    (limit,),
-                )
-            else:
-                rows = db.execute(
-                    "SELECT * FROM operations WHERE model = ? "
-                    "ORDER BY created_at DESC, rowid DESC LIMIT ?",
-                    (model, limit),
-                )
+            rows = db.execute(query, [*params, limit])
             return [_operation_from_row(row) for row in rows.fetchall()]
 
         return await self._db.read(job)
@@ -93,9 +105,10 @@ class SqliteOperationLog:
         return await self._db.read(job)
 
     async def latest(
-        self, models: Sequence[str], kind: OperationKind | None = None
+        self, models: Sequence[str], kinds: Collection[OperationKind] | None = None
     ) -> dict[str, Operation]:
-        of_kind = "" if kind is None else "AND kind = ? "
+        if kinds is not None:
+            return await self._latest_of_kinds(models, kinds)
 
         def job(db: sqlite3.Connection) -> dict[str, Operation]:
             found: dict[str, Operation] = {}
@@ -103,11 +116,32 @@ class SqliteOperationLog:
                 query = (  # only placeholders are formatted in; the values are bound
                     "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY model "  # noqa: S608
                     "ORDER BY created_at DESC, rowid DESC) AS newest FROM operations "
-                    f"WHERE model IN {marks} {of_kind}) WHERE newest = 1"
+                    f"WHERE model IN {marks}) WHERE newest = 1"
                 )
-                rows = db.execute(query, [*names, *([] if kind is None else [kind.value])])
+                rows = db.execute(query, names)
                 found.update((row["model"], _operation_from_row(row)) for row in rows)
             return found
+
+        return await self._db.read(job)
+
+    async def _latest_of_kinds(
+        self, models: Sequence[str], kinds: Collection[OperationKind]
+    ) -> dict[str, Operation]:
+        """The newest of each (model, kind) is one look in ``operations_by_model_kind``; the
+        newest of those few per model is the answer. Nothing reads a model's history."""
+        wanted = json.dumps(sorted(kind.value for kind in kinds))
+        query = (
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY model "
+            "ORDER BY created_at DESC, rowid DESC) AS newest FROM operations WHERE rowid IN ("
+            "SELECT (SELECT rowid FROM operations INDEXED BY operations_by_model_kind "
+            "WHERE model = m.value AND kind = k.value "
+            "ORDER BY created_at DESC, rowid DESC LIMIT 1) "
+            "FROM json_each(?) AS m, json_each(?) AS k)) WHERE newest = 1"
+        )
+
+        def job(db: sqlite3.Connection) -> dict[str, Operation]:
+            rows = db.execute(query, (json.dumps(list(models)), wanted))
+            return {row["model"]: _operation_from_row(row) for row in rows}
 
         return await self._db.read(job)
 

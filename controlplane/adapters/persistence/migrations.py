@@ -122,6 +122,9 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE state IN ('READY', 'ACTIVE', 'RETIRING')
         AND reason LIKE '%on CPU-only instances%';
     """,
+    # 7: the newest operation of each kind of a model is one index look (status's last
+    # operation and last housekeeping), however long the model's history.
+    "CREATE INDEX IF NOT EXISTS operations_by_model_kind ON operations (model, kind, created_at);",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -144,7 +144,14 @@ def _model(model: ModelOverview, overview: Overview) -> str:
         f"<h3>GPU utilisation, last {_span_minutes(overview)} min</h3>",
         gpu_plot(overview.gpu, model.rollbacks, view.name),
         "<h3>Last operations</h3>",
-        _operations(model.operations, overview),
+        _operations(model.operations, overview, "operations", "no operation yet"),
+        "<h3>Housekeeping</h3>",
+        _operations(
+            () if view.last_housekeeping is None else (view.last_housekeeping,),
+            overview,
+            "housekeeping",
+            "no retire or repair yet",
+        ),
     ]
     return (
         f'<section class="model" data-model="{esc(view.name)}">'
@@ -263,9 +270,13 @@ def _latches(model: ModelOverview, overview: Overview) -> str:
     return f'<ul data-field="degraded">{items}</ul>'
 
 
-def _operations(operations: tuple[Operation, ...], overview: Overview) -> str:
+def _operations(
+    operations: tuple[Operation, ...], overview: Overview, field: str, none: str
+) -> str:
+    """``field``: "operations" (deploys, rollbacks, unloads, CPU fallbacks) or "housekeeping"
+    (the daemon's retires and repairs, kept apart so they never push a deploy out of view)."""
     if not operations:
-        return '<p class="none">no operation yet</p>'
+        return f'<p class="none" data-field="{field}">{none}</p>'
     items = []
     for op in operations:
         release = esc(op.release or "-")
@@ -288,4 +299,4 @@ def _operations(operations: tuple[Operation, ...], overview: Overview) -> str:
             f"&middot; {esc(seconds(op.duration_seconds))}"
             f'<div class="steps">{steps}</div>{error}</li>'
         )
-    return f'<ol class="operations">{"".join(items)}</ol>'
+    return f'<ol class="operations" data-field="{field}">{"".join(items)}</ol>'

@@ -1,5 +1,6 @@
 """A model as ``GET /v1/models`` and ``GET /v1/models/{name}`` show it: its releases, its
-slots, what Triton says of it, its last operation and repair, its overload verdict and its
+slots, what Triton says of it, its last operation (deploy, rollback, unload or cpu-fallback),
+its last housekeeping (retire or repair) and its last repair, its overload verdict and its
 rollback state; and what a page of models says of itself (when it was seen, what was left out).
 
 ``api/model_pages.py`` splits a model's JSON around its ``overload`` key, the one part that is
@@ -43,6 +44,9 @@ def model_json(view: ModelView) -> dict[str, Any]:
         "last_operation": None
         if view.last_operation is None
         else operation_json(view.last_operation),
+        "last_housekeeping": None
+        if view.last_housekeeping is None
+        else operation_json(view.last_housekeeping),
         "overload": overload_json(view.overload),
         "rollback": {
             "fallback": view.fallback,
