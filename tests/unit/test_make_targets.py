@@ -16,8 +16,10 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def _dry_run(target: str, venv: Path, *variables: str) -> list[str]:
-    # A parent make (make check) passes its flags down; this make must start afresh.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    # A parent make (make check) passes its flags down, and a STORE in the environment would
+    # reach the recipe: this make starts afresh.
+    dropped = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "STORE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     done = subprocess.run(
         [
             "make",
