@@ -61,6 +61,11 @@ BLOCKS = read_documents(REPO_ROOT)
 TOKEN = "readme-token"
 RELEASE = "2026-11-29.1"  # the release the README's publisher snippets publish
 FALLBACK = "2026-11-01.1"  # the README's fallback_release: resnet serves it first
+# The commit a CI job runs for; docs/ci.md's jobs name the release after it (r-<12 hex digits>).
+CI_SHA = "3f9c2b7e1d4a6c8b0e2f4a6c8d0b2e4f6a8c0d2e"
+CI_RELEASE = f"r-{CI_SHA[:12]}"
+# The Service's URL a CI job reads from its variable CONTROLPLANE_URL (docs/ci.md's table).
+CI_URL = "http://triton.triton.svc:8080"
 BLOCK_TIMEOUT = 300.0
 S3_BUCKET, S3_PREFIX = "models", "prod"  # the README's s3://models/prod
 AWS_CLI = Path(sys.prefix) / "awscli" / "bin" / "aws"  # make install puts it there
@@ -136,7 +141,8 @@ def world_addresses(world: World) -> dict[str, str]:
         "http://127.0.0.1:8000": world.triton.http_url,  # make run's Triton (Try it)
         "http://127.0.0.1:8080": daemon,  # make run's daemon; also the CLI's default
         "http://cp:8080": daemon,  # the runbook's daemon
-        "http://triton.triton.svc:8080": daemon,  # the Service in the cluster (CI)
+        "http://triton.triton.svc:8080": daemon,  # the overlays' Service in the cluster (CI)
+        "http://controlplane.triton.svc:8080": daemon,  # the chart's Service (CI)
         ".venv/bin/controlplane": str(VENV_BIN / "controlplane"),
         # docs/helm.md renders the chart from a clone's root; blocks run in a workspace.
         "deploy/helm/": f"{REPO_ROOT / 'deploy' / 'helm'}/",
@@ -154,13 +160,15 @@ def substitute(text: str, table: dict[str, str]) -> str:
 def world(triton_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """Daemons (API token set) and Tritons of their own. The local store holds the example
     model (as `make run` has it) and resnet: FALLBACK serving, RELEASE written but not yet
-    published; the workspace holds RELEASE as `release/` for the S3 recipe, whose bucket
-    (moto's S3 on loopback) is empty. Commands reach only these: AWS_* points at moto."""
+    published, CI_RELEASE published (by the build job of docs/ci.md's commit); the workspace
+    holds RELEASE as `release/` for the S3 recipe, whose bucket (moto's S3 on loopback) is
+    empty. Commands reach only these: AWS_* points at moto."""
     root = tmp_path_factory.mktemp("readme-world")
     store = root / "store"
     shutil.copytree(REPO_ROOT / "examples" / "store", store)
     write_scale_release(store, "resnet", FALLBACK, k=1.0)
     write_scale_release(store, "resnet", RELEASE, k=2.0, checksums=False)
+    write_scale_release(store, "resnet", CI_RELEASE, k=4.0)
     published = write_scale_release(root / "for-s3", "resnet", RELEASE, k=3.0)
     shutil.copytree(published, root / "workspace" / "release")
     with contextlib.ExitStack() as stack:
@@ -288,12 +296,13 @@ def run_commands(block: Block, world: World) -> None:
 
 
 def github_expressions() -> dict[str, str]:
-    """What GitHub gives a workflow run for a tag push of RELEASE."""
-    return {"secrets.CONTROLPLANE_TOKEN": TOKEN, "github.ref_name": RELEASE}
+    """What GitHub gives a workflow run: the repository's secret and variable."""
+    return {"secrets.CONTROLPLANE_TOKEN": TOKEN, "vars.CONTROLPLANE_URL": CI_URL}
 
 
 def run_github_actions(block: Block, world: World) -> None:
-    """Each step's `run` in bash -e (GitHub's default shell), with its `env`."""
+    """Each step's `run` in bash -e (GitHub's default shell), with its `env` and the runner's
+    GITHUB_SHA."""
 
     def expand(text: str) -> str:
         def value(match: re.Match[str]) -> str:
@@ -307,17 +316,21 @@ def run_github_actions(block: Block, world: World) -> None:
     steps = [step for job in workflow["jobs"].values() for step in job["steps"] if "run" in step]
     assert steps, f"{block.where}: a workflow with no run step"
     for step in steps:
-        env = {name: expand(str(v)) for name, v in (step.get("env") or {}).items()}
+        env = {"GITHUB_SHA": CI_SHA}
+        env.update({name: expand(str(v)) for name, v in (step.get("env") or {}).items()})
         run_bash(expand(step["run"]), world, env, f"{block.where}, step {step.get('name')!r}")
 
 
 def run_gitlab_ci(block: Block, world: World) -> None:
-    """Each job's `script` lines in order, with its `variables`, for a tag pipeline."""
+    """Each job's `script` lines in order, with its `variables`, for a pipeline of CI_SHA on the
+    default branch."""
     table = world_addresses(world)
     for name, job in yaml.safe_load(block.text).items():
-        env = {k: substitute(str(v), table) for k, v in (job.get("variables") or {}).items()}
-        # Predefined for a tag pipeline; the token is the project's masked CI/CD variable.
-        env.update({"CI_COMMIT_TAG": RELEASE, "CONTROLPLANE_TOKEN": TOKEN})
+        # The project's CI/CD variables (the token masked), then GitLab's predefined ones.
+        env = {"CONTROLPLANE_URL": substitute(CI_URL, table), "CONTROLPLANE_TOKEN": TOKEN}
+        env.update({"CI_COMMIT_SHA": CI_SHA, "CI_COMMIT_BRANCH": "main"})
+        env.update({"CI_DEFAULT_BRANCH": "main"})
+        env.update({k: substitute(str(v), table) for k, v in (job.get("variables") or {}).items()})
         script = "\n".join(substitute(line, table) for line in job["script"])
         run_bash(script, world, env, f"{block.where}, job {name!r}")
 

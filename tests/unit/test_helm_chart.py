@@ -51,7 +51,7 @@ from tests.unit.test_deploy_manifests import (
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = CHART / "examples"
 # What each documented values file renders; "default" is values.yaml alone.
-RENDERS = ("default", "directory-store", "s3-keys", "s3-irsa", "gpu-hpa-monitoring")
+RENDERS = ("default", "directory-store", "s3-keys", "s3-irsa", "gpu-hpa-monitoring", "pod-extras")
 # The overlay each example stands for.
 COUNTERPARTS = {"local-store": "directory-store", "s3": "s3-keys"}
 STORE_MOUNT = "/store"
