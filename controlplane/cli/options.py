@@ -63,6 +63,23 @@ UrlOption = Annotated[
         callback=_api_url,
     ),
 ]
+
+
+def _daemon_url(value: str | None) -> str | None:
+    return None if value is None else _api_url(value)
+
+
+DaemonUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="CONTROLPLANE_URL",
+        help="With --effective: the running daemon's API; print its settings (GET /v1/config) "
+        "rather than the ones this environment would give.",
+        show_default=False,
+        callback=_daemon_url,
+    ),
+]
 TokenOption = Annotated[
     str | None,
     typer.Option(
