@@ -76,10 +76,8 @@ def test_the_running_daemons_settings_print_with_its_tokens_masked(daemon: Daemo
     assert '  token: "********"  # from the running daemon' in lines
 
 
-def test_the_address_and_token_come_from_the_environment_as_for_other_commands(
-    daemon: Daemon,
-) -> None:
-    result = config(CONTROLPLANE_URL=daemon.url, CONTROLPLANE_TOKEN=WRITE)
+def test_the_token_comes_from_the_environment_as_for_other_commands(daemon: Daemon) -> None:
+    result = config("--url", daemon.url, CONTROLPLANE_TOKEN=WRITE)
 
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["store"]["poll_interval_seconds"] == 7.0
