@@ -19,7 +19,7 @@ router = APIRouter()
 @router.get(
     "/v1/config",
     tags=["config"],
-    summary="The settings this daemon runs with, secrets masked.",
+    summary="Show the settings this daemon runs with, secrets masked.",
     response_model=EffectiveSettings,
 )
 async def get_config(settings: Configured) -> EffectiveSettings:
