@@ -29,7 +29,7 @@ from controlplane.api.media import JsonBodies
 from controlplane.api.model_pages import ModelPages
 from controlplane.api.openapi import DocumentedAPI
 from controlplane.api.page.routes import install_page
-from controlplane.api.routes import alerts, fleet, models, operations, probes, rollout
+from controlplane.api.routes import alerts, config, fleet, models, operations, probes, rollout
 from controlplane.api.security import Authenticate
 from controlplane.settings import Settings
 from controlplane.wiring import build
@@ -42,6 +42,7 @@ ROUTERS = (
     operations.router,
     rollout.router,
     alerts.router,
+    config.router,
 )
 
 
@@ -59,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,  # FastAPI's docs pages load from a CDN: api/docs.py serves them offline
         redoc_url=None,
     )
+    app.state.settings = settings  # what GET /v1/config shows, masked
     install_handlers(app)
     install_docs(app)
     install_page(app)  # the status page at /

@@ -1,9 +1,11 @@
-"""What the routes share: the container, the readiness gate for writers, the documented name
-parameters, the trigger a request carries, and the one account of why the daemon is not ready.
+"""What the routes share: the settings, the container, the readiness gate for writers, the
+documented name parameters, the trigger a request carries, and the one account of why the
+daemon is not ready.
 
 The container is built by the app's lifespan and kept on ``app.state``; a route asks for it as
 a ``Reader`` or, when it changes something, as a ``Writer``: a write is refused with 503
-``not_ready``, saying why, until start-up reconcile is done.
+``not_ready``, saying why, until start-up reconcile is done. The settings are kept there by
+``create_app`` itself (``Configured``), so they are known before the lifespan runs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from controlplane.api.schemas.names import MODEL_NAME_SCHEMA
 from controlplane.domain.errors import InvalidRequest, TransientError
 from controlplane.domain.operations import Trigger
 from controlplane.services.fleet import FleetService
+from controlplane.settings import Settings
 from controlplane.wiring import Container
 
 CLIENT_HEADER = "x-controlplane-client"
@@ -28,6 +31,12 @@ class NotReady(TransientError):
 
 def container(request: Request) -> Container:
     found: Container = request.app.state.container
+    return found
+
+
+def settings_of(request: Request) -> Settings:
+    """The settings the app was made with: known before the lifespan builds the container."""
+    found: Settings = request.app.state.settings
     return found
 
 
@@ -46,6 +55,7 @@ def trigger_of(request: Request) -> Trigger:
 Reader = Annotated[Container, Depends(container)]
 Writer = Annotated[Container, Depends(ready_container)]
 Caller = Annotated[Trigger, Depends(trigger_of)]
+Configured = Annotated[Settings, Depends(settings_of)]
 ModelName = Annotated[
     str, Path(description="The model's name.", json_schema_extra=MODEL_NAME_SCHEMA)
 ]

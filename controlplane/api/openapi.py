@@ -7,6 +7,11 @@ rule (:func:`~controlplane.api.security.access_of`), so no route has to name it 
 added later is documented as guarded: with ``api.token`` set, each write declares the bearer
 scheme and its 401 ``unauthorized`` (and, with ``api.read_token`` set, 403 ``forbidden``);
 with ``api.read_token`` set, each read but the probes declares bearer or Basic and its 401.
+The bearer scheme is declared even while ``api.token`` is unset (no operation requires it then),
+so ``/docs`` always has its Authorize button and a client generator always knows the scheme.
+
+Every operation has a ``summary`` that reads as a sentence, set where the route is declared
+(FastAPI would make one of the function's name: "Get Operation").
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class DocumentedAPI(FastAPI):
             _drop_default_validation_answers(document)
             if self.bearer:
                 _declare_gate(document, reads_guarded=self.reads_guarded)
+            else:
+                _declare_unused_bearer(document)
         return super().openapi()
 
 
@@ -84,6 +91,16 @@ def _declare_gate(document: dict[str, Any], *, reads_guarded: bool) -> None:
             elif access is Access.READ and reads_guarded:
                 operation["security"] = [{BEARER: []}, {BASIC: []}]
                 _refused(operation, ("unauthorized",))
+
+
+def _declare_unused_bearer(document: dict[str, Any]) -> None:
+    schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "api.token (the write token). This daemon runs without api.token, so "
+        "no route asks for it: set api.token (and api.read_token) to guard writes (and reads).",
+    }
 
 
 def _refused(operation: dict[str, Any], codes: Iterable[str]) -> None:

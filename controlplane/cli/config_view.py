@@ -1,63 +1,113 @@
-"""``controlplane config --effective``: the settings a daemon would run with, as YAML.
+"""``controlplane config --effective``: the settings a daemon runs with, as YAML.
 
-The settings are loaded as ``serve`` loads them (defaults < the YAML file < ``CONTROLPLANE_*``
-variables), validated the same way, and printed group by group. A value that is not the
-default says where it came from in a comment (the variable, or the file); secrets (every
-``SecretStr``: ``api.token``, ``api.read_token``) are printed as ``'********'`` when set, and so
-is the password of any URL (``http://admin:********@prometheus:9090``), so the output can be
-pasted into an issue. Scalars are written as JSON, which YAML reads, so the output loads back as
-the same values (the secrets aside).
+Locally, the settings are loaded as ``serve`` loads them (defaults < the YAML file <
+``CONTROLPLANE_*`` variables), validated the same way, and printed group by group; a value that
+is not the default says where it came from in a comment (the variable, or the file). With
+``--url``, the settings are the running daemon's (``GET /v1/config``) and such a value says it
+came from the running daemon. Either way the values are the settings as they may be shown
+(:func:`~controlplane.settings.shown`): secrets (``api.token``, ``api.read_token``) are
+``'********'`` when set, and so is the password of any URL (``http://admin:********@prom:9090``),
+so the output can be pasted into an issue. Scalars are written as JSON, which YAML reads, so the
+output loads back as the same values (the secrets aside).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel
 
-from controlplane.settings import MASK, Settings, env_name, load_settings, mask_passwords
+from controlplane.settings import (
+    MASK,
+    ModelPolicy,
+    Settings,
+    derived,
+    env_name,
+    load_settings,
+    mask_passwords,
+    shown,
+)
+
+SECRETS_LINE = (
+    f"# Secrets (tokens, passwords in URLs) are shown as {MASK}; a comment names where "
+    "each value that is not the default came from."
+)
+DAEMON = "the running daemon"
+
+SourceOf = Callable[[tuple[str, ...]], str | None]
 
 
 def render_effective(config_file: Path | None) -> str:
     """The merged settings as YAML; :class:`~controlplane.settings.SettingsError` when they
     are not valid (as ``serve`` would refuse them)."""
     settings = load_settings(config_file)
-    from_file = _file_data(config_file)
     variables = {name.upper() for name in os.environ}
-    sources = _Sources(variables, from_file, str(config_file) if config_file else None)
-    sources.derived = _derived(settings)
-    where = f" < {config_file}" if config_file is not None else ""
-    out = [
-        "# controlplane: the effective settings (defaults" + where + " < environment).",
-        f"# Secrets (tokens, passwords in URLs) are shown as {MASK}; a comment names where "
-        "each value that is not the default came from.",
+    file = str(config_file) if config_file is not None else None
+    sources = _Sources(variables, _file_data(config_file), file)
+    where = f" < {file}" if file is not None else ""
+    header = [
+        f"# controlplane: the effective settings (defaults{where} < environment).",
+        SECRETS_LINE,
     ]
+    return _render(header, shown(settings), derived(settings), sources.of, local=True)
+
+
+def render_remote(answer: Mapping[str, Any], url: str) -> str:
+    """The running daemon's settings (its ``GET /v1/config`` answer) in the local layout."""
+    header = [
+        f"# controlplane: the effective settings of the running daemon at {mask_passwords(url)}.",
+        SECRETS_LINE,
+    ]
+    settings, filled = answer.get("settings"), answer.get("derived")
+    return _render(
+        header,
+        settings if isinstance(settings, Mapping) else {},
+        filled if isinstance(filled, Mapping) else {},
+        lambda _path: DAEMON,
+        local=False,
+    )
+
+
+def _render(
+    header: list[str],
+    view: Mapping[str, Any],
+    filled: Mapping[str, Any],
+    source_of: SourceOf,
+    *,
+    local: bool,
+) -> str:
+    out = list(header)
     for name, field in Settings.model_fields.items():
-        value = getattr(settings, name)
-        default = field.get_default(call_default_factory=True) if not field.is_required() else None
-        if isinstance(value, BaseModel):
+        if name == "models":
             out.append("")
-            out.append(f"{name}:")
-            out += _group(value, default, (name,), sources, indent=1)
-        elif name == "models":
-            out.append("")
-            out += _models(value, sources)
+            out += _models(view.get("models") or {}, filled, source_of)
+            continue
+        group = field.annotation
+        value = view.get(name)
+        if not _is_group(group) or not isinstance(value, Mapping):
+            continue
+        if not field.is_required():
+            default: Mapping[str, Any] | None = shown(field.get_default(call_default_factory=True))
+        else:  # a required group: locally its source is asked, field by field
+            default = None if local else _field_defaults(group)
+        out.append("")
+        out.append(f"{name}:")
+        out += _group(value, default, group, (name,), filled, source_of, indent=1)
     return "\n".join(out) + "\n"
 
 
 class _Sources:
-    """Where a setting's value came from: a variable, the file, or neither (the default)."""
+    """Where a local setting's value came from: a variable, the file, or neither (the default)."""
 
     def __init__(self, variables: set[str], data: Mapping[str, Any], file: str | None) -> None:
         self._variables = variables
         self._data = data
         self._file = file
-        self.derived: dict[tuple[str, ...], object] = {}  # null values the daemon fills in
 
     def of(self, path: tuple[str, ...]) -> str | None:
         variable = env_name(*path)
@@ -72,68 +122,66 @@ class _Sources:
 
 
 def _group(
-    value: BaseModel,
-    default: Any,
+    value: Mapping[str, Any],
+    default: Mapping[str, Any] | None,
+    kind: type[BaseModel],
     path: tuple[str, ...],
-    sources: _Sources,
+    filled: Mapping[str, Any],
+    source_of: SourceOf,
     *,
     indent: int,
 ) -> list[str]:
+    """One group's lines; ``default`` None when its defaults say nothing (a required group),
+    so every value's source is asked."""
     pad = "  " * indent
     lines = []
-    for name in type(value).model_fields:
-        current = getattr(value, name)
-        was = getattr(default, name, None) if isinstance(default, BaseModel) else None
+    for name, current in value.items():
+        field = kind.model_fields.get(name)
+        inner = field.annotation if field is not None else None
         here = (*path, name)
-        if isinstance(current, BaseModel):
+        was = default.get(name, _MISSING) if default is not None else _MISSING
+        if _is_group(inner) and isinstance(current, Mapping):
             lines.append(f"{pad}{name}:")
-            lines += _group(current, was, here, sources, indent=indent + 1)
+            nested = was if isinstance(was, Mapping) else None
+            lines += _group(current, nested, inner, here, filled, source_of, indent=indent + 1)
             continue
-        line = f"{pad}{name}: {_scalar(current)}"
-        source = sources.of(here) if current != was or default is None else None
+        line = f"{pad}{name}: {json.dumps(current)}"
+        source = source_of(here) if was is _MISSING or current != was else None
+        that_is = filled.get(".".join(here))
         if source is not None:
             line += f"  # from {source}"
-        elif current is None and sources.derived.get(here) is not None:
-            line += f"  # that is: {mask_passwords(str(sources.derived[here]))}"
+        elif current is None and that_is is not None:
+            line += f"  # that is: {mask_passwords(str(that_is))}"
         lines.append(line)
     return lines
 
 
-def _models(models: Mapping[str, BaseModel], sources: _Sources) -> list[str]:
+def _models(models: Mapping[str, Any], filled: Mapping[str, Any], source_of: SourceOf) -> list[str]:
     """Each model's own policy: it replaces model_defaults as a whole, so its defaults are the
     policy's own."""
     if not models:
         return ["models: {}"]
     lines = ["models:"]
+    default = shown(ModelPolicy())
     for name, policy in models.items():
         lines.append(f"  {json.dumps(name)}:")
-        lines += _group(policy, type(policy)(), ("models", name), sources, indent=2)
+        lines += _group(policy, default, ModelPolicy, ("models", name), filled, source_of, indent=2)
     return lines
 
 
-def _derived(settings: Settings) -> dict[tuple[str, ...], object]:
-    """What the daemon uses where a setting is left null."""
-    metrics = settings.triton.metrics_url
+def _is_group(annotation: object) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _field_defaults(kind: type[BaseModel]) -> dict[str, Any]:
     return {
-        ("staging", "path"): settings.staging_path,
-        ("database", "path"): settings.database_path,
-        ("fleet", "member"): settings.member_name,
-        ("fleet", "advertise_url"): settings.fleet_url,
-        ("rollback", "metrics_url"): metrics if settings.rollback.source == "triton" else None,
-        ("memory", "gpu_metrics_url"): metrics,
+        name: shown(field.get_default(call_default_factory=True))
+        for name, field in kind.model_fields.items()
+        if not field.is_required()
     }
 
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, SecretStr):
-        return json.dumps(MASK)
-    if isinstance(value, Path):
-        return json.dumps(str(value))
-    if isinstance(value, str):
-        return json.dumps(mask_passwords(value))
-    if isinstance(value, tuple):
-        return json.dumps(list(value))
-    return json.dumps(value)
+_MISSING: Any = object()
 
 
 def _file_data(config_file: Path | None) -> Mapping[str, Any]:

@@ -29,6 +29,7 @@ import typer
 from controlplane import __version__
 from controlplane.cli import apply, fleet, history, operations, release, rollout, status
 from controlplane.cli.client import API_VERSION
+from controlplane.cli.options import DaemonUrlOption, TokenOption
 from controlplane.cli.output import EXIT_USAGE
 from controlplane.settings import settings_help
 
@@ -106,20 +107,39 @@ def config(
         Path | None,
         typer.Option("--config", help="With --effective: the YAML file serve is given."),
     ] = None,
+    url: DaemonUrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Print the settings file with every setting, its default and what it does (--defaults),
-    or the settings in effect (--effective)."""
+    or the settings in effect (--effective): those this environment gives, or with --url
+    those of the running daemon."""
     from controlplane.settings import SettingsError, render_defaults
 
-    if defaults == effective or (config_file is not None and not effective):
+    if (
+        defaults == effective
+        or (config_file is not None and not effective)
+        or (url is not None and not effective)
+    ):
         typer.echo(
             "use --defaults to print the default settings file, or --effective [--config "
-            "FILE] to print the settings in effect",
+            "FILE] to print the settings in effect, or --effective --url URL for the running "
+            "daemon's",
             err=True,
         )
         raise typer.Exit(EXIT_USAGE)
     if defaults:
         typer.echo(render_defaults(), nl=False)
+        return
+    if url is not None:
+        if config_file is not None:
+            typer.echo(
+                "--config reads a settings file here, --url asks the running daemon: give one",
+                err=True,
+            )
+            raise typer.Exit(EXIT_USAGE)
+        from controlplane.cli.config_remote import effective_of_daemon
+
+        typer.echo(effective_of_daemon(url, token), nl=False)
         return
     from controlplane.cli.config_view import render_effective
 

@@ -63,6 +63,24 @@ UrlOption = Annotated[
         callback=_api_url,
     ),
 ]
+
+
+def _daemon_url(value: str | None) -> str | None:
+    return None if value is None else _api_url(value)
+
+
+# No envvar: CONTROLPLANE_URL is set in shells that run the client commands, and there it must
+# not turn `config --effective` (this environment's settings) into the daemon's.
+DaemonUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help='With --effective: the running daemon\'s API (e.g. --url "$CONTROLPLANE_URL"); '
+        "print its settings (GET /v1/config) rather than those this environment gives.",
+        show_default=False,
+        callback=_daemon_url,
+    ),
+]
 TokenOption = Annotated[
     str | None,
     typer.Option(

@@ -11,7 +11,8 @@ it names a setting (an unknown group, or ``_`` for ``__``).
 One module per thing the package owns, each importing only those below it (``.importlinter``
 checks it)::
 
-    loading, rendering       load_settings and its messages; the config file and --help text
+    loading, rendering,      load_settings and its messages; the config file and --help text;
+    shown                    the settings as shown outside (secrets masked: config, /v1/config)
     root                     Settings: the groups under their keys, rules across groups
     triton, places, api,     one module per group or family of groups (places: repository,
     log, policy, rollback,   staging, store, database; policy: a model's policy and its
@@ -41,6 +42,7 @@ from controlplane.settings.policy import ModelPolicy, RolloutSettings
 from controlplane.settings.rendering import render_defaults, settings_help
 from controlplane.settings.rollback import RollbackSettings
 from controlplane.settings.root import Settings
+from controlplane.settings.shown import derived, shown
 from controlplane.settings.triton import ReconcileSettings, TritonSettings
 
 __all__ = [
@@ -61,9 +63,11 @@ __all__ = [
     "StagingSettings",
     "StoreSettings",
     "TritonSettings",
+    "derived",
     "env_name",
     "load_settings",
     "mask_passwords",
     "render_defaults",
     "settings_help",
+    "shown",
 ]

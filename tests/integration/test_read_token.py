@@ -27,6 +27,7 @@ READS = [
     f"/v1/models/{MODEL}",
     "/v1/operations",
     "/v1/alerts",
+    "/v1/config",
     "/metrics",
     "/docs",
     "/openapi.json",

@@ -184,6 +184,10 @@ def test_docs_render_offline_with_the_apis_operations(
     )
     summaries = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary")]
     assert any(deploy["summary"] in text for text in summaries), summaries
+    assert deploy["summary"] == "Deploy a release of a model."  # a sentence, not "Deploy"
+    # The bearer scheme is declared even on a daemon without a token: Authorize is there.
+    authorize = browser.find_elements(By.CSS_SELECTOR, "button.authorize")
+    assert [button.is_displayed() for button in authorize] == [True]
     loaded = [url.replace(credentials, "", 1) for url in loaded_from(browser)]
     assert all(url.startswith(f"{site}/") for url in loaded), loaded
     assert console_errors(browser) == []

@@ -72,6 +72,22 @@ def test_effective_prints_the_merged_settings_with_secrets_masked_and_their_sour
     assert "  path: null  # that is: /srv/triton/staging" in lines  # what null stands for
 
 
+def test_effective_stays_local_with_controlplane_url_set(tmp_path: Path) -> None:
+    """The shells that run client commands set CONTROLPLANE_URL; only --url asks the daemon."""
+    result = run(
+        "config",
+        "--effective",
+        cwd=tmp_path,
+        CONTROLPLANE_URL="http://127.0.0.1:9",  # nothing answers: asking it would fail
+        CONTROLPLANE_REPOSITORY__PATH="/srv/triton/repository",
+        CONTROLPLANE_STORE__URI="file:///srv/store",
+        CONTROLPLANE_API__TOKEN=WRITE,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert '  token: "********"  # from CONTROLPLANE_API__TOKEN' in result.stdout.splitlines()
+
+
 def test_effective_masks_the_password_of_every_url(tmp_path: Path) -> None:
     result = run(
         "config",

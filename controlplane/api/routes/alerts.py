@@ -23,7 +23,12 @@ from controlplane.domain.errors import InvalidRequest, NoFallback
 router = APIRouter()
 
 
-@router.post("/v1/alerts", tags=["alerts"], responses=answers(WRITE_REFUSALS))
+@router.post(
+    "/v1/alerts",
+    summary="Receive Alertmanager's webhook and roll back on a new firing alert.",
+    tags=["alerts"],
+    responses=answers(WRITE_REFUSALS),
+)
 async def receive_alerts(body: AlertmanagerNotification, c: Writer) -> dict[str, Any]:
     """Alertmanager's webhook (version 4): each alert stored, deduped on
     (fingerprint, startsAt); a new firing alert rolls back the model its label names,
@@ -42,7 +47,12 @@ async def receive_alerts(body: AlertmanagerNotification, c: Writer) -> dict[str,
     }
 
 
-@router.get("/v1/alerts", tags=["alerts"], responses=answers(("invalid_request",)))
+@router.get(
+    "/v1/alerts",
+    summary="List the alerts received, newest first.",
+    tags=["alerts"],
+    responses=answers(("invalid_request",)),
+)
 async def list_alerts(c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
     """Alerts received, newest first, with how often Alertmanager sent each."""
     return {"alerts": [alert_json(record) for record in await c.alerts.recent(limit)]}
@@ -50,6 +60,7 @@ async def list_alerts(c: Reader, limit: Annotated[int, Query(ge=1, le=500)] = 50
 
 @router.post(
     "/api/v1/model/reload",
+    summary="Serve the fallback release now (the runbook's reload).",
     tags=["operations"],
     responses=answers((*WRITE_REFUSALS, *RELOAD_REFUSALS), body=RollbackFailure),
 )

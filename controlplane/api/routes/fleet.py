@@ -20,6 +20,7 @@ router = APIRouter()
 
 @router.get(
     "/v1/fleet",
+    summary="Show the fleet's members and every model's desired state.",
     tags=["fleet"],
     responses=answers(("invalid_request", "store_error", "store_unavailable")),
 )
@@ -35,6 +36,7 @@ async def fleet(c: Reader) -> dict[str, Any]:
 
 @router.post(
     "/v1/fleet/wake",
+    summary="Read the fleet's desired state now (another member changed it).",
     tags=["fleet"],
     status_code=202,
     # No token (api/security.py); the body gates still stand in front of it.

@@ -32,7 +32,11 @@ def model_pages(request: Request) -> ModelPages:
     return found
 
 
-@router.get("/v1/memory", tags=["models"])
+@router.get(
+    "/v1/memory",
+    summary="Show Triton's memory after recent swaps and the leak trend.",
+    tags=["models"],
+)
 async def memory(c: Reader) -> dict[str, Any]:
     """Triton's memory after recent swaps, the leak trend, and whether the audit can see
     Triton's processes."""
@@ -46,6 +50,7 @@ async def memory(c: Reader) -> dict[str, Any]:
 
 @router.get(
     "/v1/models",
+    summary="List the models: what serves, what Triton says, the releases.",
     tags=["models"],
     response_model=dict[str, Any],
     responses=answers(("invalid_request", "invalid_name")),
@@ -81,7 +86,10 @@ async def list_models(
 
 
 @router.get(
-    "/v1/models/{name}", tags=["models"], responses=answers(("invalid_name", "model_not_found"))
+    "/v1/models/{name}",
+    summary="Show one model: its releases, Triton's state, its last operation.",
+    tags=["models"],
+    responses=answers(("invalid_name", "model_not_found")),
 )
 async def get_model(name: ModelName, c: Reader) -> dict[str, Any]:
     """One model: active and previous release, Triton's state, releases in the store (and

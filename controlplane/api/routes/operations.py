@@ -104,6 +104,7 @@ async def _fleet_wait(
 
 @router.post(
     "/v1/models/{name}/deploy",
+    summary="Deploy a release of a model.",
     tags=["operations"],
     status_code=202,
     responses={
@@ -133,6 +134,7 @@ async def deploy(name: ModelName, body: DeployRequest, trigger: Caller, c: Write
 
 @router.post(
     "/v1/models/{name}/rollback",
+    summary="Roll a model back to its previous release (or a named one).",
     tags=["operations"],
     status_code=202,
     responses={
@@ -162,6 +164,7 @@ async def rollback(
 
 @router.post(
     "/v1/models/{name}/unload",
+    summary="Unload a model from Triton and remove it from the repository.",
     tags=["operations"],
     status_code=202,
     responses={
@@ -182,6 +185,7 @@ async def unload(name: ModelName, body: UnloadRequest, trigger: Caller, c: Write
 
 @router.get(
     "/v1/operations/{operation_id}",
+    summary="Show one operation with its steps and outcome.",
     tags=["operations"],
     responses={
         200: {"model": OperationEnvelope, "description": "The operation."},
@@ -197,6 +201,7 @@ async def get_operation(operation_id: str, c: Reader) -> dict[str, Any]:
 
 @router.get(
     "/v1/operations",
+    summary="List recent operations, newest first.",
     tags=["operations"],
     responses=answers(("invalid_request", "invalid_name")),
 )

@@ -22,7 +22,9 @@ from controlplane.services.fleet_refusals import refusal_json
 router = APIRouter()
 
 
-@router.get("/healthz", tags=["probes"])
+@router.get(
+    "/healthz", summary="Check liveness and say which background job is down.", tags=["probes"]
+)
 async def healthz(c: Reader) -> dict[str, Any]:
     """Liveness: the process answers. Also says which background job is down, and why
     (a job that fails is restarted; restarting the process would not help it)."""
@@ -57,6 +59,7 @@ async def healthz(c: Reader) -> dict[str, Any]:
 
 @router.get(
     "/readyz",
+    summary="Check readiness: reconciled, in rotation, Triton live, every model serving.",
     tags=["probes"],
     responses=answers(("not_ready", "out_of_rotation", "triton_unavailable", "not_serving")),
 )
@@ -93,7 +96,12 @@ async def readyz(c: Reader) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", tags=["probes"], response_class=PlainTextResponse)
+@router.get(
+    "/metrics",
+    summary="Export Prometheus metrics.",
+    tags=["probes"],
+    response_class=PlainTextResponse,
+)
 async def metrics(c: Reader) -> Response:
     """Prometheus metrics: operations, step durations, rollbacks, alerts, what serves."""
     body, content_type = c.telemetry.render(await c.figures.gather())

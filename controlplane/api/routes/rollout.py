@@ -46,6 +46,7 @@ async def _control(
 
 @router.post(
     "/v1/models/{name}/rollout/pause",
+    summary="Pause a model's canary rollout.",
     tags=["fleet"],
     responses=answers((*CONTROL_REFUSALS, "no_rollout_in_progress", "rollout_already_paused")),
 )
@@ -60,6 +61,7 @@ async def pause(
 
 @router.post(
     "/v1/models/{name}/rollout/resume",
+    summary="Resume a paused canary rollout.",
     tags=["fleet"],
     responses=answers((*CONTROL_REFUSALS, "rollout_not_paused")),
 )
@@ -73,6 +75,7 @@ async def resume(
 
 @router.post(
     "/v1/models/{name}/rollout/promote",
+    summary="Promote a canary rollout to every member.",
     tags=["fleet"],
     responses=answers((*CONTROL_REFUSALS, "no_rollout_in_progress")),
 )
@@ -86,6 +89,7 @@ async def promote(
 
 @router.post(
     "/v1/models/{name}/rollout/abort",
+    summary="Abort a canary rollout and return every member to the stable release.",
     tags=["fleet"],
     responses=answers((*CONTROL_REFUSALS, "no_rollout_in_progress")),
 )
