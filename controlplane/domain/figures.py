@@ -78,10 +78,10 @@ class FleetFigures:
     last_read: datetime | None  # when it last could
     name_conflict: bool = False  # another daemon beats under this member's name
     generations: Mapping[str, int] = field(default_factory=dict)  # per model, as last read
-    paused: frozenset[str] = frozenset()  # models whose rollout a person paused, as last read
     view: FleetView | None = None  # None: the fleet could not be read (or not yet)
     # records refused now (the sync's last pass and the view's), by kind and reason
     refused: Mapping[tuple[RecordKind, RefusalReason], int] = field(default_factory=dict)
+    paused: frozenset[str] = frozenset()  # models whose rollout a person paused, as last read
 
 
 @dataclass(frozen=True)
