@@ -65,8 +65,10 @@ $(K8S_TOOLS): tools/k8s-tools.txt tools/install-k8s-tools.py | $(STAMP)
 # A real Triton (bundled, CPU) plus the daemon, on the example store under examples/store, or on
 # a store of your own: make run STORE=/path/to/store or STORE=s3://bucket/prefix (S3 through the
 # usual AWS credential chain). Installs the runtime only; `make test` adds the test tools.
+# Given to devrun through the environment, so a path with quotes or spaces reaches it whole.
+export STORE
 run: install-run
-	$(BIN)/python -m devtools.devrun$(if $(STORE), --store '$(STORE)')
+	$(BIN)/python -m devtools.devrun$(if $(STORE), --store "$$STORE")
 
 # The fast loop, about a minute once installed: ruff, mypy, import-linter and the unit tests
 # (which fail if they touch the network). Before a commit lands, `make test`: it is what CI runs.

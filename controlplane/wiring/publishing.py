@@ -72,7 +72,7 @@ def destination(text: str) -> Destination:
     elif parsed.scheme in ("", "file"):
         path = Path(parsed.path if parsed.scheme == "file" else text)
         head, model, release = _last_two(str(path))
-        uri = Path(os.path.abspath(head)).as_uri()
+        uri = "file://" + os.path.abspath(head)  # as the daemon reads store.uri: no %-escapes
     else:
         raise InvalidRequest(
             f"{text!r} names no store: give STORE/MODEL/RELEASE, where STORE is a directory "
@@ -185,6 +185,11 @@ def signers(path: Path, key: Path | None, sign_as: str = SIGNATURE_NAME) -> Sequ
     """The release's signers: the key given, making ``sign_as`` (``SHA256SUMS.sig`` or
     ``model.sig``), and the signatures the dir ships (uploaded as they are), or none. A key
     asked to make a signature the dir ships already is refused: which one counts?"""
+    if key is None and sign_as != SIGNATURE_NAME:
+        raise InvalidRequest(
+            f"--sign-as {sign_as} needs --sign KEY: the private key to sign with (without "
+            "--sign, the release goes up with the signatures its dir holds, if any)"
+        )
     if sign_as not in (SIGNATURE_NAME, MODEL_SIGNATURE_NAME):
         raise InvalidRequest(
             f"--sign-as {sign_as!r}: give {SIGNATURE_NAME} or {MODEL_SIGNATURE_NAME}"

@@ -70,7 +70,7 @@ def test_make_run_installs_the_runtime_and_the_bundled_triton_only(tmp_path: Pat
 def test_make_run_passes_the_store_given(tmp_path: Path) -> None:
     lines = _dry_run("run", tmp_path / ".venv", "STORE=s3://models/prod")
 
-    assert lines[-1].endswith("-m devtools.devrun --store 's3://models/prod'")
+    assert lines[-1].endswith('-m devtools.devrun --store "$STORE"')  # quoted by the shell
 
 
 def test_make_install_completes_a_venv_made_by_make_run(tmp_path: Path) -> None:

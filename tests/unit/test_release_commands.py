@@ -142,12 +142,12 @@ def _store_files(release: Path) -> list[str]:
 
 def test_publish_to_a_directory_store_writes_the_files_then_sha256sums(tmp_path: Path) -> None:
     path = release_dir(tmp_path)
-    (tmp_path / "store").mkdir()
+    (tmp_path / "my store").mkdir()  # a space in the path: no %20 on the way
 
-    result = run("release", "publish", str(path), str(tmp_path / "store" / "resnet" / "r1"))
+    result = run("release", "publish", str(path), str(tmp_path / "my store" / "resnet" / "r1"))
 
     assert result.exit_code == 0, result.output
-    published = tmp_path / "store" / "resnet" / "r1"
+    published = tmp_path / "my store" / "resnet" / "r1"
     assert _store_files(published) == ["1/model.py", "SHA256SUMS", "config.pbtxt"]
     manifest = decode_manifest((published / "SHA256SUMS").read_bytes(), "r1")
     assert sorted(manifest) == ["1/model.py", "config.pbtxt"]
@@ -232,3 +232,17 @@ def test_the_manifest_is_written_as_sha256sum_writes_it() -> None:
     assert text == f"{'b' * 64}  1/model.py\n{'a' * 64}  config.pbtxt\n".encode()
     with pytest.raises(UnsafeRelease):
         render_manifest({"1/x\ny": "a" * 64})
+
+
+def test_sign_as_without_a_key_is_bad_usage_and_publishes_nothing(tmp_path: Path) -> None:
+    path = release_dir(tmp_path)
+    (tmp_path / "store").mkdir()
+
+    result = run(
+        "release", "publish", str(path), str(tmp_path / "store" / "resnet" / "r1"),
+        "--sign-as", "model.sig",
+    )  # fmt: skip
+
+    assert result.exit_code == EXIT_USAGE
+    assert "--sign-as model.sig needs --sign KEY" in result.stderr
+    assert not (tmp_path / "store" / "resnet").exists()
