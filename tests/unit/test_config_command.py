@@ -98,11 +98,14 @@ def test_effective_masks_the_password_of_every_url(tmp_path: Path) -> None:
         CONTROLPLANE_ROLLBACK__SOURCE="prometheus",
         CONTROLPLANE_ROLLBACK__PROMETHEUS_URL="http://admin:hunter2@prom:9090",
         CONTROLPLANE_TRITON__METRICS_URL="https://scraper:s3cr@t%40hunter3@triton:8002/metrics",
+        CONTROLPLANE_ROLLBACK__METRICS_URL="http://gpu:9400/metrics?job=dcgm&Access_Token=hunter4",
     )
 
     assert result.returncode == 0, result.stderr
     assert "hunter2" not in result.stdout
     assert "hunter3" not in result.stdout
+    assert "hunter4" not in result.stdout
+    assert "?job=dcgm&Access_Token=********" in result.stdout
     effective = yaml.safe_load(result.stdout)
     assert effective["rollback"]["prometheus_url"] == "http://admin:********@prom:9090"
     assert effective["triton"]["metrics_url"] == "https://scraper:********@triton:8002/metrics"
